@@ -1,0 +1,172 @@
+"""A GPT-2 decoder written out by hand, with the paper's init and training modes.
+
+    from model import GPT, GPTConfig, apply_training_mode
+    model = GPT(GPTConfig(vocab_size=256, n_positions=100))
+    counts = apply_training_mode(model, "frozen")   # only wte, wpe, lm_head train
+
+Serves the whole paper (Zhong & Andreas 2024, "Algorithmic Capabilities of
+Random Transformers", section 3): a "random transformer" is this model with
+every block left at its random initialization and only the embeddings trained.
+Names follow GPT-2 (wte wpe h ln_1 attn.c_attn c_proj mlp.c_fc ln_2 ln_f
+lm_head) so weights map onto GPT-2 checkpoints and readers recognise them.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int  # tokens the task uses; also the unembedding's output size
+    n_positions: int  # rows of the learned positional embedding (longest input)
+    n_embd: int = 1024  # residual stream width ("hidden size" in the paper)
+    n_layer: int = 2  # transformer blocks
+    n_head: int = 4  # attention heads per block; must divide n_embd
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with a fused qkv projection."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x, cache=None, name=""):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            # The fused kernel never materialises the pattern, so analysis takes the explicit path.
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            pattern = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+            cache[f"{name}.attn.pattern"] = pattern
+            y = pattern @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward layer: d -> 4d -> d with GPT-2's tanh GELU."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cache=None, name=""):
+        x = x + self.attn(self.ln_1(x), cache, name)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2 decoder: token + learned positional embedding, blocks, ln_f, unbiased unembedding."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if cfg.n_embd % cfg.n_head:
+            raise ValueError(f"width {cfg.n_embd} is not divisible by {cfg.n_head} heads")
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """GPT-2 / Hugging Face init, the one the published numbers used.
+
+        - wte, wpe, lm_head, c_attn, mlp.c_fc weights: N(0, 0.02)
+        - attn.c_proj and mlp.c_proj weights (residual outputs): N(0, 0.02 / sqrt(2 * n_layer))
+        - every Linear bias: 0
+        - every LayerNorm: weight 1, bias 0
+        """
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                p.normal_(0.0, 0.02 / math.sqrt(2 * self.cfg.n_layer))
+            elif name.startswith("ln") or ".ln_" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02)
+
+    def forward(self, idx, pos=None, cache=None):
+        """Logits for tokens idx (B, T).
+
+        pos (B, A): positions whose logits are wanted; the unembedding then runs
+        only there and the result is (B, A, vocab). Without pos: (B, T, vocab).
+        cache: a dict to fill with activations for analysis, named like
+        TransformerLens: "embed" and "blocks.{i}.resid_post" (B, T, C),
+        "blocks.{i}.attn.pattern" (B, nh, T, T).
+        """
+        B, T = idx.shape
+        if T > self.cfg.n_positions:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.cfg.n_positions} positions")
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
+        if cache is not None:
+            cache["embed"] = x
+        for i, block in enumerate(self.h):
+            x = block(x, cache, f"blocks.{i}")
+            if cache is not None:
+                cache[f"blocks.{i}.resid_post"] = x
+        if pos is not None:
+            x = x.gather(1, pos.unsqueeze(-1).expand(-1, -1, x.size(-1)))  # (B, A, C)
+        return self.lm_head(self.ln_f(x))
+
+
+# What each training mode of the paper trains (section 2 of SPEC.md). Every
+# parameter is an embedding ("wte", "wpe"), the unembedding ("lm_head"), or
+# part of the body (blocks and ln_f), which only "full" trains.
+TRAINING_MODES = {
+    "full": {"wte", "wpe", "lm_head", "body"},  # "Normal" transformer
+    "frozen": {"wte", "wpe", "lm_head"},  # "Random" transformer
+    "unembed": {"lm_head"},  # Table 2: U only
+    "embed": {"wte", "wpe"},  # Table 2: E only
+    "token+unembed": {"wte", "lm_head"},  # Table 2: E_token & U
+}
+
+
+def parameter_group(name: str) -> str:
+    """Which of wte / wpe / lm_head / body a parameter belongs to."""
+    top = name.split(".")[0]
+    if top in ("wte", "wpe", "lm_head"):
+        return top
+    if top in ("h", "ln_f"):
+        return "body"
+    raise ValueError(f"parameter {name!r} belongs to no training-mode group")
+
+
+def apply_training_mode(model: nn.Module, mode: str) -> dict:
+    """Freeze every parameter the mode does not train; return trainable/frozen counts."""
+    if mode not in TRAINING_MODES:
+        raise ValueError(f"unknown training mode {mode!r}; choose from {', '.join(TRAINING_MODES)}")
+    counts = {"trainable": 0, "frozen": 0}
+    for name, p in model.named_parameters():
+        p.requires_grad_(parameter_group(name) in TRAINING_MODES[mode])
+        counts["trainable" if p.requires_grad else "frozen"] += p.numel()
+    return counts

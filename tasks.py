@@ -1,0 +1,384 @@
+"""The paper's tasks: data generators, fixed test sets and metrics, one section each.
+
+    from tasks import make_task
+    task = make_task("needle", max_pairs=30)
+    batch = task.sample(1000, torch.Generator().manual_seed(0))
+    test = task.test_set()
+
+Serves section 4 and appendix D.1 of the paper; token ids follow SPEC.md
+section 4 exactly. Every task hands the trainer a `Batch`: input tokens x, the
+positions whose next-token prediction is scored (`pos`) and the answer token
+at each of them (`y`, -1 where a row has fewer answers). The model runs its
+unembedding only at `pos`, so the loss never touches a padded position.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+TEST_SEED = 1_000_003  # every test set is drawn from this seed, whatever the run's seed
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor  # (B, T) input tokens
+    pos: torch.Tensor  # (B, A) positions whose logits are scored
+    y: torch.Tensor  # (B, A) answer token at each position, -1 = no answer there
+
+    def __len__(self):
+        return self.x.size(0)
+
+    def to(self, device):
+        return Batch(self.x.to(device), self.pos.to(device), self.y.to(device))
+
+    def __getitem__(self, rows):
+        return Batch(self.x[rows], self.pos[rows], self.y[rows])
+
+
+def cat_batches(batches):
+    return Batch(*(torch.cat([getattr(b, f.name) for b in batches]) for f in fields(Batch)))
+
+
+class Task:
+    """What every task provides. Subclasses are dataclasses whose fields are their sizes.
+
+    name, vocab_size, n_positions (the model's positional table, fixed per task
+    so parameter counts match the paper), seq_len (tokens actually fed),
+    batch_size and steps (the paper's protocol), sample(), test_set(), metrics().
+    """
+
+    lr = 1e-3
+    weight_decay = 1e-3
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """A fresh training batch, made on the generator's device, never containing a test example."""
+        raise NotImplementedError
+
+    def test_set(self) -> Batch:
+        """The fixed evaluation set (CPU), identical across runs, seeds and architectures."""
+        raise NotImplementedError
+
+    def loss(self, logits, batch: Batch):
+        """Mean cross-entropy over every answer token in the batch."""
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch.y.flatten(), ignore_index=-1)
+
+    def metrics(self, logits, batch: Batch) -> dict:
+        """Per-item scores: each value is a 1-D tensor whose mean over the test set is the metric."""
+        answered = batch.y >= 0
+        per_token_loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.y.flatten(), ignore_index=-1, reduction="none")
+        correct = logits.argmax(-1) == batch.y
+        return {"loss": per_token_loss[answered.flatten()], "accuracy": correct[answered].float()}
+
+
+class StreamTask(Task):
+    """A task with unlimited fresh training data and a fixed test set of `test_size` examples.
+
+    Subclasses implement `generate(n, generator)`. Training rows equal to a
+    test row are dropped, so the model is never trained on a test example.
+    """
+
+    batch_size = 1000
+    steps = 10_000
+
+    def generate(self, n: int, generator: torch.Generator) -> Batch:
+        raise NotImplementedError
+
+    def test_set(self) -> Batch:
+        if getattr(self, "_test", None) is None:
+            self._test = self.generate(self.test_size, torch.Generator().manual_seed(TEST_SEED))
+        return self._test
+
+    def sample(self, batch_size, generator):
+        device = generator.device
+        test_hashes = getattr(self, "_test_hashes", None)
+        if test_hashes is None or test_hashes.device != device:
+            test_hashes = self._test_hashes = row_hashes(self.test_set().x.to(device))
+        kept, have = [], 0
+        while have < batch_size:
+            batch = self.generate(batch_size, generator)
+            batch = batch[~torch.isin(row_hashes(batch.x), test_hashes)]
+            kept.append(batch)
+            have += len(batch)
+        return cat_batches(kept)[:batch_size] if len(kept) > 1 else kept[0]
+
+
+_HASH_WEIGHTS = torch.randint(-(2**62), 2**62, (512,), generator=torch.Generator().manual_seed(0)) | 1
+
+
+def row_hashes(x):
+    """A 64-bit hash of each row of tokens: equal rows hash equal; distinct rows collide with
+    probability ~2^-60, and a collision only drops one training example."""
+    return (x * _HASH_WEIGHTS[: x.size(1)].to(x.device)).sum(1)
+
+
+def uniform_below(n, generator):
+    """One integer uniform in [0, n_i) for each entry of the tensor n (exact up to float64 rounding)."""
+    u = torch.rand(n.shape, generator=generator, device=n.device, dtype=torch.float64)
+    return (u * n).long()
+
+
+# ---------------------------------------------------------------------------
+# Modular addition (paper D.1.1)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ModularAddition(Task):
+    """Predict (a + b) mod p from [a, b]; all p^2 pairs split once into 95% train, 5% test.
+
+    Example (p = 199): x = [150, 60], scored at position 1, answer 11.
+    Training samples uniformly from the train split (the paper's 5,000 epochs of
+    batch 4,000 become the same number of steps, drawn with replacement).
+    """
+
+    p: int = 199
+    name = "modadd"
+    n_positions = 5
+    batch_size = 4000
+    epochs = 5000
+
+    @property
+    def vocab_size(self):
+        return self.p
+
+    seq_len = 2
+
+    def __post_init__(self):
+        a, b = torch.cartesian_prod(torch.arange(self.p), torch.arange(self.p)).T
+        order = torch.randperm(self.p**2, generator=torch.Generator().manual_seed(TEST_SEED))
+        pairs = Batch(torch.stack([a, b], 1), torch.ones(self.p**2, 1, dtype=torch.long), ((a + b) % self.p)[:, None])[order]
+        # SPEC fixes the published split at 37,619 train / 1,982 test for p = 199.
+        n_train = int(0.95 * self.p**2) - 1
+        self.train, self.test = pairs[:n_train], pairs[n_train:]
+
+    @property
+    def steps(self):
+        return math.ceil(self.epochs * len(self.train) / self.batch_size)
+
+    def sample(self, batch_size, generator):
+        if self.train.x.device != generator.device:
+            self.train = self.train.to(generator.device)
+        return self.train[torch.randint(len(self.train), (batch_size,), generator=generator, device=generator.device)]
+
+    def test_set(self):
+        return self.test
+
+
+# ---------------------------------------------------------------------------
+# Needle in a haystack (paper D.1.2)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Needle(StreamTask):
+    """Recall the value stored after a queried marker.
+
+    Example: a 1 b 2 c 3 d 4 b -> x = [128, 1, 129, 2, 130, 3, 131, 4, 159],
+    scored at position 8 (the query, marker b = 129 plus 30), answer 2.
+    k ~ U[1, max_pairs] distinct markers from [128, 157], values from [1, 127],
+    query token = marker + 30, padding 0.
+    """
+
+    max_pairs: int = 30
+    test_size: int = 4000
+    name = "needle"
+    vocab_size = 256
+    n_positions = 100
+    MARKERS = 30  # the marker alphabet [128, 157]; queries are [158, 187]
+
+    def __post_init__(self):
+        if not 1 <= self.max_pairs <= self.MARKERS:
+            raise ValueError(f"needle needs 1 <= max_pairs <= {self.MARKERS}, got {self.max_pairs}")
+
+    @property
+    def seq_len(self):
+        return 2 * self.max_pairs + 1
+
+    def generate(self, n, generator):
+        device, K = generator.device, self.max_pairs
+        k = 1 + torch.randint(K, (n,), generator=generator, device=device)
+        markers = 128 + torch.rand(n, self.MARKERS, generator=generator, device=device).argsort(1)[:, :K]
+        values = torch.randint(1, 128, (n, K), generator=generator, device=device)
+        x = torch.stack([markers, values], 2).view(n, 2 * K)  # m1 c1 m2 c2 ...
+        x = torch.where(torch.arange(2 * K, device=device) < 2 * k[:, None], x, 0)
+        x = torch.cat([x, torch.zeros(n, 1, dtype=torch.long, device=device)], 1)
+        rows = torch.arange(n, device=device)
+        queried = uniform_below(k, generator)
+        x[rows, 2 * k] = markers[rows, queried] + self.MARKERS
+        return Batch(x, (2 * k)[:, None], values[rows, queried][:, None])
+
+
+# ---------------------------------------------------------------------------
+# Decimal addition (paper D.1.3)
+# ---------------------------------------------------------------------------
+
+PLUS, EQUALS, ADD_PAD, SUM_DIGIT0, SUM_END = 10, 11, 12, 20, 30
+
+
+@dataclass
+class Addition(StreamTask):
+    """Add two `digits`-digit numbers, every number written least significant digit first.
+
+    Example (digits = 3): 123 + 989 = 1112 ->
+    x = [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21] (the input is the full sequence
+    minus its last token), answers [22, 21, 21, 21, 30] at positions 7..11:
+    sum digits as tokens 20..29, then the end token 30; pad 12. Scored per
+    answer token (every sum digit and the end token) and by exact match.
+    """
+
+    digits: int = 10
+    test_size: int = 4000
+    name = "addition"
+    vocab_size = 31
+    n_positions = 40
+
+    def __post_init__(self):
+        if not 1 <= self.digits <= 17:
+            raise ValueError(f"addition needs 1 <= digits <= 17 (int64 sums), got {self.digits}")
+
+    @property
+    def seq_len(self):
+        return 3 * self.digits + 3
+
+    def generate(self, n, generator):
+        d, device = self.digits, generator.device
+        lo, hi = 10 ** (d - 1), 10**d
+        a, b = (torch.randint(lo, hi, (n,), generator=generator, device=device) for _ in range(2))
+        s = a + b
+        place = 10 ** torch.arange(d + 1, device=device)
+        digits = lambda v, m: (v[:, None] // place[:m]) % 10  # noqa: E731  (n, m), least significant first
+        sum_len = d + (s >= hi).long()  # d or d + 1 digits
+        answer = torch.full((n, d + 2), ADD_PAD, device=device)
+        answer[:, : d + 1] = torch.where(torch.arange(d + 1, device=device) < sum_len[:, None], SUM_DIGIT0 + digits(s, d + 1), ADD_PAD)
+        answer[torch.arange(n, device=device), sum_len] = SUM_END
+        col = lambda v: torch.full((n, 1), v, device=device)  # noqa: E731
+        seq = torch.cat([digits(a, d), col(PLUS), digits(b, d), col(EQUALS), answer], 1)  # (n, 3d + 4)
+        pos = 2 * d + 1 + torch.arange(d + 2, device=device).expand(n, -1)
+        y = seq.gather(1, pos + 1)
+        return Batch(seq[:, :-1], pos, torch.where(y == ADD_PAD, -1, y))
+
+    def metrics(self, logits, batch):
+        scores = super().metrics(logits, batch)
+        wrong = (logits.argmax(-1) != batch.y) & (batch.y >= 0)
+        scores["exact_match"] = (~wrong.any(1)).float()
+        return scores
+
+
+# ---------------------------------------------------------------------------
+# Parenthesis balancing (paper D.1.4)
+# ---------------------------------------------------------------------------
+
+OPEN, CLOSE, QUERY = 1, 2, 3
+
+
+@dataclass
+class Parens(StreamTask):
+    """Is a string of up to `max_parens` parentheses balanced?
+
+    Example: ( ) ( ( ) ? -> x = [1, 2, 1, 1, 2, 3], scored at position 5 (the
+    '?'), answer 1 (unbalanced); a balanced string is answered 2.
+    Generate-then-mutate exactly as SPEC.md describes the authors' sampler:
+    1/3 uniformly random strings, 2/3 random balanced strings of t ~ U[1,
+    max_parens/2] pairs, then random swaps and flips. Vectorized over the
+    batch with the same distribution as the per-example recursive sampler.
+    """
+
+    max_parens: int = 60
+    test_size: int = 4000
+    name = "parens"
+    vocab_size = 4
+    n_positions = 80
+
+    def __post_init__(self):
+        if self.max_parens < 2:
+            raise ValueError(f"parens needs max_parens >= 2, got {self.max_parens}")
+
+    @property
+    def seq_len(self):
+        return self.max_parens + 1
+
+    def generate(self, n, generator):
+        device, L = generator.device, self.max_parens
+        coin = lambda *shape: torch.randint(2, shape, generator=generator, device=device).bool()  # noqa: E731
+        mutation = torch.randint(4, (n,), generator=generator, device=device)
+        is_random = torch.randint(3, (n,), generator=generator, device=device) == 0
+        mutation = torch.where(~is_random & coin(n), 0, mutation)
+
+        pairs = 1 + torch.randint(L // 2, (n,), generator=generator, device=device)
+        length = torch.where(is_random, 1 + torch.randint(L, (n,), generator=generator, device=device), 2 * pairs)
+        inside = torch.arange(L, device=device) < length[:, None]
+        random_chars = 1 + torch.randint(2, (n, L), generator=generator, device=device)
+        s = torch.where(is_random[:, None], random_chars, balanced_strings(pairs, L, generator)) * inside
+
+        swaps = torch.where(mutation & 1 == 1, geometric_count(n, generator), 0)
+        rows = torch.arange(n, device=device)
+        for j in range(int(swaps.max())):
+            p, q = uniform_below(length, generator), uniform_below(length, generator)
+            do = (swaps > j) & (p < q)
+            sp, sq = s[rows, p], s[rows, q]
+            s[rows, p] = torch.where(do, sq, sp)
+            s[rows, q] = torch.where(do, sp, sq)
+
+        flips = torch.where(mutation & 2 == 2, geometric_count(n, generator), 0)
+        flips = flips * torch.where(torch.randint(3, (n,), generator=generator, device=device) > 0, 2, 1)
+        if flips.max() > 0:
+            # Flips at distinct indices commute and a double flip cancels, so only each index's parity matters.
+            at = uniform_below(length[:, None].expand(-1, int(flips.max())), generator)
+            active = torch.arange(at.size(1), device=device) < flips[:, None]
+            parity = torch.zeros(n, L, dtype=torch.long, device=device).scatter_add_(1, at, active.long()) % 2
+            s = torch.where(parity == 1, 3 - s, s)
+
+        depth = torch.where(s == OPEN, 1, torch.where(s == CLOSE, -1, 0)).cumsum(1)
+        balanced = (depth.min(1).values >= 0) & (depth[:, -1] == 0)
+        x = torch.cat([s, torch.zeros(n, 1, dtype=torch.long, device=device)], 1)
+        x[rows, length] = QUERY
+        return Batch(x, length[:, None], torch.where(balanced, CLOSE, OPEN)[:, None])
+
+
+def geometric_count(n, generator):
+    """Start at 1 and add 1 while a fair coin says so: P(k) = 2^-k."""
+    u = torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)
+    return 1 + torch.floor(-torch.log2(u)).clamp(max=62).long()
+
+
+def balanced_strings(pairs, width, generator):
+    """Random balanced strings of `pairs` pairs each, by the authors' recursion.
+
+    balanced(1) = "()"; balanced(t) = "(" + balanced(t-1) + ")" with prob 1/2,
+    else balanced(u) + balanced(t-u) with u ~ U[1, t-1]. Instead of recursing
+    per example, every pending sub-string of the whole batch is one row of
+    (example, offset, t) and each loop expands all of them one level.
+    """
+    device = pairs.device
+    out = torch.zeros(len(pairs), width, dtype=torch.long, device=device)
+    row, offset, t = torch.arange(len(pairs), device=device), torch.zeros_like(pairs), pairs
+    while len(row):
+        wrap = (t == 1) | (torch.randint(2, t.shape, generator=generator, device=device) == 1)
+        # "()" is the t = 1 case of wrapping; wrap writes the outer pair and recurses on t - 1.
+        out[row[wrap], offset[wrap]] = OPEN
+        out[row[wrap], offset[wrap] + 2 * t[wrap] - 1] = CLOSE
+        u = 1 + uniform_below(t - 1, generator)
+        split = ~wrap
+        row = torch.cat([row[wrap], row[split], row[split]])
+        offset = torch.cat([offset[wrap] + 1, offset[split], offset[split] + 2 * u[split]])
+        t = torch.cat([t[wrap] - 1, u[split], t[split] - u[split]])
+        pending = t > 0
+        row, offset, t = row[pending], offset[pending], t[pending]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+TASKS = {cls.name: cls for cls in (ModularAddition, Needle, Addition, Parens)}
+
+
+def make_task(name: str, **sizes) -> Task:
+    """Build a task by its CLI name; `sizes` may name fields of any task and only this task's are used."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    cls = TASKS[name]
+    return cls(**{f.name: sizes[f.name] for f in fields(cls) if f.name in sizes})
