@@ -1,0 +1,398 @@
+"""Core properties: the generators, the model's parameter counts and init, training modes,
+causality, exact resuming, and that a frozen random transformer really learns."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+import train
+from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
+from tasks import ADD_PAD, CLOSE, EQUALS, OPEN, PLUS, QUERY, SUM_DIGIT0, SUM_END, make_task
+from train import TrainConfig
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def rows(x):
+    return {tuple(r) for r in x.tolist()}
+
+
+# ---------------------------------------------------------------------------
+# Generators
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["modadd", "needle", "addition", "parens"])
+def test_tokens_in_vocab_and_positions_fit(name):
+    task = make_task(name)
+    batch = task.sample(500, gen())
+    assert batch.x.shape == (500, task.seq_len) and task.seq_len <= task.n_positions
+    assert 0 <= batch.x.min() and batch.x.max() < task.vocab_size
+    answered = batch.y >= 0
+    assert answered.any(1).all() and (batch.y[answered] < task.vocab_size).all()
+    assert (batch.pos < task.seq_len).all()
+
+
+@pytest.mark.parametrize("name", ["needle", "addition", "parens"])
+def test_test_set_is_fixed_and_never_trained_on(name):
+    task = make_task(name)
+    test = task.test_set()
+    assert len(test) == 4000
+    assert torch.equal(test.x, make_task(name).test_set().x)
+    test_rows = rows(test.x)
+    for seed in range(3):
+        assert not rows(task.sample(2000, gen(seed)).x) & test_rows
+
+
+def test_training_batches_drop_test_examples_when_they_collide():
+    # With at most 2 parentheses there are only a handful of strings, so collisions are certain.
+    task = make_task("parens", max_parens=2, test_size=3)
+    batch = task.sample(50, gen())
+    assert len(batch) == 50 and not rows(batch.x) & rows(task.test_set().x)
+
+
+def test_modular_addition_split_and_answers():
+    task = make_task("modadd")
+    assert (len(task.train), len(task.test)) == (37_619, 1_982)
+    assert not rows(task.train.x) & rows(task.test.x)
+    both = torch.cat([task.train.x, task.test.x])
+    assert len(rows(both)) == 199**2
+    a, b = both.T
+    answers = torch.cat([task.train.y, task.test.y])[:, 0]
+    assert torch.equal(answers, (a + b) % 199)
+    assert torch.equal(make_task("modadd").test.x, task.test.x)
+
+
+def test_needle_answer_is_the_queried_markers_value():
+    task = make_task("needle")
+    batch = task.sample(1000, gen())
+    for x, pos, y in zip(batch.x.tolist(), batch.pos[:, 0].tolist(), batch.y[:, 0].tolist()):
+        markers, values = x[0:pos:2], x[1:pos:2]
+        assert len(set(markers)) == len(markers) and all(128 <= m <= 157 for m in markers)
+        assert all(1 <= v <= 127 for v in values)
+        assert all(t == 0 for t in x[pos + 1 :])
+        assert y == values[markers.index(x[pos] - 30)]
+    ks = (batch.pos[:, 0] // 2).tolist()
+    assert min(ks) == 1 and max(ks) == 30
+
+
+def test_needle_worked_example_layout():
+    # a 1 b 2 c 3 d 4 b: the SPEC's example, the query is marker b (129) + 30.
+    task = make_task("needle", max_pairs=4)
+    batch = task.sample(20000, gen())
+    k4 = batch.pos[:, 0] == 8
+    assert k4.any()
+    x = batch.x[k4][0].tolist()
+    assert x[8] - 30 in x[0:8:2]
+
+
+def test_addition_answer_is_the_reversed_sum():
+    task = make_task("addition")
+    batch = task.sample(1000, gen())
+    d = 10
+    for x, pos, y in zip(batch.x.tolist(), batch.pos.tolist(), batch.y.tolist()):
+        assert x[d] == PLUS and x[2 * d + 1] == EQUALS
+        a = int("".join(map(str, reversed(x[:d]))))
+        b = int("".join(map(str, reversed(x[d + 1 : 2 * d + 1]))))
+        assert 10**9 <= a < 10**10 and 10**9 <= b < 10**10
+        answer = [t for t in y if t >= 0]
+        assert answer[-1] == SUM_END
+        assert int("".join(str(t - SUM_DIGIT0) for t in reversed(answer[:-1]))) == a + b
+        # Teacher forcing: each answer token but the last is also the next input token.
+        assert x[pos[0] + 1 : pos[0] + len(answer)] == answer[:-1]
+        rest = x[pos[0] + len(answer) :]
+        assert pos[0] == 2 * d + 1 and rest == ([SUM_END] + [ADD_PAD] * len(rest))[: len(rest)]
+    assert {len([t for t in y if t >= 0]) for y in batch.y.tolist()} == {11, 12}
+
+
+def is_balanced(s):
+    depth = 0
+    for c in s:
+        depth += 1 if c == OPEN else -1
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def test_parens_answer_is_the_strings_balance():
+    task = make_task("parens")
+    batch = task.sample(2000, gen())
+    for x, pos, y in zip(batch.x.tolist(), batch.pos[:, 0].tolist(), batch.y[:, 0].tolist()):
+        s = x[:pos]
+        assert x[pos] == QUERY and set(s) <= {OPEN, CLOSE} and 1 <= len(s) <= 60
+        assert all(t == 0 for t in x[pos + 1 :])
+        assert y == (CLOSE if is_balanced(s) else OPEN)
+
+
+def reference_parens(rng, max_parens=60):
+    """The authors' generate-then-mutate sampler, one example at a time, as SPEC describes it."""
+
+    def balanced(t):
+        if t == 1:
+            return [OPEN, CLOSE]
+        if rng.randint(0, 1):
+            return [OPEN] + balanced(t - 1) + [CLOSE]
+        u = rng.randint(1, t - 1)
+        return balanced(u) + balanced(t - u)
+
+    def count():
+        c = 1
+        while rng.randint(0, 1):
+            c += 1
+        return c
+
+    mutation = rng.randint(0, 3)
+    if rng.randint(0, 2) == 0:
+        s = [rng.choice([OPEN, CLOSE]) for _ in range(rng.randint(1, max_parens))]
+    else:
+        s = balanced(rng.randint(1, max_parens // 2))
+        if rng.randint(0, 1):
+            mutation = 0
+    if mutation & 1:
+        for _ in range(count()):
+            p, q = rng.randint(0, len(s) - 1), rng.randint(0, len(s) - 1)
+            if p < q:
+                s[p], s[q] = s[q], s[p]
+    if mutation & 2:
+        flips = count() * (2 if rng.randint(0, 2) else 1)
+        for _ in range(flips):
+            p = rng.randint(0, len(s) - 1)
+            s[p] = 3 - s[p]
+    return s
+
+
+def test_parens_vectorized_sampler_matches_the_reference_distribution():
+    n = 20000
+    rng = random.Random(0)
+    ref = [reference_parens(rng) for _ in range(n)]
+    ref_balanced = sum(map(is_balanced, ref)) / n
+    ref_length = sum(map(len, ref)) / n
+    ref_open = sum(s.count(OPEN) for s in ref) / sum(map(len, ref))
+    # generate(), not sample(): sample() drops strings in the test set, which are mostly short ones.
+    batch = make_task("parens").generate(n, gen())
+    ours_balanced = (batch.y == CLOSE).float().mean().item()
+    ours_length = batch.pos.float().mean().item()
+    ours_open = ((batch.x == OPEN).sum() / ((batch.x == OPEN) | (batch.x == CLOSE)).sum()).item()
+    # Binomial standard errors at n = 20000 are ~0.0035 for a fraction, ~0.12 for the mean length.
+    assert abs(ours_balanced - ref_balanced) < 0.02
+    assert abs(ours_length - ref_length) < 0.6
+    assert abs(ours_open - ref_open) < 0.01
+
+
+# ---------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------
+
+
+def count(model, group):
+    return sum(p.numel() for name, p in model.named_parameters() if parameter_group(name) == group)
+
+
+@pytest.mark.parametrize("task, vocab, positions, e_token, e_pos", [
+    ("needle", 256, 100, 262_144, 102_400),
+    ("addition", 31, 40, 31_744, 40_960),
+    ("parens", 4, 80, 4_096, 81_920),
+    ("modadd", 199, 5, 203_776, 5_120),
+])
+def test_parameter_counts_match_spec(task, vocab, positions, e_token, e_pos):
+    t = make_task(task)
+    assert (t.vocab_size, t.n_positions) == (vocab, positions)
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab, positions, n_embd=1024, n_layer=2, n_head=4))
+    assert count(model, "body") == 25_194_496
+    assert (count(model, "wte"), count(model, "wpe"), count(model, "lm_head")) == (e_token, e_pos, e_token)
+
+
+def test_memorization_counts_match_table_3():
+    with torch.device("meta"):
+        frozen = apply_training_mode(GPT(GPTConfig(1024, 5, n_embd=128)), "frozen")
+        full = apply_training_mode(GPT(GPTConfig(1024, 5, n_embd=128)), "full")
+    assert frozen["trainable"] == 262_784 and full["trainable"] == 659_584
+
+
+def test_init_statistics_match_gpt2():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(256, 100, n_embd=256, n_layer=2))
+    residual_std = 0.02 / math.sqrt(2 * 2)
+    for name, p in model.named_parameters():
+        if "ln" in name:
+            assert torch.all(p == (1.0 if name.endswith("weight") else 0.0)), name
+        elif name.endswith("bias"):
+            assert torch.all(p == 0), name
+        else:
+            std = residual_std if name.endswith("c_proj.weight") else 0.02
+            # The sample std of n normal draws has relative standard error 1 / sqrt(2n) < 0.3% here.
+            assert abs(p.std().item() / std - 1) < 0.02, name
+            assert abs(p.mean().item()) < 4 * std / math.sqrt(p.numel()), name
+
+
+def test_later_tokens_never_change_earlier_logits():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(50, 20, n_embd=32, n_head=4))
+    x = torch.randint(50, (3, 20))
+    changed = x.clone()
+    changed[:, 12:] = torch.randint(50, (3, 8))
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    assert torch.allclose(a[:, :12], b[:, :12], atol=1e-6)
+    assert not torch.allclose(a[:, 12:], b[:, 12:])
+
+
+def test_logits_at_answer_positions_equal_full_logits_there():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(50, 20, n_embd=32, n_head=4))
+    x, pos = torch.randint(50, (3, 20)), torch.tensor([[3, 7], [0, 19], [5, 5]])
+    with torch.no_grad():
+        full, picked = model(x), model(x, pos)
+    assert torch.allclose(picked, full.gather(1, pos[..., None].expand(-1, -1, 50)), atol=1e-6)
+
+
+def test_analysis_cache_matches_the_fused_path():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(50, 20, n_embd=32, n_head=4))
+    x, cache = torch.randint(50, (2, 20)), {}
+    with torch.no_grad():
+        assert torch.allclose(model(x), model(x, cache=cache), atol=1e-5)
+    pattern = cache["blocks.1.attn.pattern"]
+    assert pattern.shape == (2, 4, 20, 20) and torch.allclose(pattern.sum(-1), torch.ones(2, 4, 20))
+    assert torch.all(pattern.triu(1) == 0)
+    assert cache["embed"].shape == cache["blocks.0.resid_post"].shape == (2, 20, 32)
+
+
+@pytest.mark.parametrize("mode", list(TRAINING_MODES))
+def test_one_step_changes_exactly_the_trained_tensors(mode):
+    cfg = TrainConfig(task="needle", train=mode, width=16, batch_size=8, steps=1, warmup=0, device="cpu")
+    torch.manual_seed(0)
+    task, model, counts = train.build(cfg)
+    assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = train.make_optimizer(model, cfg, torch.device("cpu"))
+    step = train.training_step_fn(model, task, torch.device("cpu"), use_compile=False)
+    step(task.sample(8, gen()))
+    for name, p in model.named_parameters():
+        assert (p.grad is not None) == (parameter_group(name) in TRAINING_MODES[mode]), name
+    optimizer.step()
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed == {name for name, _ in model.named_parameters() if parameter_group(name) in TRAINING_MODES[mode]}
+
+
+def test_optimizer_decays_matrices_not_biases_or_layernorms():
+    cfg = TrainConfig(task="parens", train="full", width=16, lr=1e-3, weight_decay=0.1)
+    _, model, _ = train.build(cfg)
+    decay, no_decay = train.make_optimizer(model, cfg, torch.device("cpu")).param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_learning_rate_warms_up_linearly_then_decays_to_zero():
+    cfg = TrainConfig(lr=1.0, warmup=10, steps=110)
+    assert train.lr_at(0, cfg) == 0 and train.lr_at(5, cfg) == 0.5 and train.lr_at(10, cfg) == 1.0
+    assert train.lr_at(60, cfg) == pytest.approx(0.5)
+    assert train.lr_at(110, cfg) == pytest.approx(0.0, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------
+
+
+def tiny(tmp_path, **overrides):
+    settings = dict(task="parens", train="frozen", width=16, heads=2, steps=8, batch_size=32, lr=3e-3,
+                    warmup=2, eval_every=4, max_parens=10, test_size=200, device="cpu", out=str(tmp_path / "run"))
+    return TrainConfig(**{**settings, **overrides})
+
+
+def test_run_writes_config_metrics_final_and_model(tmp_path):
+    metrics = train.main(tiny(tmp_path))
+    run = tmp_path / "run"
+    config = json.loads((run / "config.json").read_text())
+    assert config["parameters"]["trainable"] > 0 and config["device"] == "cpu" and config["torch"]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [4, 8] and lines[-1]["test_accuracy"] == metrics["accuracy"]
+    assert json.loads((run / "final.json").read_text())["accuracy"] == metrics["accuracy"]
+    saved = torch.load(run / "model.pt")
+    assert set(saved) >= {"model", "config", "model_config"}
+
+
+def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
+    whole = train.main(tiny(tmp_path, out=str(tmp_path / "whole")))
+    train.main(tiny(tmp_path, out=str(tmp_path / "cut")), stop_after=4)
+    assert not (tmp_path / "cut" / "final.json").exists()
+    cfg, resume = train.parse_args(["--resume", str(tmp_path / "cut")])
+    resumed = train.main(cfg, resume=resume)
+    assert resumed == whole
+    a = torch.load(tmp_path / "whole" / "model.pt")["model"]
+    b = torch.load(tmp_path / "cut" / "model.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4, 8]
+
+
+def test_zero_steps_only_builds_counts_and_evaluates(tmp_path):
+    metrics = train.main(tiny(tmp_path, steps=0))
+    assert 0 <= metrics["accuracy"] <= 1
+    assert json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 0
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        train.cli(argv)
+    err = capsys.readouterr().err.strip()
+    return exit.value.code, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "sorting"], "unknown task"),
+    (["--train", "half"], "unknown training mode"),
+    (["--width", "30", "--heads", "4"], "not divisible"),
+    (["--task", "parens", "--max-parens", "100"], "exceed the model's 80 positions"),
+    (["--widht", "3"], "unrecognized arguments"),
+    (["--steps", "ten"], "invalid int value"),
+    (["--resume", "/nonexistent"], "not a run directory"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
+    extra = ["--out", str(tmp_path / "x"), "--device", "cpu"] + ([] if "--steps" in argv else ["--steps", "0"])
+    code, err = run_cli(argv + extra, capsys)
+    assert code == 2 and message in err and len(err.splitlines()) == 1
+
+
+def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
+    train.main(tiny(tmp_path, steps=0))
+    before = (tmp_path / "run" / "config.json").read_text()
+    code, err = run_cli(["--task", "parens", "--width", "16", "--steps", "0", "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and "--overwrite" in err
+    assert (tmp_path / "run" / "config.json").read_text() == before
+    train.main(tiny(tmp_path, steps=0, width=8, overwrite=True))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["width"] == 8
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
+    train.main(tiny(tmp_path), stop_after=4)
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
+    assert code == 2 and "does not load" in err
+
+
+# ---------------------------------------------------------------------------
+# Learning: a frozen random transformer solves small tasks
+# ---------------------------------------------------------------------------
+
+
+def test_frozen_model_learns_parentheses(tmp_path):
+    test_set = make_task("parens", max_parens=20, test_size=1000).test_set()
+    majority = max((test_set.y == CLOSE).float().mean().item(), (test_set.y == OPEN).float().mean().item())
+    metrics = train.main(tiny(tmp_path, width=64, heads=4, max_parens=20, test_size=1000, steps=300,
+                              batch_size=64, lr=3e-3, warmup=30, eval_every=300))
+    assert majority < 0.6 and metrics["accuracy"] > 0.85
+
+
+def test_frozen_model_learns_needle(tmp_path):
+    metrics = train.main(tiny(tmp_path, task="needle", width=64, heads=4, max_pairs=3, test_size=1000,
+                              steps=300, batch_size=64, lr=3e-3, warmup=30, eval_every=300))
+    assert metrics["accuracy"] > 0.5  # chance is 1/127
