@@ -148,7 +148,7 @@ def training_step_fn(model, task, device, use_compile):
 
 def rng_states(generator):
     states = {"torch": torch.get_rng_state(), "data": generator.get_state()}
-    if torch.cuda.is_available():
+    if generator.device.type == "cuda":  # never touch CUDA on a CPU run, even where a GPU exists
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
 
