@@ -5,10 +5,12 @@
     batch = task.sample(1000, torch.Generator().manual_seed(0))
     test = task.test_set()
 
-Serves section 4 and appendix D.1 of the paper; token ids follow SPEC.md
-section 4 exactly. Every task hands the trainer a `Batch`: input tokens x, the
-positions whose next-token prediction is scored (`pos`) and the answer token
-at each of them (`y`, -1 where a row has fewer answers). The model runs its
+Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic
+tasks, memorization, circuit imitation and language modeling; token ids follow
+SPEC.md section 4 exactly. Every task hands the trainer a `Batch`: input
+tokens x, the positions whose next-token prediction is scored (`pos`) and the
+answer token at each of them (`y`, -1 where a row has fewer answers); circuit
+imitation adds the target's distribution (`target`). The model runs its
 unembedding only at `pos`, so the loss never touches a padded position.
 """
 
@@ -567,8 +569,8 @@ class LanguageModeling(Task):
         valid_path = validation_path(train_path)
         tokenizer_path = load_or_train_tokenizer(train_path, self.vocab)
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
-        self.train_tokens = load_or_tokenize(train_path, tokenizer_path)
-        self.valid_tokens = load_or_tokenize(valid_path, tokenizer_path)
+        self.train_tokens = load_or_tokenize(train_path, tokenizer_path, self.vocab)
+        self.valid_tokens = load_or_tokenize(valid_path, tokenizer_path, self.vocab)
         for path, tokens in ((train_path, self.train_tokens), (valid_path, self.valid_tokens)):
             if len(tokens) <= self.context:
                 raise ValueError(f"{path} has {len(tokens)} tokens, fewer than context + 1 = {self.context + 1}")
@@ -666,12 +668,11 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
     return cache
 
 
-def load_or_tokenize(path: str, tokenizer_path: str) -> np.ndarray:
+def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
     """The file's stories as one uint16 token stream, each story followed by <|endoftext|>,
-    cached beside it as <file stem>.<tokenizer name>.u16 and memory-mapped (TinyStories is
+    cached beside it as <file stem>.bpe<vocab>.u16 and memory-mapped (TinyStories is
     ~0.5B tokens); redone when the text or the tokenizer is newer than the cache."""
-    tokenizer_name = os.path.basename(tokenizer_path).split(".")[-2]  # "bpe10000"
-    cache = f"{os.path.splitext(path)[0]}.{tokenizer_name}.u16"
+    cache = f"{os.path.splitext(path)[0]}.bpe{vocab}.u16"
     if not (is_fresh(cache, path) and is_fresh(cache, tokenizer_path)):
         tokenizer = Tokenizer.from_file(tokenizer_path)
         end = tokenizer.token_to_id(END_OF_TEXT)
@@ -770,7 +771,7 @@ def story(rng) -> str:
     return " ".join(lines)
 
 
-def write_story_corpus(directory: str, n_train: int = 5000, n_valid: int = 500, seed: int = 0) -> str:
+def write_story_corpus(directory: str, n_train: int = 5000, n_valid: int = 500) -> str:
     """Write stories-train.txt and stories-valid.txt (stories separated by <|endoftext|>, as
     TinyStories ships) into directory, unless already there; return the train file's path.
     Deterministic: the same arguments always write the same bytes."""
@@ -778,7 +779,7 @@ def write_story_corpus(directory: str, n_train: int = 5000, n_valid: int = 500, 
     if os.path.exists(train_path):
         return train_path
     os.makedirs(directory, exist_ok=True)
-    rng = random.Random(seed)
+    rng = random.Random(0)
     for split, n in (("valid", n_valid), ("train", n_train)):  # train last: its presence marks the corpus complete
         path = os.path.join(directory, f"stories-{split}.txt")
         with open(path + ".tmp", "w", encoding="utf-8") as f:
