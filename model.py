@@ -7,6 +7,8 @@
 Serves the whole paper (Zhong & Andreas 2024, "Algorithmic Capabilities of
 Random Transformers", section 3): a "random transformer" is this model with
 every block left at its random initialization and only the embeddings trained.
+Baselines live here too: LSTM (the paper's recurrent baseline) and
+GPTConfig(attention="linear") (Table 9's linearized transformer).
 Names follow GPT-2 (wte wpe h ln_1 attn.c_attn c_proj mlp.c_fc ln_2 ln_f
 lm_head) so weights map onto GPT-2 checkpoints and readers recognise them.
 """
@@ -26,6 +28,8 @@ class GPTConfig:
     n_embd: int = 1024  # residual stream width ("hidden size" in the paper)
     n_layer: int = 2  # transformer blocks
     n_head: int = 4  # attention heads per block; must divide n_embd
+    attention: str = "softmax"  # "linear": Table 9's baseline, attention matrix = causal all-ones
+    pos: str = "learned"  # "sinusoidal": fixed sin/cos positions, a buffer that never trains
 
 
 class CausalSelfAttention(nn.Module):
@@ -34,6 +38,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
+        self.linear = cfg.attention == "linear"
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
@@ -41,7 +46,13 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if cache is None:
+        if self.linear:
+            # softmax(QK^T) replaced by the lower-triangular ones matrix: position t gets the
+            # unnormalized sum of v over positions <= t, so q and k go unused.
+            y = v.cumsum(dim=2)  # (B, nh, T, hs)
+            if cache is not None:
+                cache[f"{name}.attn.pattern"] = torch.ones(T, T, device=x.device).tril().expand(B, self.n_head, T, T)
+        elif cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             # The fused kernel never materialises the pattern, so analysis takes the explicit path.
@@ -82,15 +93,26 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 decoder: token + learned positional embedding, blocks, ln_f, unbiased unembedding."""
+    """GPT-2 decoder: token + positional embedding, blocks, ln_f, unbiased unembedding.
+
+    With cfg.pos = "sinusoidal", wpe is a fixed (n_positions, n_embd) buffer rather
+    than a parameter, so it never trains and drops out of the parameter counts.
+    """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         if cfg.n_embd % cfg.n_head:
             raise ValueError(f"width {cfg.n_embd} is not divisible by {cfg.n_head} heads")
+        if cfg.attention not in ("softmax", "linear"):
+            raise ValueError(f"unknown attention {cfg.attention!r}; choose from softmax, linear")
+        if cfg.pos not in ("learned", "sinusoidal"):
+            raise ValueError(f"unknown positional embedding {cfg.pos!r}; choose from learned, sinusoidal")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        if cfg.pos == "learned":
+            self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        else:
+            self.register_buffer("wpe", sinusoids(cfg.n_positions, cfg.n_embd), persistent=False)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -127,7 +149,8 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.cfg.n_positions:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.cfg.n_positions} positions")
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
+        pos_emb = self.wpe[:T] if self.cfg.pos == "sinusoidal" else self.wpe(torch.arange(T, device=idx.device))
+        x = self.wte(idx) + pos_emb  # (B, T, C)
         if cache is not None:
             cache["embed"] = x
         for i, block in enumerate(self.h):
@@ -139,9 +162,49 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def sinusoids(n_positions, n_embd):
+    """Vaswani et al.'s fixed positions: even columns sin(t / 10000^(2i/d)), odd columns cos."""
+    t = torch.arange(n_positions, dtype=torch.float32)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, n_embd, 2, dtype=torch.float32) / n_embd)
+    table = torch.zeros(n_positions, n_embd)
+    table[:, 0::2] = torch.sin(t * freq)
+    table[:, 1::2] = torch.cos(t * freq)[:, : n_embd // 2]
+    return table
+
+
+class LSTM(nn.Module):
+    """The paper's LSTM baseline: Embedding -> torch LSTM(d, d, n_layer) -> Linear(d, vocab).
+
+    Reads vocab_size, n_embd and n_layer from a GPTConfig so both architectures
+    are built and counted the same way; it has no positional embedding (order is
+    in the recurrence) and no heads. Torch's default init throughout (the paper
+    gives none); always fully trained in the paper.
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.lstm = nn.LSTM(cfg.n_embd, cfg.n_embd, num_layers=cfg.n_layer, batch_first=True)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size)
+
+    def forward(self, idx, pos=None, cache=None):
+        """Logits at positions pos (B, A) -> (B, A, vocab), or everywhere (B, T, vocab) without pos.
+
+        cache: filled with "embed" and "lstm.out" (B, T, C), the last layer's hidden states.
+        """
+        x = self.wte(idx)  # (B, T, C)
+        h, _ = self.lstm(x)  # (B, T, C)
+        if cache is not None:
+            cache["embed"], cache["lstm.out"] = x, h
+        if pos is not None:
+            h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.size(-1)))  # (B, A, C)
+        return self.lm_head(h)
+
+
 # What each training mode of the paper trains (section 2 of SPEC.md). Every
 # parameter is an embedding ("wte", "wpe"), the unembedding ("lm_head"), or
-# part of the body (blocks and ln_f), which only "full" trains.
+# part of the body (blocks and ln_f, or the LSTM's recurrence), which only "full" trains.
 TRAINING_MODES = {
     "full": {"wte", "wpe", "lm_head", "body"},  # "Normal" transformer
     "frozen": {"wte", "wpe", "lm_head"},  # "Random" transformer
@@ -156,7 +219,7 @@ def parameter_group(name: str) -> str:
     top = name.split(".")[0]
     if top in ("wte", "wpe", "lm_head"):
         return top
-    if top in ("h", "ln_f"):
+    if top in ("h", "ln_f", "lstm"):
         return "body"
     raise ValueError(f"parameter {name!r} belongs to no training-mode group")
 

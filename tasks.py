@@ -5,18 +5,26 @@
     batch = task.sample(1000, torch.Generator().manual_seed(0))
     test = task.test_set()
 
-Serves section 4 and appendix D.1 of the paper; token ids follow SPEC.md
-section 4 exactly. Every task hands the trainer a `Batch`: input tokens x, the
-positions whose next-token prediction is scored (`pos`) and the answer token
-at each of them (`y`, -1 where a row has fewer answers). The model runs its
+Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic
+tasks, memorization, circuit imitation and language modeling; token ids follow
+SPEC.md section 4 exactly. Every task hands the trainer a `Batch`: input
+tokens x, the positions whose next-token prediction is scored (`pos`) and the
+answer token at each of them (`y`, -1 where a row has fewer answers); circuit
+imitation adds the target's distribution (`target`). The model runs its
 unembedding only at `pos`, so the loss never touches a padded position.
 """
 
 import math
+import os
+import random
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from model import GPT, GPTConfig
 
 TEST_SEED = 1_000_003  # every test set is drawn from this seed, whatever the run's seed
 
@@ -26,19 +34,24 @@ class Batch:
     x: torch.Tensor  # (B, T) input tokens
     pos: torch.Tensor  # (B, A) positions whose logits are scored
     y: torch.Tensor  # (B, A) answer token at each position, -1 = no answer there
+    target: torch.Tensor = None  # (B, A, V) target log-probabilities where labels are distributions (imitate)
 
     def __len__(self):
         return self.x.size(0)
 
     def to(self, device):
-        return Batch(self.x.to(device), self.pos.to(device), self.y.to(device))
+        return Batch(*(None if t is None else t.to(device) for t in self.tensors()))
 
     def __getitem__(self, rows):
-        return Batch(self.x[rows], self.pos[rows], self.y[rows])
+        return Batch(*(None if t is None else t[rows] for t in self.tensors()))
+
+    def tensors(self):
+        return [getattr(self, f.name) for f in fields(Batch)]
 
 
 def cat_batches(batches):
-    return Batch(*(torch.cat([getattr(b, f.name) for b in batches]) for f in fields(Batch)))
+    columns = zip(*(b.tensors() for b in batches))
+    return Batch(*(None if c[0] is None else torch.cat(c) for c in columns))
 
 
 class Task:
@@ -46,11 +59,14 @@ class Task:
 
     name, vocab_size, n_positions (the model's positional table, fixed per task
     so parameter counts match the paper), seq_len (tokens actually fed),
-    batch_size and steps (the paper's protocol), sample(), test_set(), metrics().
+    batch_size, steps, lr, weight_decay and the model shape (the paper's
+    protocol), sample(), test_set(), loss(), metrics().
     """
 
     lr = 1e-3
     weight_decay = 1e-3
+    width, layers, heads = 1024, 2, 4  # the model the paper trains on it (SPEC sections 1, 3)
+    eval_batch_size = 1000  # test examples per forward pass
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A fresh training batch, made on the generator's device, never containing a test example."""
@@ -134,10 +150,10 @@ class ModularAddition(Task):
     """
 
     p: int = 199
+    epochs: int = 5000
     name = "modadd"
     n_positions = 5
     batch_size = 4000
-    epochs = 5000
 
     @property
     def vocab_size(self):
@@ -370,15 +386,419 @@ def balanced_strings(pairs, width, generator):
 
 
 # ---------------------------------------------------------------------------
+# Memorization (paper section 5.1, D.1.3)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Memorization(Task):
+    """Memorize a random map from key pairs to values; the training set is the test set.
+
+    Example: x = [7, 600] (keys 7 and 600 - 512 = 88), scored at position 1,
+    answer z = the value drawn for that pair, uniform in [0, 511]. Keys x are
+    [0, keys), keys y are [512, 512 + keys); the paper uses keys = 512, so
+    262,144 pairs x 9 bits. Vocab and positions stay 1024 and 5 at every size so
+    parameter counts match Table 3. The map is drawn once from TEST_SEED, the
+    same for every run. Training samples pairs uniformly with replacement, as
+    for modular addition.
+    """
+
+    keys: int = 512
+    epochs: int = 21_000
+    name = "memorize"
+    vocab_size = 1024
+    n_positions = 5
+    seq_len = 2
+    width = 128
+    batch_size = 2**15
+    lr = 5e-3  # the authors' script for this task; SPEC section 4
+    weight_decay = 1e-4
+    VALUES = 512  # z in [0, 512): log2(512) = 9 bits per pair
+
+    def __post_init__(self):
+        if not 1 <= self.keys <= 512:
+            raise ValueError(f"memorize needs 1 <= keys <= 512, got {self.keys}")
+        x, y = torch.cartesian_prod(torch.arange(self.keys), 512 + torch.arange(self.keys)).T
+        z = torch.randint(self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED))
+        self.pairs = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
+        self._on_device = self.pairs
+
+    @property
+    def steps(self):
+        return math.ceil(self.epochs * len(self.pairs) / self.batch_size)
+
+    def sample(self, batch_size, generator):
+        if self._on_device.x.device != generator.device:
+            self._on_device = self.pairs.to(generator.device)
+        rows = torch.randint(len(self.pairs), (batch_size,), generator=generator, device=generator.device)
+        return self._on_device[rows]
+
+    def test_set(self):
+        return self.pairs
+
+
+def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:
+    """Table 3's measures of how much a memorization run stored.
+
+    bits = accuracy x n_pairs x log2(n_values), rounded: each exactly recalled
+    pair counts its full value. bits_per_parameter divides by the trainable
+    parameters. loss_bits = n_pairs x (log2(n_values) - loss / ln 2): the
+    information the predicted distribution carries beyond a uniform guess
+    (loss is the mean cross-entropy in nats over the pairs).
+    Table 3: accuracy 0.8054 over 262,144 pairs -> 1,900,177 bits.
+    """
+    value_bits = math.log2(n_values)
+    bits = round(accuracy * n_pairs * value_bits)
+    return {"accuracy": accuracy, "bits": bits, "bits_per_parameter": bits / trainable,
+            "loss_bits": n_pairs * (value_bits - loss / math.log(2))}
+
+
+# ---------------------------------------------------------------------------
+# Circuit imitation (paper section 6.2, D.2.2)
+# ---------------------------------------------------------------------------
+
+
+def imitation_target(width: int, seed: int) -> GPT:
+    """The random target transformer: vocab 512, 40 positions, 3 layers, 2 heads.
+
+    GPT-2 init drawn from `seed` (the global RNG is left untouched), then
+    scaled so its predictions vary strongly across inputs: every MLP down-proj
+    weight and bias x20, every fused qkv weight x10, the unembedding
+    x100/sqrt(width) (std 2/sqrt(width)).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        target = GPT(GPTConfig(vocab_size=512, n_positions=40, n_embd=width, n_layer=3, n_head=2))
+    with torch.no_grad():
+        for block in target.h:
+            block.mlp.c_proj.weight.mul_(20)
+            block.mlp.c_proj.bias.mul_(20)
+            block.attn.c_attn.weight.mul_(10)
+        target.lm_head.weight.mul_(100 / math.sqrt(width))
+    return target.requires_grad_(False).eval()
+
+
+@dataclass
+class Imitation(StreamTask):
+    """Match a random target transformer's next-token distribution at the last position.
+
+    Example: x = 40 tokens uniform in [0, 511], e.g. [17, 402, ..., 88], scored
+    at position 39; the label is the target's full distribution there
+    (batch.target, log-probabilities) and the loss KL(target || model). y holds
+    the target's most likely token, so "accuracy" is top-1 agreement. The
+    target runs on the batch's device as each batch is generated.
+    """
+
+    target_width: int = 16
+    target_seed: int = 0
+    test_size: int = 4000
+    name = "imitate"
+    vocab_size = 512
+    n_positions = 40
+    seq_len = 40
+    layers = 3  # the student; the target's shape is fixed in imitation_target
+
+    def __post_init__(self):
+        if not (self.target_width >= 2 and self.target_width % 2 == 0):
+            raise ValueError(f"imitate needs an even target width >= 2 (2 heads), got {self.target_width}")
+        self.target = imitation_target(self.target_width, self.target_seed)
+
+    def generate(self, n, generator):
+        device = generator.device
+        self.target.to(device)
+        x = torch.randint(self.vocab_size, (n, self.seq_len), generator=generator, device=device)
+        pos = torch.full((n, 1), self.seq_len - 1, device=device)
+        with torch.no_grad():
+            target = self.target(x, pos).float().log_softmax(-1)  # (n, 1, V)
+        return Batch(x, pos, target.argmax(-1), target)
+
+    def loss(self, logits, batch):
+        return kl_divergence(logits, batch.target).mean()
+
+    def metrics(self, logits, batch):
+        return {"kl": kl_divergence(logits, batch.target).flatten(),
+                "accuracy": (logits.argmax(-1) == batch.y).float().flatten()}
+
+
+def kl_divergence(logits, target_logprobs):
+    """KL(target || model) in nats at each scored position: (B, A, V) -> (B, A)."""
+    logprobs = logits.float().log_softmax(-1)
+    return F.kl_div(logprobs, target_logprobs, log_target=True, reduction="none").sum(-1)
+
+
+# ---------------------------------------------------------------------------
+# Language modeling (paper section 5.2, D.1.4)
+# ---------------------------------------------------------------------------
+
+END_OF_TEXT = "<|endoftext|>"  # TinyStories' story separator; one token between stories
+STORY_DIR = os.path.join("data", "stories")  # where the shipped corpus is written (git-ignored)
+
+
+@dataclass
+class LanguageModeling(Task):
+    """Next-token prediction on stories, every position scored.
+
+    Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64,
+    301], pos = [0, 1, 2, 3], y = [389, 64, 301, 11]: y is x shifted by one.
+    `data` is a TinyStories-style train file (stories separated by
+    <|endoftext|>); its validation file is found beside it by replacing the
+    last "train" in the file name with "valid" (TinyStories-train.txt ->
+    TinyStories-valid.txt). Without `data`, the shipped story corpus is written
+    to data/stories/. A byte-level BPE of `vocab` tokens is trained on the
+    train file only and both files are tokenized once into uint16 arrays; all
+    three are cached beside the data. Training windows start anywhere in the
+    train tokens; the test set is the validation tokens cut into consecutive
+    windows. Metric "loss" is validation cross-entropy in nats per token.
+    """
+
+    data: str = None
+    vocab: int = 10_000
+    context: int = 512
+    epochs: int = 5
+    name = "lm"
+    batch_size = 20
+    lr = 6e-4
+    weight_decay = 0.1
+    heads = 8
+    eval_batch_size = 20  # the (B, context, vocab) logits dominate memory
+
+    def __post_init__(self):
+        if self.context < 2 or self.vocab < 257 or self.vocab > 2**16:
+            raise ValueError(f"lm needs context >= 2 and 257 <= vocab <= 65536, got {self.context} and {self.vocab}")
+        train_path = self.data or write_story_corpus(STORY_DIR)
+        valid_path = validation_path(train_path)
+        tokenizer_path = load_or_train_tokenizer(train_path, self.vocab)
+        self.tokenizer = Tokenizer.from_file(tokenizer_path)
+        self.train_tokens = load_or_tokenize(train_path, tokenizer_path, self.vocab)
+        self.valid_tokens = load_or_tokenize(valid_path, tokenizer_path, self.vocab)
+        for path, tokens in ((train_path, self.train_tokens), (valid_path, self.valid_tokens)):
+            if len(tokens) <= self.context:
+                raise ValueError(f"{path} has {len(tokens)} tokens, fewer than context + 1 = {self.context + 1}")
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        self._test = None
+
+    @property
+    def n_positions(self):
+        return self.context
+
+    @property
+    def seq_len(self):
+        return self.context
+
+    @property
+    def steps(self):
+        return math.ceil(self.epochs * len(self.train_tokens) / (self.batch_size * self.context))
+
+    def windows(self, tokens, starts):
+        """Batch of x = tokens[s : s + context], y = tokens[s + 1 : s + context + 1] per start s."""
+        rows = torch.from_numpy(tokens[starts[:, None] + np.arange(self.context + 1)].astype(np.int64))  # (B, C + 1)
+        pos = torch.arange(self.context).expand(len(starts), -1)
+        return Batch(rows[:, :-1], pos, rows[:, 1:])
+
+    def sample(self, batch_size, generator):
+        starts = torch.randint(len(self.train_tokens) - self.context, (batch_size,), generator=generator, device=generator.device)
+        return self.windows(self.train_tokens, starts.cpu().numpy()).to(generator.device)
+
+    def test_set(self):
+        if self._test is None:
+            self._test = self.windows(self.valid_tokens, np.arange(0, len(self.valid_tokens) - self.context, self.context))
+        return self._test
+
+    def encode(self, text: str) -> list:
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    @property
+    def end_of_text(self) -> int:
+        return self.tokenizer.token_to_id(END_OF_TEXT)
+
+
+def validation_path(train_path: str) -> str:
+    """The validation file beside a train file: the last "train" of its name becomes "valid"."""
+    directory, name = os.path.split(train_path)
+    if not os.path.isfile(train_path):
+        raise ValueError(f"no training text at {train_path}")
+    if "train" not in name:
+        raise ValueError(f"cannot find the validation file for {train_path}: its name has no 'train' to replace with 'valid'")
+    head, _, tail = name.rpartition("train")
+    valid = os.path.join(directory, head + "valid" + tail)
+    if not os.path.isfile(valid):
+        raise ValueError(f"no validation file {valid} beside {train_path}")
+    return valid
+
+
+def read_stories(path: str):
+    """Yield the stories of a text file, split at <|endoftext|>, stripped, empty ones skipped."""
+    story = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            *finished, rest = line.split(END_OF_TEXT)
+            for part in finished:
+                text = "".join(story + [part]).strip()
+                story = []
+                if text:
+                    yield text
+            story.append(rest)
+    text = "".join(story).strip()
+    if text:
+        yield text
+
+
+def is_fresh(cache: str, source: str) -> bool:
+    """A cache file is reused unless its source text changed after it was written."""
+    return os.path.exists(cache) and os.path.getmtime(cache) >= os.path.getmtime(source)
+
+
+def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
+    """Path of a byte-level BPE of `vocab` tokens (fewer if the text runs out of merges)
+    trained on the train file's stories, cached as <train file stem>.bpe<vocab>.json."""
+    cache = f"{os.path.splitext(train_path)[0]}.bpe{vocab}.json"
+    if is_fresh(cache, train_path):
+        return cache
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[END_OF_TEXT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(read_stories(train_path), trainer)
+    tokenizer.save(cache + ".tmp")
+    os.replace(cache + ".tmp", cache)
+    return cache
+
+
+def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
+    """The file's stories as one uint16 token stream, each story followed by <|endoftext|>,
+    cached beside it as <file stem>.bpe<vocab>.u16 and memory-mapped (TinyStories is
+    ~0.5B tokens); redone when the text or the tokenizer is newer than the cache."""
+    cache = f"{os.path.splitext(path)[0]}.bpe{vocab}.u16"
+    if not (is_fresh(cache, path) and is_fresh(cache, tokenizer_path)):
+        tokenizer = Tokenizer.from_file(tokenizer_path)
+        end = tokenizer.token_to_id(END_OF_TEXT)
+        with open(cache + ".tmp", "wb") as f:
+            for chunk in batched(read_stories(path), 10_000):
+                for encoding in tokenizer.encode_batch(chunk):
+                    f.write(np.array(encoding.ids + [end], dtype=np.uint16).tobytes())
+        os.replace(cache + ".tmp", cache)
+    return np.memmap(cache, dtype=np.uint16, mode="r")
+
+
+def batched(items, n):
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# The shipped corpus: a small story grammar standing in for TinyStories, which
+# cannot be downloaded here. Stories repeat names, keep pronouns agreeing with
+# them and reuse objects introduced earlier, so a model gains from attending to
+# the context, not only from word statistics.
+
+GIRLS = "Lily Mia Sara Anna Emma Zoe Lucy Ella Amy Rose Kate Nora Ruby Ivy Jane".split()
+BOYS = "Tom Max Ben Sam Leo Jack Tim Finn Noah Jake Luke Owen Adam Hugo Dan".split()
+ANIMALS = "cat dog bird bunny frog duck fox bear mouse turtle puppy owl".split()
+OBJECTS = ["ball", "kite", "hat", "book", "toy car", "balloon", "shell", "drum", "boat", "teddy bear", "crayon", "cup"]
+ADJECTIVES = "big small shiny soft old new pretty funny blue red green yellow".split()
+PLACES = ["park", "beach", "garden", "forest", "farm", "lake", "market", "school", "playground", "zoo"]
+SPOTS = ["bench", "bush", "rock", "slide", "tree", "box", "table", "fence"]
+ACTIVITIES = ["play outside", "draw pictures", "sing songs", "read books", "run fast", "build towers",
+              "jump in puddles", "dance", "look at the stars", "bake cookies"]
+RELATIVES = {"she": ["sister", "friend", "cousin", "neighbor"], "he": ["brother", "friend", "cousin", "neighbor"]}
+HAPPY = "happy glad proud excited".split()
+SAD = "sad upset worried scared".split()
+
+
+def a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def story(rng) -> str:
+    """One story from the grammar: opening, liking, outing, one of four problems, resolution, ending."""
+    pick = rng.choice
+    hero_pronoun, friend_pronoun = pick(["she", "he"]), pick(["she", "he"])
+    hero = pick(GIRLS if hero_pronoun == "she" else BOYS)
+    friend = pick([n for n in (GIRLS if friend_pronoun == "she" else BOYS) if n != hero])
+    he, He, his = hero_pronoun, hero_pronoun.capitalize(), "her" if hero_pronoun == "she" else "his"
+    him = "her" if hero_pronoun == "she" else "him"
+    kind = pick([("girl" if he == "she" else "boy"), "little " + ("girl" if he == "she" else "boy"), pick(ANIMALS)])
+    thing, adjective, place, relative = pick(OBJECTS), pick(ADJECTIVES), pick(PLACES), pick(RELATIVES[friend_pronoun])
+    animal = pick(ANIMALS)
+    lines = [pick([f"Once upon a time, there was {a(kind)} named {hero}.",
+                   f"One day, {a(pick(ADJECTIVES))} {kind} named {hero} woke up early.",
+                   f"There was once {a(kind)} called {hero}."]),
+             f"{hero} loved to {pick(ACTIVITIES)}.",
+             f"{He} had {a(adjective)} {thing} that {he} liked very much.",
+             pick([f"One {pick(['morning', 'afternoon', 'sunny day', 'evening'])}, {hero} went to the {place} with {his} {relative}, {friend}.",
+                   f"{hero} and {his} {relative} {friend} went to the {place} to play."])]
+    problem = rng.randrange(4)
+    if problem == 0:
+        spot, other = rng.sample(SPOTS, 2)
+        lines += [f"At the {place}, {hero} lost {his} {thing}.",
+                  f"{He} looked under the {spot} and behind the {other}, but it was not there.",
+                  f"{hero} felt {pick(SAD)}.",
+                  f"\"Don't worry, {hero},\" said {friend}. \"I will help you look.\"",
+                  f"They looked everywhere. At last, {friend} found the {thing} near the {pick(SPOTS)}."]
+    elif problem == 1:
+        lines += [f"At the {place}, {hero} threw {his} {thing} up high and it got stuck in a tall tree.",
+                  f"{He} wanted to get it, but the tree was too high.",
+                  f"\"{pick(['I have an idea', 'Let me try', 'We can do it together'])}!\" said {friend}.",
+                  f"{friend} held {hero} up, and {hero} reached the {thing}."]
+    elif problem == 2:
+        feeling = pick(SAD)
+        lines += [f"At the {place}, {hero} saw a little {animal} who was {feeling}.",
+                  f"\"Why are you {feeling}?\" asked {hero}.",
+                  f"\"I cannot find my {pick(['mom', 'home', 'friends', 'way back'])},\" said the {animal}.",
+                  f"{hero} and {friend} helped the {animal}. Soon the {animal} was not {feeling} anymore.",
+                  f"The {animal} gave {hero} {a(pick(ADJECTIVES))} {pick(OBJECTS)} to say thank you."]
+    else:
+        lines += [f"At the {place}, the sky turned dark and it started to rain.",
+                  f"{hero} and {friend} ran under a big {pick(SPOTS)} to stay dry.",
+                  f"{hero} held {his} {thing} close so it would not get wet.",
+                  f"When the rain stopped, they saw {a(pick(['rainbow', 'big puddle', 'little frog', 'bright sun']))}."]
+    lines += [pick([f"{hero} was very {pick(HAPPY)}.", f"{hero} smiled and hugged {friend}."]),
+              pick([f"From that day on, {hero} and {friend} were best friends.",
+                    f"\"Thank you, {friend},\" said {hero}. \"You are a good {relative}.\"",
+                    f"{He} learned that it is good to help each other.",
+                    f"That night, {hero} went to bed with {his} {thing} next to {him}."])]
+    if rng.random() < 0.3:
+        lines.append("The end.")
+    return " ".join(lines)
+
+
+def write_story_corpus(directory: str, n_train: int = 5000, n_valid: int = 500) -> str:
+    """Write stories-train.txt and stories-valid.txt (stories separated by <|endoftext|>, as
+    TinyStories ships) into directory, unless already there; return the train file's path.
+    Deterministic: the same arguments always write the same bytes."""
+    train_path = os.path.join(directory, "stories-train.txt")
+    if os.path.exists(train_path):
+        return train_path
+    os.makedirs(directory, exist_ok=True)
+    rng = random.Random(0)
+    for split, n in (("valid", n_valid), ("train", n_train)):  # train last: its presence marks the corpus complete
+        path = os.path.join(directory, f"stories-{split}.txt")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(f"{story(rng)}\n{END_OF_TEXT}\n" for _ in range(n))
+        os.replace(path + ".tmp", path)
+    return train_path
+
+
+# ---------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------
 
-TASKS = {cls.name: cls for cls in (ModularAddition, Needle, Addition, Parens)}
+TASKS = {cls.name: cls for cls in (ModularAddition, Needle, Addition, Parens, Memorization, Imitation, LanguageModeling)}
 
 
 def make_task(name: str, **sizes) -> Task:
-    """Build a task by its CLI name; `sizes` may name fields of any task and only this task's are used."""
+    """Build a task by its CLI name; `sizes` may name fields of any task and only this task's
+    are used; a size given as None keeps the task's default."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     cls = TASKS[name]
-    return cls(**{f.name: sizes[f.name] for f in fields(cls) if f.name in sizes})
+    return cls(**{f.name: sizes[f.name] for f in fields(cls) if sizes.get(f.name) is not None})

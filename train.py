@@ -3,6 +3,9 @@
     python train.py --task needle --frozen            # the paper's random transformer, width 1024
     python train.py --task parens --frozen --width 128 --steps 1000 --batch-size 128 --lr 3e-3
     python train.py --resume runs/needle-frozen-w1024-s0   # continue an interrupted run
+    python train.py --task memorize --frozen --keys 64 --steps 3000 --batch-size 4096
+    python train.py --task lm --frozen --width 128 --epochs 2        # shipped story corpus
+    python train.py --generate runs/lm-frozen-w128-s0 --prompt "Once upon a time" --top-k 40
 
 Serves sections 3-4 and appendix D.3 of the paper: AdamW, linear warmup then
 cosine decay to zero, gradient clipping at 1.0, loss only at answer positions,
@@ -16,25 +19,30 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 from tqdm import tqdm
 
-from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode
-from tasks import TASKS, Batch, make_task
+from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
+from tasks import TASKS, Batch, LanguageModeling, Memorization, make_task, memorization_capacity
+
+ARCHS = ("gpt", "lstm", "linear")
+LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
 
 
 @dataclass
 class TrainConfig:
     task: str = field(default="parens", metadata={"help": f"task to train on: {', '.join(TASKS)}"})
     train: str = field(default="full", metadata={"help": f"what trains: {', '.join(TRAINING_MODES)} (frozen = the paper's random transformer)"})
-    width: int = field(default=1024, metadata={"help": "residual width n_embd"})
-    layers: int = field(default=2, metadata={"help": "transformer blocks"})
-    heads: int = field(default=4, metadata={"help": "attention heads per block"})
+    arch: str = field(default="gpt", metadata={"help": f"model: {', '.join(ARCHS)} (lstm and linear are the paper's baselines)"})
+    pos: str = field(default="learned", metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"})
+    width: int = field(default=None, metadata={"help": "residual width n_embd (default: the task's, 1024 mostly)"})
+    layers: int = field(default=None, metadata={"help": "transformer blocks or LSTM layers (default: the task's, 2 mostly)"})
+    heads: int = field(default=None, metadata={"help": "attention heads per block (default: the task's, 4 mostly)"})
     steps: int = field(default=None, metadata={"help": "optimizer steps (default: the paper's for the task)"})
     batch_size: int = field(default=None, metadata={"help": "examples per step (default: the paper's for the task)"})
-    lr: float = field(default=None, metadata={"help": "peak learning rate (default: the paper's for the task, 1e-3 mostly)"})
+    lr: float = field(default=None, metadata={"help": "peak learning rate (default: the paper's for the task, 1e-3 mostly; 5e-3 for lstm)"})
     weight_decay: float = field(default=None, metadata={"help": "AdamW decay on matrices and embeddings (default: the task's)"})
     warmup: int = field(default=500, metadata={"help": "linear warmup steps before the cosine decay"})
     clip: float = field(default=1.0, metadata={"help": "gradient-norm clipping threshold"})
@@ -50,6 +58,13 @@ class TrainConfig:
     digits: int = field(default=10, metadata={"help": "addition: digits of each summand"})
     max_parens: int = field(default=60, metadata={"help": "parens: longest string"})
     test_size: int = field(default=4000, metadata={"help": "examples in a stream task's fixed test set"})
+    epochs: int = field(default=None, metadata={"help": "modadd, memorize, lm: passes over the training data that set the steps (default: the paper's)"})
+    keys: int = field(default=512, metadata={"help": "memorize: keys per side, keys^2 pairs"})
+    target_width: int = field(default=16, metadata={"help": "imitate: width of the random target transformer"})
+    target_seed: int = field(default=0, metadata={"help": "imitate: seed the target transformer is drawn from"})
+    data: str = field(default=None, metadata={"help": "lm: TinyStories-style train file, e.g. TinyStories-train.txt with TinyStories-valid.txt beside it (default: the shipped story corpus)"})
+    vocab: int = field(default=10_000, metadata={"help": "lm: BPE vocabulary size"})
+    context: int = field(default=512, metadata={"help": "lm: tokens per training window"})
 
 
 class UsageError(Exception):
@@ -105,7 +120,7 @@ def evaluate(model, task, test: Batch, device, batch_size=1000) -> dict:
     by_length = test.pos.amax(1).argsort()
     for start in range(0, len(test), batch_size):
         batch = test[by_length[start : start + batch_size]]
-        batch = Batch(batch.x[:, : int(batch.pos.max()) + 1], batch.pos, batch.y).to(device)
+        batch = replace(batch, x=batch.x[:, : int(batch.pos.max()) + 1]).to(device)
         with autocast(device):
             logits = model(batch.x, batch.pos)
         for name, values in task.metrics(logits, batch).items():
@@ -171,28 +186,42 @@ def build(cfg: TrainConfig):
     with the task's paper protocol; raises UsageError on bad input."""
     try:
         task = make_task(cfg.task, **asdict(cfg))
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    for name in ("steps", "batch_size", "lr", "weight_decay"):
+    if cfg.lr is None and cfg.arch == "lstm":
+        cfg.lr = LSTM_LR
+    for name in ("steps", "batch_size", "lr", "weight_decay", "width", "layers", "heads"):
         if getattr(cfg, name) is None:
             setattr(cfg, name, getattr(task, name))
     if cfg.eval_every is None:
         cfg.eval_every = max(1, cfg.steps // 20)
     if cfg.out is None:
-        cfg.out = os.path.join("runs", f"{cfg.task}-{cfg.train}-w{cfg.width}-s{cfg.seed}")
+        variant = "".join(f"-{v}" for v in (cfg.arch, cfg.pos) if v not in ("gpt", "learned"))
+        cfg.out = os.path.join("runs", f"{cfg.task}{variant}-{cfg.train}-w{cfg.width}-s{cfg.seed}")
     for name in ("steps", "warmup"):
         if getattr(cfg, name) < 0:
             raise UsageError(f"--{name} must be >= 0")
     for name in ("batch_size", "eval_every", "width", "layers", "heads"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    if cfg.epochs is not None and cfg.epochs < 1:
+        raise UsageError("--epochs must be >= 1")
     if cfg.train not in TRAINING_MODES:
         raise UsageError(f"unknown training mode {cfg.train!r}; choose from {', '.join(TRAINING_MODES)}")
-    if cfg.width % cfg.heads:
+    if cfg.arch not in ARCHS:
+        raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
+    if cfg.arch == "lstm" and cfg.pos != "learned":
+        raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
+    if cfg.arch != "lstm" and cfg.width % cfg.heads:
         raise UsageError(f"width {cfg.width} is not divisible by {cfg.heads} heads")
     if task.seq_len > task.n_positions:
         raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
-    model = GPT(GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads))
+    attention = "linear" if cfg.arch == "linear" else "softmax"
+    try:
+        model_cfg = GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, attention, cfg.pos)
+        model = LSTM(model_cfg) if cfg.arch == "lstm" else GPT(model_cfg)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     counts = apply_training_mode(model, cfg.train)
     return task, model, counts
 
@@ -246,7 +275,7 @@ def main(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dict
     while True:
         last_step = step == cfg.steps
         if last_step or (step % cfg.eval_every == 0 and step > first_step):
-            metrics = evaluate(model, task, test, device)
+            metrics = evaluate(model, task, test, device, task.eval_batch_size)
             elapsed = time.time() - start_time
             record = {"step": step, "loss": (loss_sum / max(1, losses_since_log)).item() if losses_since_log else None,
                       "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()}, "elapsed": elapsed}
@@ -274,10 +303,15 @@ def main(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dict
 
     if step == cfg.steps:
         final = {**metrics, "step": step, "elapsed": elapsed, "parameters": counts}
+        if isinstance(task, Memorization):
+            final.update(memorization_capacity(metrics["accuracy"], metrics["loss"], len(task.pairs), task.VALUES, counts["trainable"]))
         write_json(os.path.join(cfg.out, "final.json"), final)
         torch.save({"model": model.state_dict(), "config": asdict(cfg),
                     "model_config": asdict(model.cfg)}, os.path.join(cfg.out, "model.pt"))
         print("final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({elapsed:.1f}s)")
+        if "bits" in final:
+            print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
+                  f"(loss-based estimate {final['loss_bits']:,.0f} bits)")
     return metrics
 
 
@@ -290,6 +324,41 @@ def load_checkpoint(path, device):
         raise UsageError(f"checkpoint {path} does not load ({type(e).__name__})") from None
 
 
+@torch.no_grad()
+def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
+    """The prompt followed by a continuation sampled from the finished lm run in run_dir.
+
+    Each step samples from softmax(logits / temperature) over the top_k most
+    likely tokens, feeding at most the model's context; stops at <|endoftext|>.
+    """
+    if temperature <= 0 or top_k < 1 or max_new_tokens < 0:
+        raise UsageError("generation needs --temperature > 0, --top-k >= 1 and --max-new-tokens >= 0")
+    path = os.path.join(run_dir, "model.pt")
+    if not os.path.exists(path):
+        raise UsageError(f"no finished run at {run_dir} (no model.pt)")
+    saved = load_checkpoint(path, torch.device("cpu"))
+    cfg = TrainConfig(**{f.name: saved["config"][f.name] for f in fields(TrainConfig)})
+    task, model, _ = build(cfg)
+    if not isinstance(task, LanguageModeling):
+        raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
+    device = pick_device(device)
+    model.load_state_dict(saved["model"])
+    model.to(device).eval()
+    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
+    new = []
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
+        kth = logits.topk(min(top_k, logits.numel())).values[-1]
+        probs = logits.masked_fill(logits < kth, float("-inf")).softmax(-1)
+        token = torch.multinomial(probs, 1, generator=generator)
+        if token.item() == task.end_of_text:
+            break
+        new.append(token.item())
+        idx = torch.cat([idx, token[None]], 1)
+    return prompt + task.decode(new)
+
+
 # ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
@@ -300,8 +369,8 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def parse_args(argv=None):
-    """Flags generated from TrainConfig, plus --frozen and --resume."""
+def make_parser():
+    """Flags generated from TrainConfig, plus --frozen, --resume and the text-generation flags."""
     parser = OneLineParser(description=__doc__.split("\n")[0])
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -313,22 +382,40 @@ def parse_args(argv=None):
             parser.add_argument(flag, type=f.type, default=f.default, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config")
-    args = parser.parse_args(argv)
+    sampling = parser.add_argument_group("text generation (instead of training)")
+    sampling.add_argument("--generate", metavar="DIR", help="print a continuation of --prompt sampled from the lm run in DIR")
+    sampling.add_argument("--prompt", default="Once upon a time", help="text to continue")
+    sampling.add_argument("--temperature", type=float, default=0.8, help="divides the logits before sampling")
+    sampling.add_argument("--top-k", type=int, default=40, help="sample only among the k most likely tokens")
+    sampling.add_argument("--max-new-tokens", type=int, default=200, help="longest continuation in tokens")
+    return parser
+
+
+def config_from_args(args):
+    """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config."""
     if args.resume:
         config_path = os.path.join(args.resume, "config.json")
         if not os.path.exists(config_path):
             raise UsageError(f"{args.resume} is not a run directory (no config.json)")
         with open(config_path) as f:
             saved = json.load(f)
-        return TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig)}), True
+        return TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved}), True
     if args.frozen:
         args.train = "frozen"
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}), False
 
 
+def parse_args(argv=None):
+    return config_from_args(make_parser().parse_args(argv))
+
+
 def cli(argv=None):
     try:
-        cfg, resume = parse_args(argv)
+        args = make_parser().parse_args(argv)
+        if args.generate:
+            print(generate(args.generate, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, args.device))
+            return
+        cfg, resume = config_from_args(args)
         main(cfg, resume=resume)
     except UsageError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
