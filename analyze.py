@@ -11,8 +11,6 @@ Numbers go to <run>/analysis.json and a readable <run>/analysis.md, figures to
 analysis.json. Everything runs on the CPU; nothing here trains.
 """
 
-import argparse
-import importlib
 import json
 import math
 import os
@@ -22,9 +20,10 @@ from dataclasses import fields
 import torch
 
 import tasks
+import train
 from model import GPT
 from tasks import Batch
-from train import TrainConfig, UsageError, build, evaluate
+from train import OneLineParser, TrainConfig, UsageError, build
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -43,10 +42,14 @@ class Run:
             raise UsageError(f"{path} is not a run directory (no config.json)")
         if not os.path.isfile(model_path):
             raise UsageError(f"{path} has no model.pt (the run has not finished)")
-        with open(config_path) as f:
-            self.saved = json.load(f)
+        try:
+            with open(config_path) as f:
+                saved = json.load(f)
+        except json.JSONDecodeError:
+            raise UsageError(f"{config_path} is not valid JSON") from None
         self.path = path
-        self.cfg = TrainConfig(**{f.name: self.saved[f.name] for f in fields(TrainConfig) if f.name in self.saved})
+        # Settings a newer train.py added and an older run lacks take their defaults.
+        self.cfg = TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
         self.task, self.model, self.counts = build(self.cfg)
         try:
             checkpoint = torch.load(model_path, map_location="cpu", weights_only=False)
@@ -129,7 +132,7 @@ def explained_variance(run: Run, examples: int) -> dict:
     its positions up to its last scored position, which excludes padding.
     """
     batch = run.task.sample(examples, torch.Generator().manual_seed(0))
-    batch = batch[: max(1, min(examples, MAX_VECTORS // batch.x.size(1)))]
+    batch = batch[: max(1, MAX_VECTORS // batch.x.size(1))]
     last = last_answer_position(batch)
     batch = Batch(batch.x[:, : int(last.max()) + 1], batch.pos, batch.y)
     keep = torch.arange(batch.x.size(1)) <= last[:, None]  # (B, T)
@@ -238,7 +241,7 @@ def embedding_markdown(result):
 def token_labels(task_name, tokens):
     """Readable names for the heatmap axes: needle markers as letters, parentheses as characters."""
     if task_name == "needle":
-        letter = lambda t: "abcdefghijklmnopqrstuvwxyz0123"[t]  # noqa: E731  (30 markers)
+        letter = lambda t: "abcdefghijklmnopqrstuvwxyzABCD"[t]  # noqa: E731  (30 markers)
         return [letter(t - 128) if 128 <= t < 158 else letter(t - 158) + "?" if 158 <= t < 188 else str(t) for t in tokens]
     if task_name == "parens":
         return ["_()?"[t] for t in tokens]
@@ -278,7 +281,10 @@ def needle_attention_scores(patterns, batch: Batch):
 def attention_patterns(run: Run, input_tokens=None) -> dict:
     """Heatmaps of every layer's and head's attention on one input; for needle, also Figure 2's scores over the test set."""
     tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
-    names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
+    cfg = run.model.cfg
+    if not all(0 <= t < cfg.vocab_size for t in tokens) or len(tokens) > cfg.n_positions:
+        raise UsageError(f"attention input must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size})")
+    names = [f"blocks.{i}.attn.pattern" for i in range(cfg.n_layer)]
     pattern = run_with_cache(run.model, torch.tensor([tokens]), names)
     plot_attention([pattern[n][0] for n in names], token_labels(run.cfg.task, tokens), run.figure_path("attention"), run.label)
     result = {"tokens": tokens, "figure": "attention.png"}
@@ -423,7 +429,7 @@ def memorization_markdown(result):
 
 def samples(run: Run, max_new_tokens=100) -> dict:
     """Continuations of a few fixed prompts (seed 0, temperature 0.8, top-k 40)."""
-    generate = getattr(importlib.import_module("train"), "generate", None)
+    generate = getattr(train, "generate", None)
     if generate is None:
         return {"skipped": "train.generate does not exist in this version of train.py"}
     torch.manual_seed(0)
@@ -448,9 +454,11 @@ def training_curves(run: Run) -> dict:
         return {"skipped": "metrics.jsonl is missing or empty"}
     plt = pyplot()
     fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [(k, metric_ax) for k in log[-1] if k.startswith("test_") and k != "test_loss"]:
+    test_metrics = [k for k in log[-1] if k.startswith("test_") and k != "test_loss"]
+    for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [(k, metric_ax) for k in test_metrics]:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
-        ax.plot(*zip(*points), label=key.replace("_", " "), marker=".")
+        if points:
+            ax.plot(*zip(*points), label=key.replace("_", " "), marker=".")
     loss_ax.set_yscale("log")
     loss_ax.set_ylabel("cross-entropy")
     metric_ax.set_ylabel("test metric")
@@ -516,6 +524,8 @@ def analyze(path, args) -> dict:
         if args.only in (None, name) and applies(run):
             results[name] = compute(run, args)
             print(f"{path}: {title}" + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else ""))
+            if name == "variance":
+                print(explained_variance_markdown(results[name]))
     with open(json_path, "w") as f:
         json.dump(results, f, indent=2)
         f.write("\n")
@@ -526,12 +536,15 @@ def analyze(path, args) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
     parser.add_argument("--only", choices=list(ANALYSES), help="run just this analysis (default: every one that applies)")
     parser.add_argument("--examples", type=int, default=1000, help="inputs for the explained variance (capped at %d hidden states)" % MAX_VECTORS)
     parser.add_argument("--tokens", type=int, nargs="+", help="token ids of the attention input (default: Figure 2's for needle, else the first test example)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.examples < 1:
+        parser.error("--examples must be >= 1")
+    return args
 
 
 def main(argv=None):
