@@ -52,7 +52,7 @@ class Run:
         self.cfg = TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
         self.task, self.model, self.counts = build(self.cfg)
         try:
-            checkpoint = torch.load(model_path, map_location="cpu", weights_only=False)
+            checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
             self.model.load_state_dict(checkpoint["model"])
         except Exception as e:
             raise UsageError(f"{model_path} does not load ({type(e).__name__})") from None
