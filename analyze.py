@@ -1,0 +1,562 @@
+"""The paper's analyses of a trained model, read from a saved run directory.
+
+    python analyze.py runs/modadd31-frozen                  # every analysis that applies to the run's task
+    python analyze.py runs/needle-frozen-w1024-s0 --only attention --tokens 128 1 129 2 130 3 131 4 159
+
+Serves section 4.2 (Figure 2: attention patterns, Figure 3: circular embeddings
+and the Clock/Pizza metrics), section 5 (memorization capacity, language-model
+samples) and section 6 (Tables 4, 5, 7: explained variance) of the paper.
+Numbers go to <run>/analysis.json and a readable <run>/analysis.md, figures to
+<run>/*.png. Running a subset with --only keeps the other results already in
+analysis.json. Everything runs on the CPU; nothing here trains.
+"""
+
+import json
+import math
+import os
+import sys
+from dataclasses import fields
+
+import torch
+
+import tasks
+import train
+from model import GPT
+from tasks import Batch
+from train import OneLineParser, TrainConfig, UsageError, build
+
+TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
+MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
+CHUNK_TOKENS = 16_384  # tokens per forward pass, so attention patterns of long inputs fit in memory
+ATTENTION_MAX_TOKENS = 64  # a heatmap wider than this is unreadable, so longer inputs are cut
+NEEDLE_EXAMPLE = [128, 1, 129, 2, 130, 3, 131, 4, 159]  # Figure 2's input: a 1 b 2 c 3 d 4 b
+LM_PROMPTS = ["Once upon a time", "One day, a little girl named Lily", "Tom and his dog"]
+
+
+class Run:
+    """A loaded run: its directory, config, rebuilt task and trained model (CPU, eval mode)."""
+
+    def __init__(self, path):
+        config_path, model_path = os.path.join(path, "config.json"), os.path.join(path, "model.pt")
+        if not os.path.isfile(config_path):
+            raise UsageError(f"{path} is not a run directory (no config.json)")
+        if not os.path.isfile(model_path):
+            raise UsageError(f"{path} has no model.pt (the run has not finished)")
+        try:
+            with open(config_path) as f:
+                saved = json.load(f)
+        except json.JSONDecodeError:
+            raise UsageError(f"{config_path} is not valid JSON") from None
+        self.path = path
+        # Settings a newer train.py added and an older run lacks take their defaults.
+        self.cfg = TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
+        self.task, self.model, self.counts = build(self.cfg)
+        try:
+            checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
+            self.model.load_state_dict(checkpoint["model"])
+        except Exception as e:
+            raise UsageError(f"{model_path} does not load ({type(e).__name__})") from None
+        self.model.eval()
+
+    @property
+    def label(self):
+        """The row name in the paper's tables: Random = frozen blocks, Normal = fully trained."""
+        model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.train, self.cfg.train)
+        return f"{self.cfg.task} {model} w{self.cfg.width}"
+
+    def metrics_log(self):
+        path = os.path.join(self.path, "metrics.jsonl")
+        if not os.path.isfile(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def figure_path(self, name):
+        return os.path.join(self.path, f"{name}.png")
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported only when a figure is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def last_answer_position(batch: Batch):
+    """(B,) the last position of each row whose prediction is scored."""
+    return torch.where(batch.y >= 0, batch.pos, -1).amax(1)
+
+
+@torch.no_grad()
+def run_with_cache(model, x, names):
+    """{name: activation} for the requested cache names, over x (B, T) in chunks of CHUNK_TOKENS tokens."""
+    rows = max(1, CHUNK_TOKENS // x.size(1))
+    out = {name: [] for name in names}
+    for start in range(0, len(x), rows):
+        cache = {}
+        model(x[start : start + rows], cache=cache)
+        for name in names:
+            out[name].append(cache[name])
+    return {name: torch.cat(parts) for name, parts in out.items()}
+
+
+# ---------------------------------------------------------------------------
+# Explained variance (Tables 4, 5, 7)
+# ---------------------------------------------------------------------------
+
+
+def top_k_variance_fractions(X, k=TOP_K):
+    """Fractions of the total variance of X (n, d) in its top k principal components and its top k coordinates.
+
+    X is centred; pc = sum of the k largest covariance eigenvalues / trace,
+    neuron = sum of the k largest per-coordinate variances / trace.
+    """
+    X = X.double()
+    X = X - X.mean(0)
+    cov = X.T @ X / len(X)  # (d, d)
+    trace = cov.trace()
+    eigenvalues = torch.linalg.eigvalsh(cov)  # ascending
+    pc = eigenvalues[-k:].sum() / trace
+    neuron = cov.diagonal().topk(min(k, len(cov))).values.sum() / trace
+    return pc.item(), neuron.item()
+
+
+def explained_variance(run: Run, examples: int) -> dict:
+    """Per layer (embedding output, then after each block): fraction of hidden-state variance in the
+    top 10 principal components and in the 10 highest-variance neurons.
+
+    Inputs are training-distribution examples (a fixed seed); a row contributes
+    its positions up to its last scored position, which excludes padding.
+    """
+    batch = run.task.sample(examples, torch.Generator().manual_seed(0))
+    batch = batch[: max(1, MAX_VECTORS // batch.x.size(1))]
+    last = last_answer_position(batch)
+    batch = Batch(batch.x[:, : int(last.max()) + 1], batch.pos, batch.y)
+    keep = torch.arange(batch.x.size(1)) <= last[:, None]  # (B, T)
+    names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)]
+    states = run_with_cache(run.model, batch.x, names)
+    layers, pc, neuron = [], [], []
+    for i, name in enumerate(names):
+        fractions = top_k_variance_fractions(states[name][keep])
+        layers.append("Emb" if i == 0 else f"L{i}")
+        pc.append(fractions[0])
+        neuron.append(fractions[1])
+    return {"label": run.label, "layers": layers, "pc_top10": pc, "neuron_top10": neuron, "vectors": int(keep.sum())}
+
+
+def explained_variance_markdown(result):
+    layers = result["layers"]
+    head = "| Task and model | " + " | ".join(f"PC {l}" for l in layers) + " | " + " | ".join(f"Neuron {l}" for l in layers) + " |"
+    rule = "|---" * (1 + 2 * len(layers)) + "|"
+    cells = [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]
+    return "\n".join([
+        f"Fraction of variance explained by the top {TOP_K} directions in the principal component basis (PC) "
+        f"and the neuron basis, over {result['vectors']:,} hidden states (layout of the paper's Table 4).",
+        "", head, rule, f"| {result['label']} | " + " | ".join(cells) + " |",
+    ])
+
+
+# ---------------------------------------------------------------------------
+# Embedding geometry (Figure 3)
+# ---------------------------------------------------------------------------
+
+
+def principal_components(E):
+    """Projections of the rows of E (n, d) onto its principal components (n, r), and each one's variance fraction."""
+    E = E.double() - E.double().mean(0)
+    U, S, _ = torch.linalg.svd(E, full_matrices=False)
+    return U * S, S**2 / (S**2).sum()
+
+
+def circularity(E, components=4):
+    """How circular the token embeddings E (p, d) of a modular-addition model are.
+
+    For each of the first `components` principal components, v = the tokens'
+    projections (length p) rescaled to norm 1/sqrt(p), and
+    c = min(1, max over f in 1..p-1 of 2 |sum_t v[t f mod p] exp(2 pi i t / p)|^2).
+    A component that is a pure cosine of frequency k over the tokens scores 1
+    at f = k^-1 mod p (reading tokens in the order t * f turns it into a single
+    cycle); random directions score about 2 ln(p) / p.
+    """
+    p = E.size(0)
+    projections, _ = principal_components(E)
+    t = torch.arange(p)
+    f = torch.arange(1, p)
+    reorder = (t[None, :] * f[:, None]) % p  # (p-1, p): row f lists v[t f mod p] over t
+    phase = torch.exp(2j * math.pi * t.double() / p)
+    scores, frequencies = [], []
+    for v in projections.T[:components]:
+        v = v / (v.norm() * math.sqrt(p))
+        power = 2 * (v[reorder] * phase).sum(1).abs() ** 2  # (p-1,)
+        best = int(power.argmax())
+        scores.append(min(1.0, power[best].item()))
+        frequencies.append(int(f[best]))
+    return {"components": scores, "frequencies": frequencies, "mean": sum(scores) / len(scores)}
+
+
+def embedding_geometry(run: Run) -> dict:
+    """PCA of the token embedding; scatter of components 1 vs 2 and 1 vs 3 coloured by token value."""
+    E = run.model.wte.weight.detach()
+    projections, fractions = principal_components(E)
+    plot_embedding(projections, run.figure_path("embedding"), f"{run.label}: token embedding")
+    return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png"}
+
+
+def plot_embedding(projections, path, title):
+    """Figure 3: PCs 1 vs 3 (the paper's panel) and 1 vs 2, tokens coloured on a cyclic map since values wrap mod p."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), layout="constrained")
+    projections, tokens = projections.numpy(), torch.arange(len(projections)).numpy()
+    for ax, other in zip(axes, (2, 1)):
+        dots = ax.scatter(projections[:, 0], projections[:, other], c=tokens, cmap="hsv", s=18)
+        ax.set_xlabel("PC 1")
+        ax.set_ylabel(f"PC {other + 1}")
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.locator_params(nbins=5)
+    fig.colorbar(dots, ax=axes, label="token value")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def embedding_markdown(result):
+    c = result["circularity"]
+    per_component = ", ".join(f"PC{i + 1} {s:.2f} (f={f})" for i, (s, f) in enumerate(zip(c["components"], c["frequencies"])))
+    fractions = ", ".join(f"{100 * v:.1f}%" for v in result["variance_fractions"])
+    return "\n".join([
+        f"Variance of the token embedding in PCs 1-4: {fractions}.",
+        f"Circularity (1 = a perfect circle) {c['mean']:.2f}; per component {per_component}.",
+        "", f"![token embedding]({result['figure']})",
+    ])
+
+
+# ---------------------------------------------------------------------------
+# Attention patterns (Figure 2)
+# ---------------------------------------------------------------------------
+
+
+def token_labels(task_name, tokens):
+    """Readable names for the heatmap axes: needle markers as letters, parentheses as characters."""
+    if task_name == "needle":
+        letter = lambda t: "abcdefghijklmnopqrstuvwxyzABCD"[t]  # noqa: E731  (30 markers)
+        return [letter(t - 128) if 128 <= t < 158 else letter(t - 158) + "?" if 158 <= t < 188 else str(t) for t in tokens]
+    if task_name == "parens":
+        return ["_()?"[t] for t in tokens]
+    return [str(t) for t in tokens]
+
+
+def default_attention_input(run: Run):
+    """Figure 2's sequence for needle; otherwise the first test example up to its last scored position."""
+    if run.cfg.task == "needle":
+        return NEEDLE_EXAMPLE
+    test = run.task.test_set()[:1]
+    return test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
+
+
+def needle_attention_scores(patterns, batch: Batch):
+    """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps on a needle batch.
+
+    patterns: (L, B, nh, T, T). query_to_value: weight from the query to the
+    value of the marker it asks about; value_to_marker: weight from each value
+    to the marker just before it, averaged over the row's pairs.
+    """
+    x = batch.x
+    by_row = patterns.permute(1, 3, 4, 0, 2)  # (B, T_query, T_key, L, nh)
+    rows = torch.arange(len(x))
+    query = batch.pos[:, 0]  # (B,)
+    marker = x[rows, query] - tasks.Needle.MARKERS
+    value = (x == marker[:, None]).long().argmax(1) + 1  # the marker's only occurrence, plus one
+    query_to_value = by_row[rows, query, value]  # (B, L, nh)
+    T = x.size(1)
+    is_value = (torch.arange(T) % 2 == 1) & (torch.arange(T) < query[:, None])  # (B, T)
+    value_rows, value_cols = is_value.nonzero(as_tuple=True)
+    to_marker = by_row[value_rows, value_cols, value_cols - 1]  # (values, L, nh)
+    per_row = torch.zeros_like(query_to_value).index_add_(0, value_rows, to_marker)
+    return {"query_to_value": query_to_value, "value_to_marker": per_row / is_value.sum(1)[:, None, None]}
+
+
+def attention_patterns(run: Run, input_tokens=None) -> dict:
+    """Heatmaps of every layer's and head's attention on one input; for needle, also Figure 2's scores over the test set."""
+    tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
+    cfg = run.model.cfg
+    if not all(0 <= t < cfg.vocab_size for t in tokens) or len(tokens) > cfg.n_positions:
+        raise UsageError(f"attention input must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size})")
+    names = [f"blocks.{i}.attn.pattern" for i in range(cfg.n_layer)]
+    pattern = run_with_cache(run.model, torch.tensor([tokens]), names)
+    plot_attention([pattern[n][0] for n in names], token_labels(run.cfg.task, tokens), run.figure_path("attention"), run.label)
+    result = {"tokens": tokens, "figure": "attention.png"}
+    if run.cfg.task == "needle":
+        test = run.task.test_set()
+        rows = max(1, CHUNK_TOKENS // test.x.size(1))
+        scores = {}
+        for start in range(0, len(test), rows):
+            chunk = test[start : start + rows]
+            patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))  # (L, B, nh, T, T)
+            for key, value in needle_attention_scores(patterns, chunk).items():
+                scores.setdefault(key, []).append(value)
+        result.update({key: torch.cat(parts).mean(0).tolist() for key, parts in scores.items()})
+    return result
+
+
+def plot_attention(patterns, labels, path, title):
+    """patterns: one (nh, T, T) tensor per layer; rows are queries, columns keys."""
+    plt = pyplot()
+    n_layer, n_head = len(patterns), patterns[0].size(0)
+    size = 1.2 + 0.22 * len(labels)
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(n_head * size, n_layer * size), squeeze=False)
+    for layer, heads in enumerate(patterns):
+        for head, ax in enumerate(axes[layer]):
+            ax.imshow(heads[head].numpy(), cmap="Blues", vmin=0, vmax=1)
+            ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=9)
+            ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90)
+            ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    fig.suptitle(f"{title}: attention (row attends to column)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def attention_markdown(result):
+    lines = [f"Input tokens: {result['tokens']}", "", f"![attention patterns]({result['figure']})"]
+    for name, what in (("query_to_value", "query -> the queried marker's value"), ("value_to_marker", "value -> its marker")):
+        if name in result:
+            n_head = len(result[name][0])
+            lines += ["", f"Mean attention {what}, over the test set:", "",
+                      "| layer | " + " | ".join(f"head {h + 1}" for h in range(n_head)) + " |", "|---" * (n_head + 1) + "|"]
+            lines += [f"| {i + 1} | " + " | ".join(f"{v:.3f}" for v in heads) + " |" for i, heads in enumerate(result[name])]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Clock vs Pizza (section 4.2; Zhong et al. 2023)
+# ---------------------------------------------------------------------------
+
+
+def gradient_symmetricity(model, p, triples=100):
+    """Mean cos(dQ_c/de_a, dQ_c/de_b) over `triples` (a, b, c) drawn uniformly from all p^3 (seed 0).
+
+    e_a, e_b: the token embeddings of a and b before positional embeddings are
+    added; Q_c: the pre-softmax logit of class c (any class, not only the
+    answer) at the scored position 1. A Pizza network's logits depend on
+    e_a + e_b, so both gradients agree (~0.99); a Clock's are ~0.33.
+    """
+    a, b, c = torch.randint(p, (3, triples), generator=torch.Generator().manual_seed(0))
+    embedded = []
+
+    def as_leaf(module, inputs, out):
+        # Replacing wte's output by a leaf makes its .grad exactly dQ/de, whether wte trains or not.
+        embedded.append(out.detach().requires_grad_())
+        return embedded[-1]
+
+    hook = model.wte.register_forward_hook(as_leaf)
+    try:
+        logits = model(torch.stack([a, b], 1), torch.ones(triples, 1, dtype=torch.long))  # (n, 1, p)
+    finally:
+        hook.remove()
+    logits[:, 0].gather(1, c[:, None]).sum().backward()  # rows are independent, so one backward gives every row's gradient
+    grad = embedded[0].grad  # (n, 2, C): position 0 is e_a, position 1 is e_b
+    return torch.cosine_similarity(grad[:, 0], grad[:, 1], dim=1).mean().item()
+
+
+def distance_irrelevance_from_logits(correct_logit):
+    """q for L = correct_logit (p, p) indexed [a, b].
+
+    L[s, d] with s = (a + b) mod p, d = (a - b) mod p; q = mean over d of the
+    std over s of L, divided by the std of all of L (population stds). A Clock
+    network's logit ignores the distance d (q ~0.85); a Pizza's depends on it (~0.17).
+    """
+    p = correct_logit.size(0)
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    L = torch.empty(p, p, dtype=correct_logit.dtype)
+    L[(a + b) % p, (a - b) % p] = correct_logit  # p odd: (a, b) -> (s, d) is one-to-one
+    return (L.std(0, correction=0).mean() / L.std(correction=0)).item()
+
+
+@torch.no_grad()
+def distance_irrelevance(model, p):
+    """Distance irrelevance over all p^2 pairs; see distance_irrelevance_from_logits."""
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    x = torch.stack([a.flatten(), b.flatten()], 1)
+    logits = model(x, torch.ones(p * p, 1, dtype=torch.long))[:, 0]  # (p^2, p)
+    correct = logits.gather(1, ((x[:, 0] + x[:, 1]) % p)[:, None])
+    return distance_irrelevance_from_logits(correct.view(p, p))
+
+
+def clock_pizza(run: Run) -> dict:
+    """Gradient symmetricity and distance irrelevance (Zhong et al. 2023, "The Clock and the Pizza").
+
+    Gradient symmetricity: mean over 100 seeded triples (a, b, c) of the cosine
+    between dQ_c/de_a and dQ_c/de_b (Q_c the logit of class c, e the token
+    embeddings before positions are added); Pizza ~0.99, Clock ~0.33.
+    Distance irrelevance: with L[s, d] the correct answer's logit for the pair
+    of sum s and difference d, mean_d std_s L / std L (population std);
+    Clock ~0.85, Pizza ~0.17. The paper: 0.88 and 0.88 for a random 1024-wide model.
+    """
+    p = run.task.p
+    return {"gradient_symmetricity": gradient_symmetricity(run.model, p), "distance_irrelevance": distance_irrelevance(run.model, p)}
+
+
+def clock_pizza_markdown(result):
+    return (f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock ~0.33); "
+            f"distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, Pizza ~0.17). "
+            "The paper: 0.88 and 0.88 for a random 1024-wide model.")
+
+
+# ---------------------------------------------------------------------------
+# Memorization capacity (Table 3) and language-model samples (Figure 5)
+# ---------------------------------------------------------------------------
+
+
+def memorization(run: Run) -> dict:
+    """Accuracy, memorized bits and bits per trainable parameter, by the task's own formula.
+
+    The memorize task has no held-out split, so its test set is the training
+    set and the run's final accuracy and loss are exact match and cross-entropy on it.
+    """
+    with open(os.path.join(run.path, "final.json")) as f:
+        final = json.load(f)
+    return tasks.memorization_capacity(final["accuracy"], final["loss"], run.task.n_pairs, run.task.n_values, run.counts["trainable"])
+
+
+def memorization_markdown(result):
+    return (f"Exact-match accuracy {100 * result['accuracy']:.2f}%, {result['bits']:,.0f} bits memorized, "
+            f"{result['bits_per_parameter']:.2f} bits per trainable parameter "
+            f"(loss-based estimate {result['loss_bits']:,.0f} bits). Paper Table 3: Random 0.41, Normal 2.88.")
+
+
+def samples(run: Run, max_new_tokens=100) -> dict:
+    """Continuations of a few fixed prompts (seed 0, temperature 0.8, top-k 40)."""
+    generate = getattr(train, "generate", None)
+    if generate is None:
+        return {"skipped": "train.generate does not exist in this version of train.py"}
+    torch.manual_seed(0)
+    with torch.no_grad():
+        texts = [generate(run.model, run.task.tokenizer, prompt, max_new_tokens, 0.8, 40) for prompt in LM_PROMPTS]
+    return {"prompts": LM_PROMPTS, "continuations": texts}
+
+
+def samples_markdown(result):
+    return "\n\n".join(f"**{prompt}** ... {text}" for prompt, text in zip(result["prompts"], result["continuations"]))
+
+
+# ---------------------------------------------------------------------------
+# Training curves
+# ---------------------------------------------------------------------------
+
+
+def training_curves(run: Run) -> dict:
+    """Training loss and every test metric against step, from metrics.jsonl."""
+    log = run.metrics_log()
+    if not log:
+        return {"skipped": "metrics.jsonl is missing or empty"}
+    plt = pyplot()
+    fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    test_metrics = [k for k in log[-1] if k.startswith("test_") and k != "test_loss"]
+    for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [(k, metric_ax) for k in test_metrics]:
+        points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points), label=key.replace("_", " "), marker=".")
+    loss_ax.set_yscale("log")
+    loss_ax.set_ylabel("cross-entropy")
+    metric_ax.set_ylabel("test metric")
+    for ax in (loss_ax, metric_ax):
+        ax.set_xlabel("step")
+        ax.legend()
+    fig.suptitle(run.label)
+    fig.tight_layout()
+    fig.savefig(run.figure_path("curves"), dpi=110)
+    plt.close(fig)
+    return {"final": log[-1], "figure": "curves.png"}
+
+
+def training_curves_markdown(result):
+    final = ", ".join(f"{k} {v:.4g}" for k, v in result["final"].items() if k != "step" and v is not None)
+    return f"At step {result['final']['step']}: {final}.\n\n![training curves]({result['figure']})"
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+# name -> (title, applies to this run?, compute(run, args) -> numbers, render(numbers) -> markdown); the report's order.
+ANALYSES = {
+    "curves": ("Training curves", lambda run: True,
+               lambda run, args: training_curves(run), training_curves_markdown),
+    "variance": ("Explained variance (Tables 4, 5, 7)", lambda run: isinstance(run.model, GPT),
+                 lambda run, args: explained_variance(run, args.examples), explained_variance_markdown),
+    "embedding": ("Embedding geometry (Figure 3)", lambda run: run.cfg.task == "modadd",
+                  lambda run, args: embedding_geometry(run), embedding_markdown),
+    "clock_pizza": ("Clock vs Pizza", lambda run: run.cfg.task == "modadd",
+                    lambda run, args: clock_pizza(run), clock_pizza_markdown),
+    "attention": ("Attention patterns (Figure 2)", lambda run: isinstance(run.model, GPT),
+                  lambda run, args: attention_patterns(run, args.tokens), attention_markdown),
+    "memorization": ("Memorization capacity (Table 3)", lambda run: run.cfg.task == "memorize",
+                     lambda run, args: memorization(run), memorization_markdown),
+    "samples": ("Samples (Figure 5)", lambda run: run.cfg.task == "lm",
+                lambda run, args: samples(run), samples_markdown),
+}
+
+
+def markdown(run: Run, results: dict) -> str:
+    parts = [f"# Analysis of {run.label}", "", f"Run: `{run.path}`"]
+    for name, (title, _, _, render) in ANALYSES.items():
+        if name in results:
+            result = results[name]
+            parts += ["", f"## {title}", "", f"Skipped: {result['skipped']}." if "skipped" in result else render(result)]
+    return "\n".join(parts) + "\n"
+
+
+def analyze(path, args) -> dict:
+    """Run the selected analyses on one run directory; write analysis.json, analysis.md and figures."""
+    run = Run(path)
+    if args.only and not ANALYSES[args.only][1](run):
+        raise UsageError(f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model")
+    json_path = os.path.join(path, "analysis.json")
+    results = {}
+    if args.only and os.path.isfile(json_path):
+        with open(json_path) as f:
+            results = json.load(f)
+    torch.manual_seed(0)
+    for name, (title, applies, compute, _) in ANALYSES.items():
+        if args.only in (None, name) and applies(run):
+            results[name] = compute(run, args)
+            print(f"{path}: {title}" + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else ""))
+            if name == "variance":
+                print(explained_variance_markdown(results[name]))
+    with open(json_path, "w") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+    report = markdown(run, results)
+    with open(os.path.join(path, "analysis.md"), "w") as f:
+        f.write(report)
+    return results
+
+
+def parse_args(argv=None):
+    parser = OneLineParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
+    parser.add_argument("--only", choices=list(ANALYSES), help="run just this analysis (default: every one that applies)")
+    parser.add_argument("--examples", type=int, default=1000, help="inputs for the explained variance (capped at %d hidden states)" % MAX_VECTORS)
+    parser.add_argument("--tokens", type=int, nargs="+", help="token ids of the attention input (default: Figure 2's for needle, else the first test example)")
+    args = parser.parse_args(argv)
+    if args.examples < 1:
+        parser.error("--examples must be >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        for path in args.runs:
+            analyze(path, args)
+            print(f"wrote {os.path.join(path, 'analysis.md')}")
+    except UsageError as e:
+        print(f"analyze.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""analyze.py: known answers on constructed inputs, and every analysis on tiny saved runs."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import analyze
+import tasks
+from train import TrainConfig
+from train import main as train_main
+
+
+# ---------------------------------------------------------------------------
+# Known answers on constructed inputs
+# ---------------------------------------------------------------------------
+
+
+def test_variance_in_one_direction_is_all_in_the_top_principal_component():
+    direction = torch.nn.functional.normalize(torch.randn(16), dim=0)
+    X = 3.0 + torch.randn(500, 1) * direction  # (500, 16), constant offset is removed by centring
+    pc, neuron = analyze.top_k_variance_fractions(X, k=1)
+    assert pc == pytest.approx(1.0, abs=1e-9)
+    assert neuron == pytest.approx(direction.pow(2).max().item(), rel=1e-6)
+
+
+def test_neuron_basis_sees_only_axis_aligned_variance():
+    d = 16
+    along_axis = torch.zeros(400, d)
+    along_axis[:, 3] = torch.randn(400)
+    assert analyze.top_k_variance_fractions(along_axis, k=1) == pytest.approx((1.0, 1.0))
+    diagonal = torch.randn(400, 1).expand(-1, d)  # every neuron carries 1/d of the variance
+    pc, neuron = analyze.top_k_variance_fractions(diagonal, k=1)
+    assert pc == pytest.approx(1.0)
+    assert neuron == pytest.approx(1 / d)
+
+
+def test_isotropic_states_have_top_10_fractions_near_10_over_d():
+    pc, neuron = analyze.top_k_variance_fractions(torch.randn(20_000, 100, generator=torch.Generator().manual_seed(0)))
+    assert 0.1 < neuron < pc < 0.14
+
+
+def circle_embedding(p, frequencies, amplitudes, width=32, noise=0.0):
+    """Token t -> amplitude * (cos, sin)(2 pi k t / p) per frequency k, rotated into `width` dims."""
+    t = torch.arange(p).double()
+    planes = [a * torch.stack([torch.cos(2 * math.pi * k * t / p), torch.sin(2 * math.pi * k * t / p)], 1)
+              for k, a in zip(frequencies, amplitudes)]
+    E = torch.cat(planes, 1)  # (p, 2 * len(frequencies))
+    rotation, _ = torch.linalg.qr(torch.randn(width, width, dtype=torch.double, generator=torch.Generator().manual_seed(0)))
+    return E @ rotation[: E.size(1)] + noise * torch.randn(p, width, dtype=torch.double, generator=torch.Generator().manual_seed(1))
+
+
+def test_hand_made_circular_embedding_scores_as_circular():
+    p = 31
+    result = analyze.circularity(circle_embedding(p, frequencies=[3, 7], amplitudes=[2.0, 1.0], noise=1e-3))
+    assert result["mean"] > 0.99
+    # PCs 1-2 trace frequency 3, PCs 3-4 frequency 7; reading tokens in the order t * f turns them into one cycle.
+    assert [k * f % p in (1, p - 1) for k, f in zip([3, 3, 7, 7], result["frequencies"])] == [True] * 4
+
+
+def test_random_embedding_is_not_circular():
+    result = analyze.circularity(torch.randn(31, 32, generator=torch.Generator().manual_seed(0)))
+    assert all(0 <= c <= 1 for c in result["components"])
+    assert result["mean"] < 0.5
+
+
+def test_distance_irrelevance_is_one_for_sum_only_logits_and_zero_for_distance_only_logits():
+    p = 11
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    f = torch.randn(p, dtype=torch.double, generator=torch.Generator().manual_seed(0))
+    assert analyze.distance_irrelevance_from_logits(f[(a + b) % p]) == pytest.approx(1.0)
+    assert analyze.distance_irrelevance_from_logits(f[(a - b) % p]) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_hand_set_needle_attention_pattern_is_recovered():
+    batch = tasks.Needle(max_pairs=4).generate(8, torch.Generator().manual_seed(0))
+    B, T = batch.x.shape
+    patterns = torch.zeros(2, B, 4, T, T)  # (L, B, nh, T, T)
+    for row in range(B):
+        query = int(batch.pos[row, 0])
+        marker = int(batch.x[row, query]) - tasks.Needle.MARKERS
+        value = batch.x[row].tolist().index(marker) + 1
+        patterns[1, row, 2, query, value] = 1.0  # layer 2, head 3: the query reads the matching value
+        for v in range(1, query, 2):
+            patterns[0, row, 0, v, v - 1] = 1.0  # layer 1, head 1: every value reads its marker
+    scores = analyze.needle_attention_scores(patterns, batch)
+    expected_query, expected_value = torch.zeros(B, 2, 4), torch.zeros(B, 2, 4)
+    expected_query[:, 1, 2] = 1.0
+    expected_value[:, 0, 0] = 1.0
+    assert torch.equal(scores["query_to_value"], expected_query)
+    assert torch.equal(scores["value_to_marker"], expected_value)
+
+
+# ---------------------------------------------------------------------------
+# Tiny saved runs through the command line
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three tiny finished runs: modular addition (p = 7), needle and parentheses."""
+    root = tmp_path_factory.mktemp("runs")
+    sizes = {"modadd": {"p": 7}, "needle": {"max_pairs": 4}, "parens": {"max_parens": 8}}
+    for task, size in sizes.items():
+        train_main(TrainConfig(task=task, train="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
+                               device="cpu", out=str(root / task), **size))
+    return root
+
+
+def analyzed(run_dir, *flags):
+    analyze.main([str(run_dir), *flags])
+    with open(run_dir / "analysis.json") as f:
+        return json.load(f)
+
+
+def assert_figure(path):
+    assert path.is_file() and path.stat().st_size > 1000
+
+
+def test_modadd_run_gets_every_modadd_analysis(runs):
+    result = analyzed(runs / "modadd")
+    assert set(result) == {"curves", "variance", "embedding", "clock_pizza", "attention"}
+    variance = result["variance"]
+    assert variance["layers"] == ["Emb", "L1", "L2"]
+    assert all(0 <= v <= 1 + 1e-9 for v in variance["pc_top10"] + variance["neuron_top10"])
+    assert all(n <= pc + 1e-9 for n, pc in zip(variance["neuron_top10"], variance["pc_top10"]))  # PCs are the best 10 directions
+    circle = result["embedding"]["circularity"]
+    assert len(circle["components"]) == 4 and 0 <= circle["mean"] <= 1
+    assert -1 <= result["clock_pizza"]["gradient_symmetricity"] <= 1
+    assert result["clock_pizza"]["distance_irrelevance"] >= 0
+    for name in ("curves", "embedding", "attention"):
+        assert_figure(runs / "modadd" / f"{name}.png")
+    report = (runs / "modadd" / "analysis.md").read_text()
+    assert "| PC Emb | PC L1 | PC L2 | Neuron Emb | Neuron L1 | Neuron L2 |" in report
+    assert "Gradient symmetricity" in report
+
+
+def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
+    result = analyzed(runs / "needle")
+    assert set(result) == {"curves", "variance", "attention"}
+    attention = result["attention"]
+    assert attention["tokens"] == analyze.NEEDLE_EXAMPLE
+    for key in ("query_to_value", "value_to_marker"):
+        assert len(attention[key]) == 2 and all(len(heads) == 4 for heads in attention[key])
+        assert all(0 <= v <= 1 for heads in attention[key] for v in heads)
+    assert_figure(runs / "needle" / "attention.png")
+
+
+def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
+    analyzed(runs / "parens")
+    (runs / "parens" / "attention.png").unlink()
+    result = analyzed(runs / "parens", "--only", "attention", "--tokens", "1", "2", "1", "3")
+    assert result["attention"]["tokens"] == [1, 2, 1, 3]
+    assert set(result) == {"curves", "variance", "attention"}
+    assert_figure(runs / "parens" / "attention.png")
+
+
+def test_analysis_that_does_not_apply_is_a_one_line_error(runs, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        analyze.main([str(runs / "parens"), "--only", "clock_pizza"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_directory_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        analyze.main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a run directory" in err
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(runs, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((runs / "modadd" / "config.json").read_text())
+    (broken / "model.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit) as exit_info:
+        analyze.main([str(broken)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not load" in err
