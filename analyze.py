@@ -418,7 +418,7 @@ def memorization(run: Run) -> dict:
     """
     with open(os.path.join(run.path, "final.json")) as f:
         final = json.load(f)
-    return tasks.memorization_capacity(final["accuracy"], final["loss"], run.task.n_pairs, run.task.n_values, run.counts["trainable"])
+    return tasks.memorization_capacity(final["accuracy"], final["loss"], len(run.task.pairs), run.task.VALUES, run.counts["trainable"])
 
 
 def memorization_markdown(result):
@@ -429,12 +429,8 @@ def memorization_markdown(result):
 
 def samples(run: Run, max_new_tokens=100) -> dict:
     """Continuations of a few fixed prompts (seed 0, temperature 0.8, top-k 40)."""
-    generate = getattr(train, "generate", None)
-    if generate is None:
-        return {"skipped": "train.generate does not exist in this version of train.py"}
-    torch.manual_seed(0)
-    with torch.no_grad():
-        texts = [generate(run.model, run.task.tokenizer, prompt, max_new_tokens, 0.8, 40) for prompt in LM_PROMPTS]
+    generator = torch.Generator().manual_seed(0)
+    texts = [train.sample_text(run.model, run.task, prompt, max_new_tokens, 0.8, 40, generator) for prompt in LM_PROMPTS]
     return {"prompts": LM_PROMPTS, "continuations": texts}
 
 

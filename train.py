@@ -325,12 +325,29 @@ def load_checkpoint(path, device):
 
 
 @torch.no_grad()
-def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
-    """The prompt followed by a continuation sampled from the finished lm run in run_dir.
+def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None) -> str:
+    """The prompt followed by a continuation sampled from an lm model.
 
     Each step samples from softmax(logits / temperature) over the top_k most
     likely tokens, feeding at most the model's context; stops at <|endoftext|>.
     """
+    device = next(model.parameters()).device
+    idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
+    new = []
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
+        kth = logits.topk(min(top_k, logits.numel())).values[-1]
+        probs = logits.masked_fill(logits < kth, float("-inf")).softmax(-1)
+        token = torch.multinomial(probs, 1, generator=generator)
+        if token.item() == task.end_of_text:
+            break
+        new.append(token.item())
+        idx = torch.cat([idx, token[None]], 1)
+    return prompt + task.decode(new)
+
+
+def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
+    """sample_text from the finished lm run in run_dir."""
     if temperature <= 0 or top_k < 1 or max_new_tokens < 0:
         raise UsageError("generation needs --temperature > 0, --top-k >= 1 and --max-new-tokens >= 0")
     path = os.path.join(run_dir, "model.pt")
@@ -344,19 +361,7 @@ def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, see
     device = pick_device(device)
     model.load_state_dict(saved["model"])
     model.to(device).eval()
-    generator = torch.Generator(device=device).manual_seed(seed)
-    idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
-    new = []
-    for _ in range(max_new_tokens):
-        logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
-        kth = logits.topk(min(top_k, logits.numel())).values[-1]
-        probs = logits.masked_fill(logits < kth, float("-inf")).softmax(-1)
-        token = torch.multinomial(probs, 1, generator=generator)
-        if token.item() == task.end_of_text:
-            break
-        new.append(token.item())
-        idx = torch.cat([idx, token[None]], 1)
-    return prompt + task.decode(new)
+    return sample_text(model, task, prompt, max_new_tokens, temperature, top_k, torch.Generator(device=device).manual_seed(seed))
 
 
 # ---------------------------------------------------------------------------

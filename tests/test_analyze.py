@@ -181,3 +181,26 @@ def test_corrupt_checkpoint_is_a_one_line_error(runs, tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not load" in err
+
+
+def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
+    run = tmp_path / "memorize"
+    train_main(TrainConfig(task="memorize", train="frozen", keys=4, steps=3, batch_size=16, warmup=1,
+                           device="cpu", out=str(run)))
+    final = json.loads((run / "final.json").read_text())
+    result = analyzed(run)
+    assert set(result) == {"curves", "variance", "attention", "memorization"}
+    capacity = result["memorization"]
+    assert capacity["bits"] == final["bits"] == round(final["accuracy"] * 16 * 9)
+    assert capacity["bits_per_parameter"] == pytest.approx(final["bits_per_parameter"])
+
+
+def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
+    corpus = tasks.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
+    run = tmp_path / "lm"
+    train_main(TrainConfig(task="lm", train="frozen", data=corpus, vocab=400, context=32, width=16, heads=2,
+                           steps=3, batch_size=4, warmup=1, device="cpu", out=str(run)))
+    samples = analyzed(run, "--only", "samples")["samples"]
+    assert samples["prompts"] == analyze.LM_PROMPTS
+    assert all(text.startswith(prompt) for prompt, text in zip(samples["prompts"], samples["continuations"]))
+    assert any(len(text) > len(prompt) for prompt, text in zip(samples["prompts"], samples["continuations"]))
