@@ -153,8 +153,8 @@ def compiled_step(loss_fn, device, use_compile, dtype="auto"):
     """step(batch, weight): backward of (weight * loss_fn(batch)).sum(), returning weight * loss detached.
 
     No host sync inside (no .item()), so CUDA runs ahead of Python; compiled on
-    CUDA with a one-time eager fallback. Chunks vary in length, so the compiled
-    step recompiles once with a dynamic length dimension and then reuses it.
+    CUDA with a one-time eager fallback. Chunks vary in length: after the second
+    length torch.compile's automatic dynamic shapes should reuse one graph (unmeasured: no GPU here).
     """
 
     def step(batch, weight=1.0):
@@ -184,9 +184,9 @@ def compiled_step(loss_fn, device, use_compile, dtype="auto"):
 
 
 # Rows are sorted by length and cut into this many chunks, each trimmed after
-# its own last answer: needle and parens lengths are uniform, so 4 chunks feed
-# about 5/8 of the padded tokens and fewer attention pairs; more chunks save
-# little more and cost a matmul launch each (README, Performance).
+# its own last answer. With uniform lengths (needle, parens) n chunks feed
+# (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8, so
+# past 4 the saving is small while each chunk costs its own kernel launches.
 LENGTH_CHUNKS = 4
 
 
