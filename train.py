@@ -19,9 +19,13 @@ import math
 import os
 import sys
 import time
+import warnings
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
@@ -50,6 +54,9 @@ class TrainConfig:
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
     compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
+    dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA and on a bf16-capable CPU, else fp32 (README, Performance)"})
+    seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>)"})
+    batched_seeds: bool = field(default=False, metadata={"help": "train the --seeds runs at once in one process, weights stacked and vmapped"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
     # task sizes; each task reads only its own
@@ -100,16 +107,21 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def make_optimizer(model, cfg: TrainConfig, device) -> torch.optim.AdamW:
     """AdamW over trainable parameters only; matrices and embeddings decay, biases and LayerNorms do not."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    return adamw(model.parameters(), cfg, device)
+
+
+def adamw(params, cfg: TrainConfig, device, matrix_dim=2) -> torch.optim.AdamW:
+    """make_optimizer on bare tensors; matrix_dim = 3 for seed-stacked weights (a leading seed dimension)."""
+    trainable = [p for p in params if p.requires_grad]
     groups = [
-        {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in trainable if p.dim() >= matrix_dim], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in trainable if p.dim() < matrix_dim], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda")
 
 
 @torch.no_grad()
-def evaluate(model, task, test: Batch, device, batch_size=1000) -> dict:
+def evaluate(model, task, test: Batch, device, batch_size=1000, dtype="auto") -> dict:
     """Every metric of the task, averaged over the whole test set.
 
     Causal attention means nothing after a row's last answer affects any
@@ -121,44 +133,131 @@ def evaluate(model, task, test: Batch, device, batch_size=1000) -> dict:
     for start in range(0, len(test), batch_size):
         batch = test[by_length[start : start + batch_size]]
         batch = replace(batch, x=batch.x[:, : int(batch.pos.max()) + 1]).to(device)
-        with autocast(device):
+        with autocast(device, dtype):
             logits = model(batch.x, batch.pos)
         for name, values in task.metrics(logits, batch).items():
             scores.setdefault(name, []).append(values)
     return {name: torch.cat(values).mean().item() for name, values in scores.items()}
 
 
-def autocast(device):
-    """bf16 autocast on CUDA; full fp32 everywhere else."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+def uses_bf16(device, dtype="auto") -> bool:
+    """Whether the step runs under bf16 autocast: dtype bf16, or auto on CUDA and on a bf16-capable CPU.
+
+    On this project's CPU (AVX512-BF16) bf16 trained parens to the same accuracy
+    as fp32 and ran the width-256 needle step 1.6x faster, with no loss at width
+    128 (README, Performance). oneDNN's bf16 check stands in for "this CPU does
+    bf16 matmuls"; on mps auto is fp32.
+    """
+    if dtype not in ("auto", "fp32", "bf16"):
+        raise UsageError(f"unknown dtype {dtype!r}; choose from auto, fp32, bf16")
+    if dtype != "auto":
+        return dtype == "bf16"
+    return device.type == "cuda" or device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def training_step_fn(model, task, device, use_compile):
-    """loss = step(batch): forward and backward, compiled on CUDA with a one-time eager fallback."""
+def autocast(device, dtype="auto"):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, dtype))
 
-    def step(batch):
-        with autocast(device):
-            loss = task.loss(model(batch.x, batch.pos), batch)
-        loss.backward()
-        return loss
+
+def training_step_fn(model, task, device, use_compile, dtype="auto"):
+    """loss = step(batch, weight=1): backward of weight * the task loss on batch; see compiled_step."""
+    return compiled_step(lambda batch: task.loss(model(batch.x, batch.pos), batch), device, use_compile, dtype)
+
+
+def compiled_step(loss_fn, device, use_compile, dtype="auto"):
+    """step(batch, weight): backward of (weight * loss_fn(batch)).sum(), returning weight * loss detached.
+
+    No host sync inside (no .item()), so CUDA runs ahead of Python; compiled on
+    CUDA with a one-time eager fallback. Chunks vary in length: after the second
+    length torch.compile's automatic dynamic shapes should reuse one graph (unmeasured: no GPU here).
+    """
+
+    def step(batch, weight=1.0):
+        with autocast(device, dtype):
+            loss = loss_fn(batch) * weight
+        loss.sum().backward()
+        return loss.detach()
 
     if not (use_compile and device.type == "cuda"):
         return step
     compiled = torch.compile(step)
 
-    def step_or_fallback(batch):
+    def step_or_fallback(batch, weight=1.0):
         nonlocal compiled
         try:
-            return compiled(batch)
+            return compiled(batch, weight)
         except Exception as e:  # a failed compile must not kill a run that works eagerly
             if compiled is step:
                 raise
             print(f"torch.compile failed ({type(e).__name__}: {e}); falling back to eager", file=sys.stderr)
-            model.zero_grad(set_to_none=True)
+            # Compile errors surface in the forward or when the backward graph is built, before
+            # this chunk's gradient reaches the parameters, so redoing the chunk adds it once.
             compiled = step
-            return step(batch)
+            return step(batch, weight)
 
     return step_or_fallback
+
+
+# Rows are sorted by length and cut into this many chunks, each trimmed after
+# its own last answer. With uniform lengths (needle, parens) n chunks feed
+# (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8, so
+# past 4 the saving is small while each chunk costs its own kernel launches.
+LENGTH_CHUNKS = 4
+
+
+def forward_backward(step, batch: Batch, answers, no_sync=None):
+    """Gradient of the batch's mean answer loss, skipping every token after a row's last answer.
+
+    Causal attention means those tokens cannot change any answer, so dropping them
+    leaves loss and gradient unchanged up to float rounding. Rows are sorted by
+    last answer and split into LENGTH_CHUNKS chunks, each cut after its longest
+    row; chunk c's mean loss is weighted by its answers / `answers` (the batch's
+    answer count, or under DDP the global batch's count / world size), so the
+    weighted chunk losses add up to the batch's mean. Seed-stacked batches
+    (leading seed dimension) are sorted per seed and cut at the longest row over
+    seeds. no_sync: DDP's context that defers the gradient all-reduce to the
+    last chunk. One host sync, for the chunk lengths. Returns the loss (no sync).
+    """
+    last = batch.pos.amax(-1)  # (..., B) each row's last answer position
+    order = last.argsort(-1)
+    chunks = [rows for rows in order.tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)]
+    ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
+    if ends[0] == ends[-1]:  # every row the same length: no sorting, one chunk
+        chunks, ends = [None], ends[:1]
+    else:
+        ends = ends[1:]
+    loss = 0.0
+    for i, (rows, end) in enumerate(zip(chunks, ends)):
+        chunk = batch if rows is None else take_rows(batch, rows)
+        chunk = replace(chunk, x=chunk.x[..., : end + 1])
+        weight = (chunk.y >= 0).sum((-2, -1)) / answers
+        with no_sync() if no_sync and i < len(chunks) - 1 else nullcontext():
+            loss = loss + step(chunk, weight)
+    return loss
+
+
+def take_rows(batch: Batch, rows):
+    """The given rows (indices (..., b) into the row dimension, the second to last of pos)."""
+    row_dim = batch.pos.dim() - 2
+
+    def take(t):
+        index = rows.view(rows.shape + (1,) * (t.dim() - rows.dim()))
+        return torch.take_along_dim(t, index, dim=row_dim)
+
+    return Batch(*(None if t is None else take(t) for t in batch.tensors()))
+
+
+def distributed_setup():
+    """(rank, world size) from torchrun's environment; joins the process group when there are several ranks."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return int(os.environ.get("RANK", 0)), world
+
+
+def shard(batch: Batch, rank: int, world: int) -> Batch:
+    """This rank's contiguous slice of the global batch (rows split as evenly as possible)."""
+    return batch[torch.arange(len(batch), device=batch.x.device).tensor_split(world)[rank]]
 
 
 def rng_states(generator):
@@ -236,16 +335,20 @@ def main(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dict
 
     resume: continue from cfg.out/checkpoint.pt. stop_after: end after this
     many steps as if interrupted (tests use it to prove resuming is exact).
+    Under torchrun with several processes the run is data-parallel (DDP): every
+    rank draws the whole global batch from the shared seed and trains on its own
+    contiguous slice, so together they compute the single-process step on that
+    batch; drawing is cheap next to the step. Rank 0 alone writes files.
     """
+    rank, world = distributed_setup()
+    lead = rank == 0
     torch.manual_seed(cfg.seed)
     task, model, counts = build(cfg)
     device = pick_device(cfg.device)
-    if os.path.exists(cfg.out) and not resume:
-        if not cfg.overwrite:
-            raise UsageError(f"run directory {cfg.out} exists; pass --overwrite to replace it or --resume {cfg.out} to continue it")
-        for name in ("config.json", "metrics.jsonl", "final.json", "model.pt", "checkpoint.pt"):
-            if os.path.exists(os.path.join(cfg.out, name)):
-                os.remove(os.path.join(cfg.out, name))
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if lead and not resume:
+        clear_run_dir(cfg)
     model.to(device)
     optimizer = make_optimizer(model, cfg, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -260,59 +363,195 @@ def main(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dict
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_states(checkpoint["rng"], generator)
         step, elapsed = checkpoint["step"], checkpoint["elapsed"]
-    else:
-        write_json(os.path.join(cfg.out, "config.json"), {
-            **asdict(cfg), "parameters": counts, "device": str(device), "torch": torch.__version__,
-        })
-    print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
+    elif lead:
+        write_config(cfg, counts, device)
+    if lead:
+        print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
 
-    train_step = training_step_fn(model, task, device, cfg.compile)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else None
+    train_step = training_step_fn(ddp or model, task, device, cfg.compile, cfg.dtype)
     loss_sum = torch.zeros((), device=device)
     losses_since_log = 0
     start_time = time.time() - elapsed
-    bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, disable=None)
+    bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, disable=None if lead else True)
     metrics, first_step = {}, step
     while True:
         last_step = step == cfg.steps
         if last_step or (step % cfg.eval_every == 0 and step > first_step):
-            metrics = evaluate(model, task, test, device, task.eval_batch_size)
+            metrics = evaluate(model, task, test, device, task.eval_batch_size, cfg.dtype)
             elapsed = time.time() - start_time
-            record = {"step": step, "loss": (loss_sum / max(1, losses_since_log)).item() if losses_since_log else None,
-                      "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()}, "elapsed": elapsed}
-            with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
-            bar.set_postfix(loss=record["loss"], acc=metrics.get("accuracy"), steps_per_s=(step / elapsed if elapsed else 0))
+            if world > 1:  # each rank's loss is world x its share of the global batch's mean
+                dist.all_reduce(loss_sum)
+                loss_sum /= world
+            loss = (loss_sum / max(1, losses_since_log)).item() if losses_since_log else None
+            if lead:
+                log_eval(cfg, step, loss, metrics, elapsed)
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
+                            "step": step, "elapsed": elapsed, "config": asdict(cfg)}, checkpoint_path)
+            bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=(step / elapsed if elapsed else 0))
             loss_sum.zero_()
             losses_since_log = 0
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
-                        "step": step, "elapsed": elapsed, "config": asdict(cfg)}, checkpoint_path)
         if last_step or step == stop_after:
             break
 
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss = train_step(task.sample(cfg.batch_size, generator).to(device))
+        batch = task.sample(cfg.batch_size, generator).to(device)
+        answers = (batch.y >= 0).sum() / world
+        loss = forward_backward(train_step, shard(batch, rank, world), answers, ddp and ddp.no_sync)
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss.detach()
+        loss_sum += loss
         losses_since_log += 1
         step += 1
         bar.update()
     bar.close()
 
-    if step == cfg.steps:
-        final = {**metrics, "step": step, "elapsed": elapsed, "parameters": counts}
-        if isinstance(task, Memorization):
-            final.update(memorization_capacity(metrics["accuracy"], metrics["loss"], len(task.pairs), task.VALUES, counts["trainable"]))
-        write_json(os.path.join(cfg.out, "final.json"), final)
-        torch.save({"model": model.state_dict(), "config": asdict(cfg),
-                    "model_config": asdict(model.cfg)}, os.path.join(cfg.out, "model.pt"))
-        print("final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({elapsed:.1f}s)")
-        if "bits" in final:
-            print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
-                  f"(loss-based estimate {final['loss_bits']:,.0f} bits)")
+    if step == cfg.steps and lead:
+        save_final(cfg, task, model.state_dict(), model.cfg, metrics, step, elapsed, counts)
     return metrics
+
+
+def clear_run_dir(cfg):
+    """Refuse to reuse cfg.out unless cfg.overwrite; with it, remove the old run's files."""
+    if os.path.exists(cfg.out):
+        if not cfg.overwrite:
+            raise UsageError(f"run directory {cfg.out} exists; pass --overwrite to replace it or --resume {cfg.out} to continue it")
+        for name in ("config.json", "metrics.jsonl", "final.json", "model.pt", "checkpoint.pt"):
+            if os.path.exists(os.path.join(cfg.out, name)):
+                os.remove(os.path.join(cfg.out, name))
+
+
+def write_config(cfg, counts, device):
+    os.makedirs(cfg.out, exist_ok=True)
+    write_json(os.path.join(cfg.out, "config.json"), {
+        **asdict(cfg), "parameters": counts, "device": str(device), "torch": torch.__version__,
+    })
+
+
+def log_eval(cfg, step, loss, metrics, elapsed):
+    """Append one evaluation record to cfg.out/metrics.jsonl."""
+    record = {"step": step, "loss": loss, "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()}, "elapsed": elapsed}
+    with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def save_final(cfg, task, state_dict, model_cfg, metrics, step, elapsed, counts):
+    final = {**metrics, "step": step, "elapsed": elapsed, "parameters": counts}
+    if isinstance(task, Memorization):
+        final.update(memorization_capacity(metrics["accuracy"], metrics["loss"], len(task.pairs), task.VALUES, counts["trainable"]))
+    write_json(os.path.join(cfg.out, "final.json"), final)
+    torch.save({"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)}, os.path.join(cfg.out, "model.pt"))
+    print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({elapsed:.1f}s)")
+    if "bits" in final:
+        print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
+              f"(loss-based estimate {final['loss_bits']:,.0f} bits)")
+
+
+# ---------------------------------------------------------------------------
+# Several seeds
+# ---------------------------------------------------------------------------
+
+
+def seed_configs(cfg: TrainConfig) -> list:
+    """One config per seed of --seeds, each a complete single run (its config.json reproduces it alone)."""
+    if cfg.seeds < 1:
+        raise UsageError("--seeds must be >= 1")
+    if cfg.seeds == 1 and not cfg.batched_seeds:
+        return [cfg]
+    # cfg.out None: build() names each run runs/<task>-<train>-w<width>-s<seed>
+    return [replace(cfg, seed=s, seeds=1, batched_seeds=False, out=cfg.out and f"{cfg.out}-s{s}")
+            for s in range(cfg.seed, cfg.seed + cfg.seeds)]
+
+
+def main_batched(cfg: TrainConfig) -> list:
+    """Train every seed of cfg.seeds at once and return each seed's final test metrics.
+
+    Each seed's weights become one slice of stacked tensors (leading seed
+    dimension); torch.func.vmap runs the model once over all seeds and a single
+    AdamW updates the stack, which is N independent AdamWs because AdamW is
+    elementwise. Per seed this computes what a separate main() run computes, up
+    to float rounding: the same init (torch.manual_seed(seed) before building),
+    the same data (its own generator seeded with its seed, drawn in the same
+    order), its own mean loss and its own gradient-norm clipping. For many small
+    models this replaces N launches of every operation by one. Each seed writes
+    its run directory like a normal run, but no checkpoint.pt: a batched run
+    does not resume.
+    """
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise UsageError("--batched-seeds runs in one process; use torchrun for single large runs")
+    runs = seed_configs(cfg)
+    device = pick_device(cfg.device)
+    models, counts = [], []
+    for run in runs:
+        torch.manual_seed(run.seed)
+        task, model, n = build(run)
+        clear_run_dir(run)
+        write_config(run, n, device)
+        models.append(model.to(device))
+        counts.append(n)
+    cfg = runs[0]  # settings filled in by build, shared by every seed
+    params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
+    base = models[0]  # the architecture; functional_call runs it with one seed's tensors
+
+    def loss_fn(batch):  # (N,) each seed's mean answer loss
+        names = [f.name for f in fields(Batch) if getattr(batch, f.name) is not None]
+
+        def one(p, *tensors):
+            seed_batch = Batch(**dict(zip(names, tensors)))
+            return task.loss(torch.func.functional_call(base, p, (seed_batch.x, seed_batch.pos)), seed_batch)
+        return torch.func.vmap(one)(params, *(getattr(batch, name) for name in names))
+
+    def seed_model(i):
+        return lambda x, pos: torch.func.functional_call(base, {k: v[i] for k, v in params.items()}, (x, pos))
+
+    # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op: expected, not news.
+    warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
+    trainable = [p for p in params.values() if p.requires_grad]
+    optimizer = adamw(trainable, cfg, device, matrix_dim=3)
+    generators = [torch.Generator(device=device).manual_seed(run.seed) for run in runs]
+    train_step = compiled_step(loss_fn, device, cfg.compile, cfg.dtype)
+    test = task.test_set()
+    print(f"{cfg.task}: {len(runs)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
+    loss_sum, losses_since_log = torch.zeros(len(runs), device=device), 0
+    start_time = time.time()
+    for step in tqdm(range(cfg.steps + 1), dynamic_ncols=True, disable=None):
+        if step == cfg.steps or (step % cfg.eval_every == 0 and step > 0):
+            elapsed = time.time() - start_time
+            losses = (loss_sum / losses_since_log).tolist() if losses_since_log else [None] * len(runs)
+            results = []
+            for i, run in enumerate(runs):
+                results.append(evaluate(seed_model(i), task, test, device, dtype=cfg.dtype))
+                log_eval(run, step, losses[i], results[i], elapsed)
+            loss_sum.zero_()
+            losses_since_log = 0
+        if step == cfg.steps:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        batch = stack_batches([task.sample(cfg.batch_size, g).to(device) for g in generators])
+        loss_sum += forward_backward(train_step, batch, (batch.y >= 0).sum((-2, -1)))
+        clip_per_seed(trainable, cfg.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses_since_log += 1
+    for i, run in enumerate(runs):
+        state = {k: v[i].detach().clone() for k, v in params.items()}
+        save_final(run, task, state, base.cfg, results[i], cfg.steps, elapsed, counts[i])
+    return results
+
+
+def stack_batches(batches) -> Batch:
+    return Batch(*(None if c[0] is None else torch.stack(c) for c in zip(*(b.tensors() for b in batches))))
+
+
+def clip_per_seed(params, max_norm):
+    """clip_grad_norm_ applied to each seed's slice of the stacked gradients separately (same formula)."""
+    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in params]).norm(dim=0)  # (N,)
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(scale.view(-1, *[1] * (p.dim() - 1)))
 
 
 def load_checkpoint(path, device):
@@ -421,10 +660,17 @@ def cli(argv=None):
             print(generate(args.generate, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, args.device))
             return
         cfg, resume = config_from_args(args)
-        main(cfg, resume=resume)
+        if cfg.batched_seeds:
+            main_batched(cfg)
+        else:
+            for run in seed_configs(cfg):
+                main(run, resume=resume)
     except UsageError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

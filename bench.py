@@ -1,0 +1,234 @@
+"""Time one training step and print a figure table: steps/s, tokens/s, FLOP/s, MFU, data share.
+
+    python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu
+    python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu --pipeline authors
+
+Serves the paper's experimental protocol (section 4, appendix D): thousands of
+small trainings and a few large ones, so the cost of a step decides what can be
+reproduced. `--pipeline ours` times exactly the loop body of train.main (sample
+on the device, length-chunked forward and backward, clip, AdamW). `--pipeline
+authors` times a stand-in for the authors' setup on needle: Hugging Face GPT-2
+(when `transformers` is installed; otherwise our GPT run the same way, and the
+table says "emulated"), sequences padded to n_positions = 100, logits at every
+position with the loss masked afterwards, and examples built one at a time in
+Python with `random`. It leaves out the HF Trainer's own overhead, so it flatters
+the authors' pipeline.
+
+Counted FLOPs are the useful matmul FLOPs of forward plus backward, over each
+row's tokens up to its last answer (padding and later tokens, which cannot
+change the loss, count for nothing whichever pipeline computes them):
+  forward, per layer and token: 24 d^2 (qkv 6 d^2, out-proj 2 d^2, MLP 16 d^2)
+    plus 4 d (t + 1) for the causal scores and the weighted sum at position t;
+    unembedding: 2 d V per answer.
+  backward: the same again for the input gradient of every matmul that has
+    something trainable below it (both operands for the attention products),
+    plus the same again for the weight gradient of every trainable weight
+    (frozen weights get none). Embedding lookups and elementwise work are not counted.
+MFU = achieved / peak, the peak given by --peak-tflops or measured with a large
+matmul in the step's dtype.
+"""
+
+import argparse
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+import train
+from model import TRAINING_MODES
+from tasks import Needle
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def best_seconds(fn, calls, repeats, device):
+    """Seconds per call of fn, the best of `repeats` timings of `calls` calls (the machine may be shared)."""
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def measured_peak(device, bf16):
+    """FLOP/s of a large square matmul in the step's dtype: the practical peak of this device."""
+    n = 8192 if device.type == "cuda" else 2048
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    a @ b
+    return 2 * n**3 / best_seconds(lambda: a @ b, 3, 3, device)
+
+
+def useful_flops(cfg, vocab, lengths, answers):
+    """Matmul FLOPs of forward + backward that can affect the loss (module docstring)."""
+    d, trains = cfg.width, TRAINING_MODES[cfg.train]
+    tokens = lengths.sum().item()
+    pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs
+    weights = 24 * d * d * tokens * cfg.layers
+    attention = 4 * d * pairs * cfg.layers
+    unembed = 2 * d * vocab * answers
+    below_blocks = bool(trains & {"wte", "wpe"})  # anything trainable under the blocks needs input gradients
+    backward = (weights + attention) * below_blocks + weights * ("body" in trains)
+    backward += unembed * ("lm_head" in trains) + unembed * (below_blocks or "body" in trains)
+    return weights + attention + unembed + backward
+
+
+# ---------------------------------------------------------------------------
+# The two pipelines: each returns (step, make_data, rows) where rows(batch)
+# gives (lengths through the last answer, answer count) for the FLOP count.
+# ---------------------------------------------------------------------------
+
+
+def ours(cfg, device):
+    torch.manual_seed(cfg.seed)
+    task, model, _ = train.build(cfg)
+    model.to(device)
+    optimizer = train.make_optimizer(model, cfg, device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    train_step = train.training_step_fn(model, task, device, cfg.compile, cfg.dtype)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def make_data():
+        return task.sample(cfg.batch_size, generator).to(device)
+
+    def step():  # the loop body of train.main, single process
+        batch = make_data()
+        train.forward_backward(train_step, batch, (batch.y >= 0).sum())
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def rows():
+        batch = make_data()
+        return batch.pos.amax(1) + 1, int((batch.y >= 0).sum())
+
+    return "ours", task, step, make_data, rows
+
+
+def needle_example(rng, max_pairs):
+    """One needle example the way a per-example Python generator builds it: (tokens, answer)."""
+    k = rng.randint(1, max_pairs)
+    markers = rng.sample(range(128, 128 + Needle.MARKERS), k)
+    values = [rng.randint(1, 127) for _ in range(k)]
+    queried = rng.randrange(k)
+    tokens = [t for pair in zip(markers, values) for t in pair] + [markers[queried] + Needle.MARKERS]
+    return tokens, values[queried]
+
+
+def authors(cfg, device):
+    if cfg.task != "needle":
+        raise train.UsageError("--pipeline authors is implemented for needle only")
+    if cfg.train not in ("frozen", "full"):
+        raise train.UsageError("--pipeline authors times the frozen and full modes")
+    torch.manual_seed(cfg.seed)
+    task, model, _ = train.build(cfg)  # also fills the task's defaults into cfg
+    n_positions = task.n_positions
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        hf = GPT2LMHeadModel(GPT2Config(vocab_size=task.vocab_size, n_positions=n_positions, n_embd=cfg.width,
+                                        n_layer=cfg.layers, n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                                        attn_pdrop=0.0, tie_word_embeddings=False))
+        for name, p in hf.named_parameters():
+            p.requires_grad_(cfg.train == "full" or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"))
+        model, label = hf.to(device), "authors (HF GPT-2)"
+        forward = lambda x, labels: model(input_ids=x, labels=labels).loss  # noqa: E731
+    except ImportError:
+        model.to(device)
+        label = "authors (emulated: our GPT, transformers not installed)"
+
+        def forward(x, labels):  # full-sequence logits, loss masked afterwards, as HF computes it
+            logits = model(x)
+            return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+    optimizer = train.make_optimizer(model, cfg, device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    rng = random.Random(cfg.seed)
+    test = {tuple(row[: int(p) + 1]) for row, p in zip(task.test_set().x.tolist(), task.test_set().pos[:, 0].tolist())}
+
+    def make_data():
+        inputs, labels = [], []
+        while len(inputs) < cfg.batch_size:
+            tokens, answer = needle_example(rng, task.max_pairs)
+            if tuple(tokens) in test:
+                continue
+            pad = n_positions - len(tokens)
+            inputs.append(tokens + [answer] + [0] * (pad - 1))
+            labels.append([-100] * len(tokens) + [answer] + [-100] * (pad - 1))
+        return torch.tensor(inputs, device=device), torch.tensor(labels, device=device)
+
+    def step():
+        x, labels = make_data()
+        with train.autocast(device, cfg.dtype):
+            loss = forward(x, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def rows():
+        x, labels = make_data()
+        return (labels != -100).int().argmax(1), cfg.batch_size  # the answer label sits after the query
+
+    return label, task, step, make_data, rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="needle", help="task to time (any of train.py's)")
+    parser.add_argument("--train", default="full", help=f"what trains: {', '.join(TRAINING_MODES)}")
+    parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
+    parser.add_argument("--width", type=int, default=256, help="residual width n_embd")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
+    parser.add_argument("--batch-size", type=int, default=256, help="examples per step")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    parser.add_argument("--dtype", default="auto", help="fp32, bf16 or auto (train.py's default for the device)")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="do not torch.compile on CUDA")
+    parser.add_argument("--pipeline", choices=("ours", "authors"), default="ours", help="our training step or the authors' stand-in")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timing")
+    parser.add_argument("--repeats", type=int, default=3, help="timings; the best one counts")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, allocator)")
+    parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: measured with a large matmul)")
+    args = parser.parse_args()
+    cfg = train.TrainConfig(task=args.task, train="frozen" if args.frozen else args.train, width=args.width,
+                            layers=args.layers, heads=args.heads, batch_size=args.batch_size, device=args.device,
+                            dtype=args.dtype, compile=args.compile, out="unused")
+    try:
+        device = train.pick_device(cfg.device)
+        bf16 = train.uses_bf16(device, cfg.dtype)
+        label, task, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, device)
+    except train.UsageError as e:
+        parser.exit(2, f"bench.py: error: {e}\n")
+
+    for _ in range(args.warmup_steps):
+        step()
+    seconds = best_seconds(step, args.steps, args.repeats, device)
+    data_seconds = best_seconds(make_data, args.steps, args.repeats, device)
+    lengths, answers = rows()
+    flops = useful_flops(cfg, task.vocab_size, lengths, answers)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
+
+    figures = {
+        "pipeline": label, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
+        "config": f"{cfg.task} {cfg.train} w{cfg.width} L{cfg.layers} b{cfg.batch_size}",
+        "steps/s": f"{1 / seconds:.3g}", "tokens/s": f"{lengths.sum().item() / seconds:,.0f}",
+        "TFLOP/s": f"{flops / seconds / 1e12:.3g}", "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
+        "MFU": f"{flops / seconds / peak:.1%}", "data share": f"{data_seconds / seconds:.1%}",
+    }
+    print("| " + " | ".join(figures) + " |")
+    print("|" + "---|" * len(figures))
+    print("| " + " | ".join(figures.values()) + " |")
+    print(f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps} steps)")
+
+
+if __name__ == "__main__":
+    main()

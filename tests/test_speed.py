@@ -1,0 +1,119 @@
+"""Speed features compute what the plain step computes: trimming, batched seeds, DDP, bench.py."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import train
+from train import TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny(tmp_path, **overrides):
+    settings = dict(task="parens", train="frozen", width=16, heads=2, steps=6, batch_size=32, lr=3e-3, warmup=2,
+                    eval_every=3, max_parens=20, test_size=200, device="cpu", dtype="fp32", out=str(tmp_path / "run"))
+    return TrainConfig(**{**settings, **overrides})
+
+
+def gradients(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("task", ["needle", "parens", "addition"])
+def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path):
+    cfg = tiny(tmp_path, task=task, train="full")
+    torch.manual_seed(0)
+    task, model, _ = train.build(cfg)
+    batch = task.sample(64, torch.Generator().manual_seed(1))
+    step = train.training_step_fn(model, task, torch.device("cpu"), use_compile=False, dtype="fp32")
+    padded_loss = step(batch)
+    padded = gradients(model)
+    model.zero_grad(set_to_none=True)
+    chunked_loss = train.forward_backward(step, batch, (batch.y >= 0).sum())
+    chunked = gradients(model)
+    assert set(padded) == set(chunked)
+    assert torch.allclose(padded_loss, chunked_loss, rtol=1e-5)
+    for name in padded:
+        assert torch.allclose(padded[name], chunked[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
+    task, _, _ = train.build(tiny(tmp_path, task="needle"))
+    batch = task.sample(64, torch.Generator().manual_seed(1))
+    seen = []
+    train.forward_backward(lambda chunk, weight: seen.append((chunk, weight)) or 0.0, batch, (batch.y >= 0).sum())
+    assert len(seen) == train.LENGTH_CHUNKS and sum(len(chunk) for chunk, _ in seen) == 64
+    assert sum(weight for _, weight in seen) == pytest.approx(1.0)
+    widths = [chunk.x.size(1) for chunk, _ in seen]
+    assert widths == sorted(widths) and widths[0] < batch.x.size(1)
+    assert all(chunk.x.size(1) == chunk.pos.max() + 1 for chunk, _ in seen)
+
+
+def test_batched_seeds_match_separate_runs(tmp_path):
+    cfg = tiny(tmp_path, seeds=2, batched_seeds=True, out=str(tmp_path / "batched"))
+    batched = train.main_batched(cfg)
+    for seed, metrics in zip((0, 1), batched):
+        alone = train.main(tiny(tmp_path, seed=seed, out=str(tmp_path / f"alone-s{seed}")))
+        assert metrics.keys() == alone.keys()
+        assert all(metrics[k] == pytest.approx(alone[k], rel=1e-4) for k in alone)
+        a = torch.load(tmp_path / f"alone-s{seed}" / "model.pt")["model"]
+        b = torch.load(tmp_path / f"batched-s{seed}" / "model.pt")["model"]
+        assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), seed
+        logged = [json.loads(line) for line in (tmp_path / f"batched-s{seed}" / "metrics.jsonl").read_text().splitlines()]
+        assert [line["step"] for line in logged] == [3, 6]
+        assert json.loads((tmp_path / f"batched-s{seed}" / "config.json").read_text())["seed"] == seed
+
+
+@pytest.mark.parametrize("task", ["addition", "parens"])  # rows with unequal answer counts; length chunks
+def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
+    cfg = tiny(tmp_path, task=task, digits=3, steps=4, eval_every=2, batch_size=16)
+    single = train.main(replace(cfg, out=str(tmp_path / "single")))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
+            os.path.join(ROOT, "train.py"), "--task", task, "--digits", "3", "--max-parens", "20", "--train", "frozen", "--width", "16",
+            "--heads", "2", "--steps", "4", "--batch-size", "16", "--lr", "3e-3", "--warmup", "2", "--eval-every", "2",
+            "--test-size", "200", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path / "ddp")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(argv, check=True, cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    logs = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("single", "ddp")]
+    assert [line["loss"] for line in logs[1]] == pytest.approx([line["loss"] for line in logs[0]], rel=1e-5)
+    ddp = json.loads((tmp_path / "ddp" / "final.json").read_text())
+    assert ddp["loss"] == pytest.approx(single["loss"], rel=1e-5)
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["needle", "addition", "parens", "modadd"])
+def test_data_generation_is_vectorized_over_the_batch(name):
+    """A per-example Python loop would make the tensor-op count grow with the batch; it must not."""
+    task = train.make_task(name, test_size=200)
+    task.test_set()
+    counts = []
+    for n in (16, 4096):
+        with OpCounter() as counter:
+            task.sample(n, torch.Generator().manual_seed(0))
+        counts.append(counter.ops)
+    assert counts[1] < 3 * counts[0], counts
+
+
+def test_bench_prints_the_figure_table():
+    argv = [sys.executable, os.path.join(ROOT, "bench.py"), "--task", "needle", "--frozen", "--width", "16",
+            "--batch-size", "8", "--device", "cpu", "--steps", "1", "--repeats", "1", "--warmup-steps", "1", "--peak-tflops", "1"]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120).stdout.splitlines()
+    header = [cell.strip() for cell in out[0].strip("|").split("|")]
+    assert header[4:] == ["steps/s", "tokens/s", "TFLOP/s", "peak TFLOP/s", "MFU", "data share"]
+    assert out[-1].split()[1] == "steps/s" and float(out[-1].split()[0]) > 0
