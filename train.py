@@ -51,7 +51,7 @@ class TrainConfig:
     warmup: int = field(default=500, metadata={"help": "linear warmup steps before the cosine decay"})
     clip: float = field(default=1.0, metadata={"help": "gradient-norm clipping threshold"})
     seed: int = field(default=0, metadata={"help": "seeds the model init and the training data"})
-    eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20)"})
+    eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
     compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
     dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA and on a bf16-capable CPU, else fp32 (README, Performance)"})
@@ -293,7 +293,7 @@ def build(cfg: TrainConfig):
         if getattr(cfg, name) is None:
             setattr(cfg, name, getattr(task, name))
     if cfg.eval_every is None:
-        cfg.eval_every = max(1, cfg.steps // 20)
+        cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20)))  # 20 evaluations, none closer than 100 steps
     if cfg.out is None:
         variant = "".join(f"-{v}" for v in (cfg.arch, cfg.pos) if v not in ("gpt", "learned"))
         cfg.out = os.path.join("runs", f"{cfg.task}{variant}-{cfg.train}-w{cfg.width}-s{cfg.seed}")
@@ -373,24 +373,28 @@ def main(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dict
     loss_sum = torch.zeros((), device=device)
     losses_since_log = 0
     start_time = time.time() - elapsed
+    segment_start = time.time()  # training time since the last evaluation, for steps/s
     bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, disable=None if lead else True)
     metrics, first_step = {}, step
     while True:
         last_step = step == cfg.steps
         if last_step or (step % cfg.eval_every == 0 and step > first_step):
-            metrics = evaluate(model, task, test, device, task.eval_batch_size, cfg.dtype)
-            elapsed = time.time() - start_time
             if world > 1:  # each rank's loss is world x its share of the global batch's mean
                 dist.all_reduce(loss_sum)
                 loss_sum /= world
+            # .item() waits for every queued step, so the clock reads true training time even on CUDA.
             loss = (loss_sum / max(1, losses_since_log)).item() if losses_since_log else None
+            steps_per_s = losses_since_log / (time.time() - segment_start) if losses_since_log else None
+            metrics = evaluate(model, task, test, device, task.eval_batch_size, cfg.dtype)
+            elapsed = time.time() - start_time
             if lead:
-                log_eval(cfg, step, loss, metrics, elapsed)
+                log_eval(cfg, step, loss, metrics, elapsed, steps_per_s)
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
                             "step": step, "elapsed": elapsed, "config": asdict(cfg)}, checkpoint_path)
-            bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=(step / elapsed if elapsed else 0))
+            bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
             loss_sum.zero_()
             losses_since_log = 0
+            segment_start = time.time()
         if last_step or step == stop_after:
             break
 
@@ -430,9 +434,10 @@ def write_config(cfg, counts, device):
     })
 
 
-def log_eval(cfg, step, loss, metrics, elapsed):
-    """Append one evaluation record to cfg.out/metrics.jsonl."""
-    record = {"step": step, "loss": loss, "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()}, "elapsed": elapsed}
+def log_eval(cfg, step, loss, metrics, elapsed, steps_per_s=None):
+    """Append one evaluation record to cfg.out/metrics.jsonl; steps_per_s excludes evaluation time."""
+    record = {"step": step, "loss": loss, "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()},
+              "elapsed": elapsed, "steps_per_s": steps_per_s}
     with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
 
