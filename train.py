@@ -32,6 +32,7 @@ from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
 from tasks import TASKS, Batch, LanguageModeling, Memorization, make_task, memorization_capacity
 
 ARCHS = ("gpt", "lstm", "linear")
+DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
 
 
@@ -148,8 +149,8 @@ def uses_bf16(device, dtype="auto") -> bool:
     128 (README, Performance). oneDNN's bf16 check stands in for "this CPU does
     bf16 matmuls"; on mps auto is fp32.
     """
-    if dtype not in ("auto", "fp32", "bf16"):
-        raise UsageError(f"unknown dtype {dtype!r}; choose from auto, fp32, bf16")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if dtype != "auto":
         return dtype == "bf16"
     return device.type == "cuda" or device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -307,6 +308,8 @@ def build(cfg: TrainConfig):
         raise UsageError("--epochs must be >= 1")
     if cfg.train not in TRAINING_MODES:
         raise UsageError(f"unknown training mode {cfg.train!r}; choose from {', '.join(TRAINING_MODES)}")
+    if cfg.dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
     if cfg.arch not in ARCHS:
         raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
     if cfg.arch == "lstm" and cfg.pos != "learned":

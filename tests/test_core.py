@@ -355,11 +355,14 @@ def run_cli(argv, capsys):
     (["--widht", "3"], "unrecognized arguments"),
     (["--steps", "ten"], "invalid int value"),
     (["--resume", "/nonexistent"], "not a run directory"),
+    (["--dtype", "fp16"], "unknown dtype"),
+    (["--arch", "rnn"], "unknown architecture"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
     extra = ["--out", str(tmp_path / "x"), "--device", "cpu"] + ([] if "--steps" in argv else ["--steps", "0"])
     code, err = run_cli(argv + extra, capsys)
     assert code == 2 and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()  # nothing written for a run that never started
 
 
 def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
