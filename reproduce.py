@@ -223,7 +223,8 @@ def check_same_config(cfg: TrainConfig):
         return
     with open(path) as f:
         saved = json.load(f)
-    changed = [k for k, v in asdict(cfg).items() if v is not None and k != "overwrite" and saved.get(k) != v]
+    # config.json records the device actually used, and overwrite only says how the directory was made
+    changed = [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite") and saved.get(k) != v]
     if changed:
         raise UsageError(f"{cfg.out} was trained with other settings ({', '.join(changed)}); delete it to rerun")
 
@@ -361,7 +362,7 @@ def main(argv=None):
     parser.add_argument("--data", help="fig4: the TinyStories train file (default: the shipped story corpus)")
     args = parser.parse_args(argv)
     try:
-        seeds = args.seeds or SEEDS[args.scale]
+        seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
         if seeds < 1 or args.jobs < 1:
             raise UsageError("--seeds and --jobs must be >= 1")
         table = TABLES[args.table](args.scale)
