@@ -233,8 +233,7 @@ def train_one(cfg: TrainConfig) -> dict:
     """Finish one run (fresh, or resumed from its checkpoint) and return its final.json."""
     state = run_state(cfg.out)
     if state != "finished":
-        with torch.random.fork_rng():
-            train.main(replace(cfg, overwrite=True), resume=state == "resume")
+        train.main(replace(cfg, overwrite=True), resume=state == "resume")
     if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
         train.write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
     with open(os.path.join(cfg.out, "final.json")) as f:
