@@ -299,7 +299,7 @@ def train_command(cfg: TrainConfig, seeds: int) -> str:
     parts = ["python train.py"]
     for f in fields(TrainConfig):
         value = getattr(base, f.name)
-        if value == f.default:
+        if value == f.default and f.name != "task":  # the task always, for the reader
             continue
         if f.type is bool:
             parts.append(f"--{f.name.replace('_', '-')}" if value else f"--no-{f.name}")
@@ -308,10 +308,17 @@ def train_command(cfg: TrainConfig, seeds: int) -> str:
     return " ".join(parts)
 
 
-def render(table: Table, scale: str, runs: dict, seeds: int, command: str, device: str, seconds: float) -> str:
+def render(table: Table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
     """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
+    finals = []
+    for cfg in {cfg.out: cfg for cell in runs.values() for cfg in cell}.values():
+        if run_state(cfg.out) == "finished":
+            with open(os.path.join(cfg.out, "final.json")) as f:
+                finals.append(json.load(f))
+    minutes = sum(final["elapsed"] for final in finals) / 60
     lines = [f"# {table.title}", "",
-             f"Scale `{scale}`, {date.today().isoformat()}, {device}, {seconds / 60:.0f} min for the runs trained by this call.",
+             f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
+             f"{minutes:.0f} min of training summed over runs.",
              f"Command: `{command}`", ""]
     if scale == "cpu":
         lines += [CPU_NOTE + ".", ""]
@@ -368,10 +375,9 @@ def main(argv=None):
         if args.data:
             table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
         runs = cell_runs(table, args.scale, args.runs, seeds)
-        start = time.time()
         sweep(table, runs, args.jobs)
         command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        text = render(table, args.scale, runs, seeds, command, device_name(), time.time() - start)
+        text = render(table, args.scale, runs, seeds, command, device_name())
     except UsageError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         sys.exit(2)

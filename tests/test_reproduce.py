@@ -79,12 +79,13 @@ def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path)
     table = reproduce.table9("cpu")
     runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=3)
     for cfg, acc in zip(runs["needle", "Linearized random"], [0.2, 0.3, 0.25]):
-        write_final(cfg.out, accuracy=acc, loss=1.0)
-    text = reproduce.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU", 60.0)
+        write_final(cfg.out, accuracy=acc, loss=1.0, elapsed=60.0)
+    text = reproduce.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU")
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ")}
     assert rows["needle"] == "25.0 [20.0, 30.0] (3/3); paper 17.7"
     assert rows["parens"] == "not run; paper 97.3"
     assert reproduce.CPU_NOTE in text
+    assert "3 runs, 3 min of training" in text
     commands = [line.split("`")[1] for line in text.splitlines() if line.startswith("- ")]
     assert len(commands) == 3
 
