@@ -276,9 +276,8 @@ def sweep(table: Table, runs: dict, jobs: int):
 
 def cell_summary(table: Table, row: str, col: str, cell: list):
     """(median, min, max, seeds finished) of the cell's metric, or None when no run finished."""
-    dirs = [cfg.out for cfg in cell if os.path.exists(os.path.join(cfg.out, "final.json"))]
     source = "train_split.json" if row.endswith("(train)") else "final.json"
-    dirs = [d for d in dirs if os.path.exists(os.path.join(d, source))]
+    dirs = [cfg.out for cfg in cell if os.path.exists(os.path.join(cfg.out, source))]
     if not dirs:
         return None
     metric = col if table.metric == "column" else table.metric
