@@ -56,7 +56,7 @@ class TrainConfig:
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
     compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
     dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA and on a bf16-capable CPU, else fp32 (README, Performance)"})
-    seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>)"})
+    seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
     batched_seeds: bool = field(default=False, metadata={"help": "train the --seeds runs at once in one process, weights stacked and vmapped"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
@@ -473,6 +473,34 @@ def seed_configs(cfg: TrainConfig) -> list:
             for s in range(cfg.seed, cfg.seed + cfg.seeds)]
 
 
+def aggregate(run_dirs, filename="final.json") -> dict:
+    """Median, min and max over runs of each numeric metric in their final.json (or another
+    metrics file); names the runs."""
+    finals = []
+    for run_dir in run_dirs:
+        with open(os.path.join(run_dir, filename)) as f:
+            finals.append(json.load(f))
+    names = [k for k, v in finals[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    summary = {}
+    for name in names:
+        values = sorted(final[name] for final in finals)
+        n = len(values)
+        median = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+        summary[name] = {"median": median, "min": values[0], "max": values[-1]}
+    return {"runs": list(run_dirs), "metrics": summary}
+
+
+def write_seed_summary(runs) -> str:
+    """aggregate() of finished seed runs, written to <out>-seeds.json beside them; returns its path."""
+    base = runs[0].out.removesuffix(f"-s{runs[0].seed}")
+    summary = aggregate([run.out for run in runs])
+    path = f"{base}-seeds.json"
+    write_json(path, summary)
+    print(f"{len(runs)} seeds -> {path}: " + ", ".join(
+        f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" for k, v in summary["metrics"].items() if k not in ("step", "elapsed")))
+    return path
+
+
 def main_batched(cfg: TrainConfig) -> list:
     """Train every seed of cfg.seeds at once and return each seed's final test metrics.
 
@@ -547,6 +575,7 @@ def main_batched(cfg: TrainConfig) -> list:
     for i, run in enumerate(runs):
         state = {k: v[i].detach().clone() for k, v in params.items()}
         save_final(run, task, state, base.cfg, results[i], cfg.steps, elapsed, counts[i])
+    write_seed_summary(runs)
     return results
 
 
@@ -671,8 +700,11 @@ def cli(argv=None):
         if cfg.batched_seeds:
             main_batched(cfg)
         else:
-            for run in seed_configs(cfg):
-                main(run, resume=resume)
+            runs = seed_configs(cfg)
+            for run in runs:
+                main(run, resume=resume)  # fills in run.out
+            if len(runs) > 1:
+                write_seed_summary(runs)
     except UsageError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)

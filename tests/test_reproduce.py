@@ -1,0 +1,106 @@
+"""reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table rendering (no training but one tiny run)."""
+
+import json
+import os
+from dataclasses import replace
+
+import pytest
+
+import reproduce
+import train
+from train import TrainConfig
+
+
+def write_final(run_dir, **metrics):
+    os.makedirs(run_dir, exist_ok=True)
+    train.write_json(os.path.join(run_dir, "final.json"), {**metrics, "parameters": {"trainable": 1}})
+
+
+def test_aggregate_gives_median_min_max_of_known_values(tmp_path):
+    dirs = []
+    for i, acc in enumerate([0.9, 0.1, 0.5, 0.7]):
+        dirs.append(str(tmp_path / f"r{i}"))
+        write_final(dirs[-1], accuracy=acc, loss=float(i))
+    summary = train.aggregate(dirs)
+    assert summary["runs"] == dirs
+    assert summary["metrics"]["accuracy"] == pytest.approx({"median": 0.6, "min": 0.1, "max": 0.9})
+    assert summary["metrics"]["loss"] == {"median": 1.5, "min": 0.0, "max": 3.0}
+    assert "parameters" not in summary["metrics"]  # not a number
+    assert train.aggregate(dirs[:3])["metrics"]["accuracy"]["median"] == 0.5  # odd count: the middle value
+
+
+def test_seeds_flag_writes_the_aggregate_beside_the_seed_runs(tmp_path):
+    out = str(tmp_path / "needle")
+    train.cli(["--task", "needle", "--frozen", "--width", "16", "--steps", "2", "--warmup", "1", "--batch-size", "8",
+               "--max-pairs", "2", "--test-size", "20", "--seeds", "2", "--device", "cpu", "--out", out])
+    with open(out + "-seeds.json") as f:
+        summary = json.load(f)
+    assert summary["runs"] == [out + "-s0", out + "-s1"]
+    assert set(summary["metrics"]["accuracy"]) == {"median", "min", "max"}
+
+
+def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeypatch):
+    table = reproduce.table9("cpu")
+    runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=2)
+    cells = list(runs.values())
+    for cfg in cells[0] + cells[1]:  # needle and addition finished; parens not
+        write_final(cfg.out, accuracy=0.5, loss=1.0)
+    trained = []
+    monkeypatch.setattr(reproduce.train, "main", lambda cfg, resume: (trained.append((cfg.out, resume)),
+                                                                      write_final(cfg.out, accuracy=1.0, loss=0.0)))
+    reproduce.sweep(table, runs, jobs=1)
+    assert trained == [(cfg.out, False) for cfg in cells[2]]
+    trained.clear()
+    reproduce.sweep(table, runs, jobs=1)  # everything finished now
+    assert trained == []
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    cfg = TrainConfig(task="needle", out=str(tmp_path / "run-s0"))
+    os.makedirs(cfg.out)
+    open(os.path.join(cfg.out, "checkpoint.pt"), "w").close()
+    assert reproduce.run_state(cfg.out) == "resume"
+    calls = []
+    monkeypatch.setattr(reproduce.train, "main", lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)))
+    reproduce.train_one(cfg)
+    assert calls == [True]
+    assert reproduce.run_state(cfg.out) == "finished"
+
+
+def test_a_run_dir_from_other_settings_is_refused(tmp_path):
+    cfg = TrainConfig(task="needle", width=16, out=str(tmp_path / "run"))
+    os.makedirs(cfg.out)
+    train.write_json(os.path.join(cfg.out, "config.json"), {**train.asdict(cfg), "width": 32})
+    with pytest.raises(train.UsageError, match="width"):
+        reproduce.check_same_config(cfg)
+
+
+def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path):
+    table = reproduce.table9("cpu")
+    runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=3)
+    for cfg, acc in zip(runs["needle", "Linearized random"], [0.2, 0.3, 0.25]):
+        write_final(cfg.out, accuracy=acc, loss=1.0, elapsed=60.0)
+    text = reproduce.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU")
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ")}
+    assert rows["needle"] == "25.0 [20.0, 30.0] (3/3); paper 17.7"
+    assert rows["parens"] == "not run; paper 97.3"
+    assert reproduce.CPU_NOTE in text
+    assert "3 runs, 3 min of training" in text
+    commands = [line.split("`")[1] for line in text.splitlines() if line.startswith("- ")]
+    assert len(commands) == 3
+
+
+def test_cell_commands_parse_back_to_the_cells_configs():
+    for name, make in reproduce.TABLES.items():
+        for scale in reproduce.SCALES:
+            for cell in reproduce.cell_runs(make(scale), scale, "runs/reproduce", seeds=2).values():
+                cfg, resume = train.parse_args(reproduce.train_command(cell[0], 2).split()[2:])
+                assert not resume
+                assert train.seed_configs(cfg) == cell, (name, scale)
+
+
+def test_bad_input_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["table1", "--seeds", "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
