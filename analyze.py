@@ -418,7 +418,7 @@ def memorization(run: Run) -> dict:
     """
     with open(os.path.join(run.path, "final.json")) as f:
         final = json.load(f)
-    return tasks.memorization_capacity(final["accuracy"], final["loss"], len(run.task.pairs), run.task.VALUES, run.counts["trainable"])
+    return tasks.memorization_capacity(final["accuracy"], final["loss"], len(run.task.train), run.task.VALUES, run.counts["trainable"])
 
 
 def memorization_markdown(result):

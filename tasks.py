@@ -135,18 +135,36 @@ def uniform_below(n, generator):
     return (u * n).long()
 
 
+class FiniteTask(Task):
+    """A task with a fixed training set, `self.train` (a Batch), passed over `epochs` times.
+
+    Each batch draws rows uniformly with replacement, so the paper's shuffled
+    epochs become the same number of steps with the same expected passes over
+    every example.
+    """
+
+    @property
+    def steps(self):
+        return math.ceil(self.epochs * len(self.train) / self.batch_size)
+
+    def sample(self, batch_size, generator):
+        if getattr(self, "_train_on_device", None) is None or self._train_on_device.x.device != generator.device:
+            self._train_on_device = self.train.to(generator.device)
+        rows = torch.randint(len(self.train), (batch_size,), generator=generator, device=generator.device)
+        return self._train_on_device[rows]
+
+
 # ---------------------------------------------------------------------------
 # Modular addition (paper D.1.1)
 # ---------------------------------------------------------------------------
 
 
 @dataclass
-class ModularAddition(Task):
+class ModularAddition(FiniteTask):
     """Predict (a + b) mod p from [a, b]; all p^2 pairs split once into 95% train, 5% test.
 
     Example (p = 199): x = [150, 60], scored at position 1, answer 11.
-    Training samples uniformly from the train split (the paper's 5,000 epochs of
-    batch 4,000 become the same number of steps, drawn with replacement).
+    Training samples the train split as every FiniteTask does.
     """
 
     p: int = 199
@@ -168,15 +186,6 @@ class ModularAddition(Task):
         # SPEC fixes the published split at 37,619 train / 1,982 test for p = 199.
         n_train = int(0.95 * self.p**2) - 1
         self.train, self.test = pairs[:n_train], pairs[n_train:]
-
-    @property
-    def steps(self):
-        return math.ceil(self.epochs * len(self.train) / self.batch_size)
-
-    def sample(self, batch_size, generator):
-        if self.train.x.device != generator.device:
-            self.train = self.train.to(generator.device)
-        return self.train[torch.randint(len(self.train), (batch_size,), generator=generator, device=generator.device)]
 
     def test_set(self):
         return self.test
@@ -391,7 +400,7 @@ def balanced_strings(pairs, width, generator):
 
 
 @dataclass
-class Memorization(Task):
+class Memorization(FiniteTask):
     """Memorize a random map from key pairs to values; the training set is the test set.
 
     Example: x = [7, 600] (keys 7 and 600 - 512 = 88), scored at position 1,
@@ -399,8 +408,7 @@ class Memorization(Task):
     [0, keys), keys y are [512, 512 + keys); the paper uses keys = 512, so
     262,144 pairs x 9 bits. Vocab and positions stay 1024 and 5 at every size so
     parameter counts match Table 3. The map is drawn once from TEST_SEED, the
-    same for every run. Training samples pairs uniformly with replacement, as
-    for modular addition.
+    same for every run. Training samples pairs as every FiniteTask does.
     """
 
     keys: int = 512
@@ -420,21 +428,10 @@ class Memorization(Task):
             raise ValueError(f"memorize needs 1 <= keys <= 512, got {self.keys}")
         x, y = torch.cartesian_prod(torch.arange(self.keys), 512 + torch.arange(self.keys)).T
         z = torch.randint(self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED))
-        self.pairs = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
-        self._on_device = self.pairs
-
-    @property
-    def steps(self):
-        return math.ceil(self.epochs * len(self.pairs) / self.batch_size)
-
-    def sample(self, batch_size, generator):
-        if self._on_device.x.device != generator.device:
-            self._on_device = self.pairs.to(generator.device)
-        rows = torch.randint(len(self.pairs), (batch_size,), generator=generator, device=generator.device)
-        return self._on_device[rows]
+        self.train = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
 
     def test_set(self):
-        return self.pairs
+        return self.train
 
 
 def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:

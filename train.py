@@ -448,7 +448,7 @@ def log_eval(cfg, step, loss, metrics, elapsed, steps_per_s=None):
 def save_final(cfg, task, state_dict, model_cfg, metrics, step, elapsed, counts):
     final = {**metrics, "step": step, "elapsed": elapsed, "parameters": counts}
     if isinstance(task, Memorization):
-        final.update(memorization_capacity(metrics["accuracy"], metrics["loss"], len(task.pairs), task.VALUES, counts["trainable"]))
+        final.update(memorization_capacity(metrics["accuracy"], metrics["loss"], len(task.train), task.VALUES, counts["trainable"]))
     write_json(os.path.join(cfg.out, "final.json"), final)
     torch.save({"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)}, os.path.join(cfg.out, "model.pt"))
     print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({elapsed:.1f}s)")

@@ -49,9 +49,9 @@ def test_memorization_trainable_counts_match_table_3():
 
 def test_memorization_map_is_fixed_by_the_seed_not_the_run():
     torch.manual_seed(1)
-    first = make_task("memorize", keys=16).pairs
+    first = make_task("memorize", keys=16).train
     torch.manual_seed(2)
-    second = make_task("memorize", keys=16).pairs
+    second = make_task("memorize", keys=16).train
     assert torch.equal(first.x, second.x) and torch.equal(first.y, second.y)
     assert first.x[:, 0].unique().tolist() == list(range(16))
     assert first.x[:, 1].unique().tolist() == list(range(512, 528))
