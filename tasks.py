@@ -40,18 +40,23 @@ class Batch:
         return self.x.size(0)
 
     def to(self, device):
-        return Batch(*(None if t is None else t.to(device) for t in self.tensors()))
+        return self.apply(lambda t: t.to(device))
 
     def __getitem__(self, rows):
-        return Batch(*(None if t is None else t[rows] for t in self.tensors()))
+        return self.apply(lambda t: t[rows])
 
     def tensors(self):
         return [getattr(self, f.name) for f in fields(Batch)]
 
+    def apply(self, fn):
+        """fn applied to every field that is set (target is None outside imitation)."""
+        return Batch(*(None if t is None else fn(t) for t in self.tensors()))
 
-def cat_batches(batches):
+
+def join_batches(batches, join=torch.cat):
+    """One batch from several, field by field: join=torch.cat appends rows, torch.stack adds a leading dimension."""
     columns = zip(*(b.tensors() for b in batches))
-    return Batch(*(None if c[0] is None else torch.cat(c) for c in columns))
+    return Batch(*(None if c[0] is None else join(c) for c in columns))
 
 
 class Task:
@@ -117,7 +122,7 @@ class StreamTask(Task):
             batch = batch[~torch.isin(row_hashes(batch.x), test_hashes)]
             kept.append(batch)
             have += len(batch)
-        return cat_batches(kept)[:batch_size] if len(kept) > 1 else kept[0]
+        return join_batches(kept)[:batch_size] if len(kept) > 1 else kept[0]
 
 
 _HASH_WEIGHTS = torch.randint(-(2**62), 2**62, (512,), generator=torch.Generator().manual_seed(0)) | 1

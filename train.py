@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
-from tasks import TASKS, Batch, LanguageModeling, Memorization, make_task, memorization_capacity
+from tasks import TASKS, Batch, LanguageModeling, Memorization, join_batches, make_task, memorization_capacity
 
 ARCHS = ("gpt", "lstm", "linear")
 DTYPES = ("auto", "fp32", "bf16")
@@ -245,7 +245,7 @@ def take_rows(batch: Batch, rows):
         index = rows.view(rows.shape + (1,) * (t.dim() - rows.dim()))
         return torch.take_along_dim(t, index, dim=row_dim)
 
-    return Batch(*(None if t is None else take(t) for t in batch.tensors()))
+    return batch.apply(take)
 
 
 def distributed_setup():
@@ -566,7 +566,7 @@ def main_batched(cfg: TrainConfig) -> list:
             break
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        batch = stack_batches([task.sample(cfg.batch_size, g).to(device) for g in generators])
+        batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
         loss_sum += forward_backward(train_step, batch, (batch.y >= 0).sum((-2, -1)))
         clip_per_seed(trainable, cfg.clip)
         optimizer.step()
@@ -577,10 +577,6 @@ def main_batched(cfg: TrainConfig) -> list:
         save_final(run, task, state, base.cfg, results[i], cfg.steps, elapsed, counts[i])
     write_seed_summary(runs)
     return results
-
-
-def stack_batches(batches) -> Batch:
-    return Batch(*(None if c[0] is None else torch.stack(c) for c in zip(*(b.tensors() for b in batches))))
 
 
 def clip_per_seed(params, max_norm):
