@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -483,10 +484,8 @@ def aggregate(run_dirs, filename="final.json") -> dict:
     names = [k for k, v in finals[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     summary = {}
     for name in names:
-        values = sorted(final[name] for final in finals)
-        n = len(values)
-        median = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-        summary[name] = {"median": median, "min": values[0], "max": values[-1]}
+        values = [final[name] for final in finals]
+        summary[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
     return {"runs": list(run_dirs), "metrics": summary}
 
 
