@@ -15,7 +15,6 @@ import json
 import math
 import os
 import sys
-from dataclasses import fields
 
 import torch
 
@@ -23,7 +22,7 @@ import tasks
 import train
 from model import GPT
 from tasks import Batch
-from train import OneLineParser, TrainConfig, UsageError, build
+from train import OneLineParser, UsageError, load_run
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -37,26 +36,10 @@ class Run:
     """A loaded run: its directory, config, rebuilt task and trained model (CPU, eval mode)."""
 
     def __init__(self, path):
-        config_path, model_path = os.path.join(path, "config.json"), os.path.join(path, "model.pt")
-        if not os.path.isfile(config_path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
             raise UsageError(f"{path} is not a run directory (no config.json)")
-        if not os.path.isfile(model_path):
-            raise UsageError(f"{path} has no model.pt (the run has not finished)")
-        try:
-            with open(config_path) as f:
-                saved = json.load(f)
-        except json.JSONDecodeError:
-            raise UsageError(f"{config_path} is not valid JSON") from None
         self.path = path
-        # Settings a newer train.py added and an older run lacks take their defaults.
-        self.cfg = TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
-        self.task, self.model, self.counts = build(self.cfg)
-        try:
-            checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
-            self.model.load_state_dict(checkpoint["model"])
-        except Exception as e:
-            raise UsageError(f"{model_path} does not load ({type(e).__name__})") from None
-        self.model.eval()
+        self.cfg, self.task, self.model, self.counts = load_run(path)
 
     @property
     def label(self):

@@ -15,7 +15,6 @@ paper's number, the protocol, and the `python train.py` command of every cell.
 in CPU_NOTE below, that fits in about an hour on 2 CPU cores.
 """
 
-import argparse
 import json
 import os
 import platform
@@ -243,10 +242,8 @@ def train_one(cfg: TrainConfig) -> dict:
 @torch.no_grad()
 def train_split_metrics(run_dir: str) -> dict:
     """A finished modadd run scored on its training split (Table 2's train accuracy)."""
-    saved = torch.load(os.path.join(run_dir, "model.pt"), map_location="cpu", weights_only=False)
-    task, model, _ = train.build(TrainConfig(**saved["config"]))
-    model.load_state_dict(saved["model"])
-    return train.evaluate(model.eval(), task, task.train, torch.device("cpu"), dtype=saved["config"]["dtype"])
+    cfg, task, model, _ = train.load_run(run_dir)
+    return train.evaluate(model, task, task.train, torch.device("cpu"), dtype=cfg.dtype)
 
 
 def run_one(cfg: TrainConfig):
@@ -323,7 +320,7 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
         lines += [CPU_NOTE + ".", ""]
     if table.note:
         lines += [table.note, ""]
-    lines += [f"Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
+    lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
               "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|"]
     for row in table.rows:
         cells = []

@@ -590,9 +590,29 @@ def load_checkpoint(path, device):
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
     try:
-        return torch.load(path, map_location=device, weights_only=False)
+        return torch.load(path, map_location=device, weights_only=True)  # tensors and plain data only: no code runs on load
     except Exception as e:
         raise UsageError(f"checkpoint {path} does not load ({type(e).__name__})") from None
+
+
+def config_from_dict(saved: dict) -> TrainConfig:
+    """The TrainConfig a run saved; settings newer than the run keep their defaults."""
+    return TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
+
+
+def load_run(run_dir):
+    """(cfg, task, model, counts) of the finished run in run_dir: its trained weights, on CPU, in eval mode."""
+    path = os.path.join(run_dir, "model.pt")
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
+    saved = load_checkpoint(path, torch.device("cpu"))
+    cfg = config_from_dict(saved["config"])
+    task, model, counts = build(cfg)
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as e:
+        raise UsageError(f"{path} does not load into a {cfg.task} model ({type(e).__name__})") from None
+    return cfg, task, model.eval(), counts
 
 
 @torch.no_grad()
@@ -621,17 +641,11 @@ def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, see
     """sample_text from the finished lm run in run_dir."""
     if temperature <= 0 or top_k < 1 or max_new_tokens < 0:
         raise UsageError("generation needs --temperature > 0, --top-k >= 1 and --max-new-tokens >= 0")
-    path = os.path.join(run_dir, "model.pt")
-    if not os.path.exists(path):
-        raise UsageError(f"no finished run at {run_dir} (no model.pt)")
-    saved = load_checkpoint(path, torch.device("cpu"))
-    cfg = TrainConfig(**{f.name: saved["config"][f.name] for f in fields(TrainConfig)})
-    task, model, _ = build(cfg)
+    cfg, task, model, _ = load_run(run_dir)
     if not isinstance(task, LanguageModeling):
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
     device = pick_device(device)
-    model.load_state_dict(saved["model"])
-    model.to(device).eval()
+    model.to(device)
     return sample_text(model, task, prompt, max_new_tokens, temperature, top_k, torch.Generator(device=device).manual_seed(seed))
 
 
@@ -675,7 +689,7 @@ def config_from_args(args):
             raise UsageError(f"{args.resume} is not a run directory (no config.json)")
         with open(config_path) as f:
             saved = json.load(f)
-        return TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved}), True
+        return config_from_dict(saved), True
     if args.frozen:
         args.train = "frozen"
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}), False
