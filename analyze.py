@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+import sample
 import tasks
 import train
 from model import GPT
@@ -413,7 +414,7 @@ def memorization_markdown(result):
 def samples(run: Run, max_new_tokens=100) -> dict:
     """Continuations of a few fixed prompts (seed 0, temperature 0.8, top-k 40)."""
     generator = torch.Generator().manual_seed(0)
-    texts = [train.sample_text(run.model, run.task, prompt, max_new_tokens, 0.8, 40, generator) for prompt in LM_PROMPTS]
+    texts = [sample.sample_text(run.model, run.task, prompt, max_new_tokens, 0.8, 40, generator) for prompt in LM_PROMPTS]
     return {"prompts": LM_PROMPTS, "continuations": texts}
 
 

@@ -5,7 +5,6 @@
     python train.py --resume runs/needle-frozen-w1024-s0   # continue an interrupted run
     python train.py --task memorize --frozen --keys 64 --steps 3000 --batch-size 4096
     python train.py --task lm --frozen --width 128 --epochs 2        # shipped story corpus
-    python train.py --generate runs/lm-frozen-w128-s0 --prompt "Once upon a time" --top-k 40
 
 Serves sections 3-4 and appendix D.3 of the paper: AdamW, linear warmup then
 cosine decay to zero, gradient clipping at 1.0, loss only at answer positions,
@@ -30,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
-from tasks import TASKS, Batch, LanguageModeling, Memorization, join_batches, make_task, memorization_capacity
+from tasks import TASKS, Batch, Memorization, join_batches, make_task, memorization_capacity
 
 ARCHS = ("gpt", "lstm", "linear")
 DTYPES = ("auto", "fp32", "bf16")
@@ -615,40 +614,6 @@ def load_run(run_dir):
     return cfg, task, model.eval(), counts
 
 
-@torch.no_grad()
-def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None) -> str:
-    """The prompt followed by a continuation sampled from an lm model.
-
-    Each step samples from softmax(logits / temperature) over the top_k most
-    likely tokens, feeding at most the model's context; stops at <|endoftext|>.
-    """
-    device = next(model.parameters()).device
-    idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
-    new = []
-    for _ in range(max_new_tokens):
-        logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
-        kth = logits.topk(min(top_k, logits.numel())).values[-1]
-        probs = logits.masked_fill(logits < kth, float("-inf")).softmax(-1)
-        token = torch.multinomial(probs, 1, generator=generator)
-        if token.item() == task.end_of_text:
-            break
-        new.append(token.item())
-        idx = torch.cat([idx, token[None]], 1)
-    return prompt + task.decode(new)
-
-
-def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
-    """sample_text from the finished lm run in run_dir."""
-    if temperature <= 0 or top_k < 1 or max_new_tokens < 0:
-        raise UsageError("generation needs --temperature > 0, --top-k >= 1 and --max-new-tokens >= 0")
-    cfg, task, model, _ = load_run(run_dir)
-    if not isinstance(task, LanguageModeling):
-        raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
-    device = pick_device(device)
-    model.to(device)
-    return sample_text(model, task, prompt, max_new_tokens, temperature, top_k, torch.Generator(device=device).manual_seed(seed))
-
-
 # ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
@@ -660,7 +625,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def make_parser():
-    """Flags generated from TrainConfig, plus --frozen, --resume and the text-generation flags."""
+    """Flags generated from TrainConfig, plus --frozen and --resume."""
     parser = OneLineParser(description=__doc__.split("\n")[0])
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -672,12 +637,6 @@ def make_parser():
             parser.add_argument(flag, type=f.type, default=f.default, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config")
-    sampling = parser.add_argument_group("text generation (instead of training)")
-    sampling.add_argument("--generate", metavar="DIR", help="print a continuation of --prompt sampled from the lm run in DIR")
-    sampling.add_argument("--prompt", default="Once upon a time", help="text to continue")
-    sampling.add_argument("--temperature", type=float, default=0.8, help="divides the logits before sampling")
-    sampling.add_argument("--top-k", type=int, default=40, help="sample only among the k most likely tokens")
-    sampling.add_argument("--max-new-tokens", type=int, default=200, help="longest continuation in tokens")
     return parser
 
 
@@ -702,9 +661,6 @@ def parse_args(argv=None):
 def cli(argv=None):
     try:
         args = make_parser().parse_args(argv)
-        if args.generate:
-            print(generate(args.generate, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, args.device))
-            return
         cfg, resume = config_from_args(args)
         if cfg.batched_seeds:
             main_batched(cfg)

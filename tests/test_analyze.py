@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import analyze
+import corpus
 import tasks
 from train import TrainConfig
 from train import main as train_main
@@ -196,9 +197,9 @@ def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
 
 
 def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
-    corpus = tasks.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
+    stories = corpus.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
     run = tmp_path / "lm"
-    train_main(TrainConfig(task="lm", train="frozen", data=corpus, vocab=400, context=32, width=16, heads=2,
+    train_main(TrainConfig(task="lm", train="frozen", data=stories, vocab=400, context=32, width=16, heads=2,
                            steps=3, batch_size=4, warmup=1, device="cpu", out=str(run)))
     samples = analyzed(run, "--only", "samples")["samples"]
     assert samples["prompts"] == analyze.LM_PROMPTS

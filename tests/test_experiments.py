@@ -12,9 +12,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+import sample
 import train
 from model import GPT, LSTM, GPTConfig, apply_training_mode
-from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity, write_story_corpus
+from corpus import write_story_corpus
+from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity
 from train import TrainConfig
 
 
@@ -165,7 +167,7 @@ def test_tiny_full_lm_learns_and_generates(tmp_path, corpus):
     start = train.evaluate(model, task, task.test_set(), torch.device("cpu"), 20)["loss"]
     end = train.main(cfg)["loss"]
     assert end < start - 2.0  # about 6.3 nats at init
-    text = train.generate(cfg.out, "Once upon a time", max_new_tokens=20, device="cpu")
+    text = sample.generate(cfg.out, "Once upon a time", max_new_tokens=20, device="cpu")
     assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
 
 
