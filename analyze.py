@@ -20,7 +20,6 @@ import torch
 
 import sample
 import tasks
-import train
 from model import GPT
 from tasks import Batch
 from train import OneLineParser, UsageError, load_run

@@ -4,7 +4,7 @@
     python reproduce.py table2 --scale paper                            # the paper's configurations (GPU)
 
 Tables 1, 2, 3 and 9 and Figures 4, 6 and 7 of the paper. Each cell of a table
-is one TrainConfig trained for several seeds (train.main, in this process or
+is one TrainConfig trained for several seeds (train.train, in this process or
 a pool of --jobs processes), each in runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>.
 A run whose final.json exists is skipped, one with a checkpoint resumes, so an
 interrupted sweep picks up where it stopped. The result is
@@ -232,7 +232,7 @@ def train_one(cfg: TrainConfig) -> dict:
     """Finish one run (fresh, or resumed from its checkpoint) and return its final.json."""
     state = run_state(cfg.out)
     if state != "finished":
-        train.main(replace(cfg, overwrite=True), resume=state == "resume")
+        train.train(replace(cfg, overwrite=True), resume=state == "resume")
     if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
         train.write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
     with open(os.path.join(cfg.out, "final.json")) as f:
