@@ -7,7 +7,7 @@
 
 Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic
 tasks, memorization, circuit imitation and language modeling; token ids follow
-SPEC.md section 4 exactly. Every task hands the trainer a `Batch`: input
+docs/protocol.md §4 exactly. Every task hands the trainer a `Batch`: input
 tokens x, the positions whose next-token prediction is scored (`pos`) and the
 answer token at each of them (`y`, -1 where a row has fewer answers); circuit
 imitation adds the target's distribution (`target`). The model runs its
@@ -69,7 +69,7 @@ class Task:
 
     lr = 1e-3
     weight_decay = 1e-3
-    width, layers, heads = 1024, 2, 4  # the model the paper trains on it (SPEC sections 1, 3)
+    width, layers, heads = 1024, 2, 4  # the model the paper trains on it (docs/protocol.md §1, §3)
     eval_batch_size = 1000  # test examples per forward pass
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
@@ -187,7 +187,7 @@ class ModularAddition(FiniteTask):
         a, b = torch.cartesian_prod(torch.arange(self.p), torch.arange(self.p)).T
         order = torch.randperm(self.p**2, generator=torch.Generator().manual_seed(TEST_SEED))
         pairs = Batch(torch.stack([a, b], 1), torch.ones(self.p**2, 1, dtype=torch.long), ((a + b) % self.p)[:, None])[order]
-        # SPEC fixes the published split at 37,619 train / 1,982 test for p = 199.
+        # The published split is 37,619 train / 1,982 test for p = 199 (docs/protocol.md §4.1).
         n_train = int(0.95 * self.p**2) - 1
         self.train, self.test = pairs[:n_train], pairs[n_train:]
 
@@ -308,7 +308,7 @@ class Parens(StreamTask):
 
     Example: ( ) ( ( ) ? -> x = [1, 2, 1, 1, 2, 3], scored at position 5 (the
     '?'), answer 1 (unbalanced); a balanced string is answered 2.
-    Generate-then-mutate exactly as SPEC.md describes the authors' sampler:
+    Generate-then-mutate exactly as the authors' sampler (docs/protocol.md §4.4):
     1/3 uniformly random strings, 2/3 random balanced strings of t ~ U[1,
     max_parens/2] pairs, then random swaps and flips. Vectorized over the
     batch with the same distribution as the per-example recursive sampler.
@@ -423,7 +423,7 @@ class Memorization(FiniteTask):
     seq_len = 2
     width = 128
     batch_size = 2**15
-    lr = 5e-3  # the authors' script for this task; SPEC section 4
+    lr = 5e-3  # the authors' script for this task; docs/protocol.md §3
     weight_decay = 1e-4
     VALUES = 512  # z in [0, 512): log2(512) = 9 bits per pair
 

@@ -10,6 +10,11 @@ Serves sections 3-4 and appendix D.3 of the paper: AdamW, linear warmup then
 cosine decay to zero, gradient clipping at 1.0, loss only at answer positions,
 and a `--train` mode choosing which parameters learn. Each run writes
 runs/<name>/: config.json, metrics.jsonl, final.json, model.pt, checkpoint.pt.
+
+Reading order: train() sets a run up and loops; train_step() is one step
+(draw a batch; per length chunk, forward under autocast and backward(); clip;
+optimizer.step()); evaluate_log_checkpoint() is what happens every eval_every
+steps. --batched-seeds runs batched_seeds.py; sample.py writes text from an lm run.
 """
 
 import argparse

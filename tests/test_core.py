@@ -82,7 +82,7 @@ def test_needle_answer_is_the_queried_markers_value():
 
 
 def test_needle_worked_example_layout():
-    # a 1 b 2 c 3 d 4 b: the SPEC's example, the query is marker b (129) + 30.
+    # a 1 b 2 c 3 d 4 b: docs/protocol.md §4.2's example, the query is marker b (129) + 30.
     task = make_task("needle", max_pairs=4)
     batch = task.sample(20000, gen())
     k4 = batch.pos[:, 0] == 8
@@ -130,7 +130,7 @@ def test_parens_answer_is_the_strings_balance():
 
 
 def reference_parens(rng, max_parens=60):
-    """The authors' generate-then-mutate sampler, one example at a time, as SPEC describes it."""
+    """The authors' generate-then-mutate sampler, one example at a time, as docs/protocol.md §4.4 describes it."""
 
     def balanced(t):
         if t == 1:
