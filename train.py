@@ -59,7 +59,7 @@ class TrainConfig:
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
     compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
-    dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA and on a bf16-capable CPU, else fp32 (README, Performance)"})
+    dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
     seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
     batched_seeds: bool = field(default=False, metadata={"help": "train the --seeds runs at once in one process, weights stacked and vmapped"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
@@ -198,16 +198,17 @@ def make_optimizer(params, cfg: TrainConfig, device, matrix_dim=2) -> torch.opti
 
 
 def uses_bf16(device, dtype="auto") -> bool:
-    """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA and on a bf16-capable CPU.
+    """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA (fp32 elsewhere).
 
-    On this project's CPU (AVX512-BF16) bf16 trained parens to the same accuracy
-    as fp32 and ran the width-256 needle step 1.6x faster, with no loss at width
-    128 (RESULTS.md). oneDNN's bf16 check stands in for "this CPU does
-    bf16 matmuls"; on mps auto is fp32.
+    Why auto is fp32 on CPU: on a CPU without native bf16 (AMD EPYC, AVX2) a
+    bf16 matmul ran ~86x slower than fp32 (0.58 vs 50 GFLOP/s, one thread,
+    1024 x 1024), and on an AVX512-BF16 CPU bf16 was about 10% slower than fp32
+    at width 128 with 0.8 points lower parens accuracy (90.9 vs 91.7%). It was
+    1.6x faster at width 256 there, so --dtype bf16 remains for such CPUs.
     """
     if dtype != "auto":
         return dtype == "bf16"
-    return device.type == "cuda" or device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return device.type == "cuda"
 
 
 def autocast(device, dtype="auto"):
@@ -423,9 +424,11 @@ def clear_run_dir(cfg):
 
 
 def write_config(cfg, counts, device):
+    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
     os.makedirs(cfg.out, exist_ok=True)
     write_json(os.path.join(cfg.out, "config.json"), {
-        **asdict(cfg), "parameters": counts, "device": str(device), "torch": torch.__version__,
+        **asdict(cfg), "parameters": counts, "device": str(device),
+        "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "torch": torch.__version__,
     })
 
 

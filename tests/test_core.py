@@ -375,6 +375,16 @@ def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["width"] == 8
 
 
+def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path):
+    assert not train.uses_bf16(torch.device("cpu"), "auto") and train.uses_bf16(torch.device("cpu"), "bf16")
+    assert train.uses_bf16(torch.device("cuda"), "auto") and not train.uses_bf16(torch.device("cuda"), "fp32")
+    train.train(tiny(tmp_path, steps=0))
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["dtype"] == "auto" and config["resolved_dtype"] == "fp32"
+    train.train(tiny(tmp_path, steps=0, dtype="bf16", overwrite=True))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["resolved_dtype"] == "bf16"
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
     train.train(tiny(tmp_path), stop_after=4)
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
