@@ -186,7 +186,7 @@ def main():
     parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
     parser.add_argument("--batch-size", type=int, default=256, help="examples per step")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    parser.add_argument("--dtype", choices=train.DTYPES, default="auto", help="fp32, bf16 or auto (train.py's default for the device)")
+    parser.add_argument("--dtype", default="auto", help="fp32, bf16 or auto (train.py's default for the device)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="do not torch.compile on CUDA")
     parser.add_argument("--pipeline", choices=("ours", "authors"), default="ours", help="our training step or the authors' stand-in")
     parser.add_argument("--steps", type=int, default=10, help="steps per timing")
