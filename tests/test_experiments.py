@@ -161,14 +161,17 @@ def test_missing_validation_file_is_a_one_line_error(tmp_path, capsys):
     assert "\n" not in message and "mytext-valid.txt" in message
 
 
-def test_tiny_full_lm_learns_and_generates(tmp_path, corpus):
+def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
     cfg = tiny(tmp_path, task="lm", data=corpus, vocab=600, context=64, batch_size=16, steps=80, lr=3e-3)
     task, model, _ = train.task_and_model(replace(cfg))
     start = train.evaluate(model, task, task.test_set(), torch.device("cpu"))["loss"]
     end = train.train(cfg)["loss"]
     assert end < start - 2.0  # about 6.3 nats at init
+    capsys.readouterr()  # the training log
     text = sample.generate(cfg.out, "Once upon a time", max_new_tokens=20, device="cpu")
     assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
+    sample.main([cfg.out, "--prompt", "Once upon a time", "--max-new-tokens", "20", "--device", "cpu"])
+    assert capsys.readouterr().out.strip() == text.strip()  # the command line samples the same text (seed 0)
 
 
 # ---------------------------------------------------------------------------
