@@ -219,9 +219,11 @@ def compile_model(model, device, use_compile):
     """torch.compile(model) on CUDA with use_compile, else the model itself (model may be any callable).
 
     A model that fails to compile runs eagerly instead of ending the run
-    (suppress_errors: dynamo prints the error and falls back). Chunks vary in
-    length: after the second length, automatic dynamic shapes should reuse one
-    graph (unmeasured: no GPU here).
+    (suppress_errors: dynamo logs the error and falls back). That covers errors
+    at the first forward, where the forward and backward graphs are traced and
+    the forward is lowered; inductor lowers the backward lazily, at the first
+    backward(), outside this guard. Chunks vary in length: after the second
+    length, automatic dynamic shapes should reuse one graph (unmeasured: no GPU here).
     """
     if not (use_compile and device.type == "cuda"):
         return model
