@@ -18,8 +18,8 @@ import sys
 
 import torch
 
+import sample
 import tasks
-import train
 from model import GPT
 from tasks import Batch
 from train import OneLineParser, UsageError, load_run
@@ -413,7 +413,7 @@ def memorization_markdown(result):
 def samples(run: Run, max_new_tokens=100) -> dict:
     """Continuations of a few fixed prompts (seed 0, temperature 0.8, top-k 40)."""
     generator = torch.Generator().manual_seed(0)
-    texts = [train.sample_text(run.model, run.task, prompt, max_new_tokens, 0.8, 40, generator) for prompt in LM_PROMPTS]
+    texts = [sample.sample_text(run.model, run.task, prompt, max_new_tokens, 0.8, 40, generator) for prompt in LM_PROMPTS]
     return {"prompts": LM_PROMPTS, "continuations": texts}
 
 

@@ -5,8 +5,8 @@
 
 Serves the paper's experimental protocol (section 4, appendix D): thousands of
 small trainings and a few large ones, so the cost of a step decides what can be
-reproduced. `--pipeline ours` times exactly the loop body of train.main (sample
-on the device, length-chunked forward and backward, clip, AdamW). `--pipeline
+reproduced. `--pipeline ours` times train.train_step, the training loop's own
+step (sample on the device, length-chunked forward and backward, clip, AdamW). `--pipeline
 authors` times a stand-in for the authors' setup on needle: Hugging Face GPT-2
 (when `transformers` is installed; otherwise our GPT run the same way, and the
 table says "emulated"), sequences padded to n_positions = 100, logits at every
@@ -89,22 +89,17 @@ def useful_flops(cfg, vocab, lengths, answers):
 
 def ours(cfg, device):
     torch.manual_seed(cfg.seed)
-    task, model, _ = train.build(cfg)
+    task, model, _ = train.task_and_model(cfg)
     model.to(device)
-    optimizer = train.make_optimizer(model, cfg, device)
+    optimizer = train.make_optimizer(model.parameters(), cfg, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    train_step = train.training_step_fn(model, task, device, cfg.compile, cfg.dtype)
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    net = train.compile_model(model, device, cfg.compile)
 
     def make_data():
         return task.sample(cfg.batch_size, generator).to(device)
 
-    def step():  # the loop body of train.main, single process
-        batch = make_data()
-        train.forward_backward(train_step, batch, (batch.y >= 0).sum())
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def step():
+        train.train_step(net, task, optimizer, generator, cfg)
 
     def rows():
         batch = make_data()
@@ -129,7 +124,7 @@ def authors(cfg, device):
     if cfg.train not in ("frozen", "full"):
         raise train.UsageError("--pipeline authors times the frozen and full modes")
     torch.manual_seed(cfg.seed)
-    task, model, _ = train.build(cfg)  # also fills the task's defaults into cfg
+    task, model, _ = train.task_and_model(cfg)  # also fills the task's defaults into cfg
     n_positions = task.n_positions
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -149,7 +144,7 @@ def authors(cfg, device):
             logits = model(x)
             return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
-    optimizer = train.make_optimizer(model, cfg, device)
+    optimizer = train.make_optimizer(model.parameters(), cfg, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     rng = random.Random(cfg.seed)
     test = {tuple(row[: int(p) + 1]) for row, p in zip(task.test_set().x.tolist(), task.test_set().pos[:, 0].tolist())}

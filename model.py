@@ -202,7 +202,7 @@ class LSTM(nn.Module):
         return self.lm_head(h)
 
 
-# What each training mode of the paper trains (section 2 of SPEC.md). Every
+# What each training mode of the paper trains (docs/protocol.md §2). Every
 # parameter is an embedding ("wte", "wpe"), the unembedding ("lm_head"), or
 # part of the body (blocks and ln_f, or the LSTM's recurrence), which only "full" trains.
 TRAINING_MODES = {

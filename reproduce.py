@@ -4,13 +4,13 @@
     python reproduce.py table2 --scale paper                            # the paper's configurations (GPU)
 
 Tables 1, 2, 3 and 9 and Figures 4, 6 and 7 of the paper. Each cell of a table
-is one TrainConfig trained for several seeds (train.main, in this process or
+is one TrainConfig trained for several seeds (train.train, in this process or
 a pool of --jobs processes), each in runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>.
 A run whose final.json exists is skipped, one with a checkpoint resumes, so an
 interrupted sweep picks up where it stopped. The result is
 results/<table>-<scale>.md: our median [min, max] over seeds beside the
 paper's number, the protocol, and the `python train.py` command of every cell.
-`--scale paper` is SPEC.md's protocol (10 seeds, width 1024, batch 1,000 for
+`--scale paper` is the paper's protocol (docs/protocol.md §3; 10 seeds, width 1024, batch 1,000 for
 10,000 steps, ...); `--scale cpu` is a reduced one, stated in the output and
 in CPU_NOTE below, that fits in about an hour on 2 CPU cores.
 """
@@ -232,7 +232,7 @@ def train_one(cfg: TrainConfig) -> dict:
     """Finish one run (fresh, or resumed from its checkpoint) and return its final.json."""
     state = run_state(cfg.out)
     if state != "finished":
-        train.main(replace(cfg, overwrite=True), resume=state == "resume")
+        train.train(replace(cfg, overwrite=True), resume=state == "resume")
     if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
         train.write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
     with open(os.path.join(cfg.out, "final.json")) as f:
@@ -356,7 +356,7 @@ def device_name() -> str:
 def main(argv=None):
     parser = train.OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("table", choices=list(TABLES), help="which table or figure to regenerate")
-    parser.add_argument("--scale", choices=SCALES, default="cpu", help="paper: SPEC.md's configurations (GPU); cpu: the reduced protocol")
+    parser.add_argument("--scale", choices=SCALES, default="cpu", help="paper: the paper's configurations (GPU; docs/protocol.md §3); cpu: the reduced protocol")
     parser.add_argument("--seeds", type=int, help=f"restarts per cell (default: {SEEDS['paper']} at paper scale, {SEEDS['cpu']} at cpu scale)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, one process each (set OMP_NUM_THREADS so they share the cores)")
     parser.add_argument("--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go")

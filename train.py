@@ -5,12 +5,16 @@
     python train.py --resume runs/needle-frozen-w1024-s0   # continue an interrupted run
     python train.py --task memorize --frozen --keys 64 --steps 3000 --batch-size 4096
     python train.py --task lm --frozen --width 128 --epochs 2        # shipped story corpus
-    python train.py --generate runs/lm-frozen-w128-s0 --prompt "Once upon a time" --top-k 40
 
 Serves sections 3-4 and appendix D.3 of the paper: AdamW, linear warmup then
 cosine decay to zero, gradient clipping at 1.0, loss only at answer positions,
 and a `--train` mode choosing which parameters learn. Each run writes
 runs/<name>/: config.json, metrics.jsonl, final.json, model.pt, checkpoint.pt.
+
+Reading order: train() sets a run up and loops; train_step() is one step
+(draw a batch; per length chunk, forward under autocast and backward(); clip;
+optimizer.step()); evaluate_log_checkpoint() is what happens every eval_every
+steps. --batched-seeds runs batched_seeds.py; sample.py writes text from an lm run.
 """
 
 import argparse
@@ -20,7 +24,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 
@@ -30,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
-from tasks import TASKS, Batch, LanguageModeling, Memorization, join_batches, make_task, memorization_capacity
+from tasks import TASKS, Batch, Memorization, make_task, memorization_capacity
 
 ARCHS = ("gpt", "lstm", "linear")
 DTYPES = ("auto", "fp32", "bf16")
@@ -56,7 +59,7 @@ class TrainConfig:
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
     compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
-    dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA and on a bf16-capable CPU, else fp32 (README, Performance)"})
+    dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
     seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
     batched_seeds: bool = field(default=False, metadata={"help": "train the --seeds runs at once in one process, weights stacked and vmapped"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
@@ -81,7 +84,7 @@ class UsageError(Exception):
 
 
 # ---------------------------------------------------------------------------
-# Building blocks
+# Building a run: task, settings, model
 # ---------------------------------------------------------------------------
 
 
@@ -99,6 +102,75 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def build_task(cfg: TrainConfig):
+    """The task cfg names, with cfg's sizes for it (the lm task reads or writes its corpus here)."""
+    try:
+        return make_task(cfg.task, **asdict(cfg))
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+
+
+def fill_paper_defaults(cfg: TrainConfig, task) -> None:
+    """Set every setting cfg leaves as None to the paper's protocol for the task, and name the run directory."""
+    if cfg.lr is None and cfg.arch == "lstm":
+        cfg.lr = LSTM_LR
+    for name in ("steps", "batch_size", "lr", "weight_decay", "width", "layers", "heads"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, getattr(task, name))
+    if cfg.eval_every is None:
+        cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20)))  # 20 evaluations, none closer than 100 steps
+    if cfg.out is None:
+        variant = "".join(f"-{v}" for v in (cfg.arch, cfg.pos) if v not in ("gpt", "learned"))
+        cfg.out = os.path.join("runs", f"{cfg.task}{variant}-{cfg.train}-w{cfg.width}-s{cfg.seed}")
+
+
+def check_config(cfg: TrainConfig, task) -> None:
+    """UsageError for a setting no run can use. Task sizes are checked by the task, the model's
+    shape and the training mode by model.py (build_model reports those)."""
+    for name in ("steps", "warmup"):
+        if getattr(cfg, name) < 0:
+            raise UsageError(f"--{name} must be >= 0")
+    for name in ("batch_size", "eval_every", "width", "layers", "heads"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    if cfg.epochs is not None and cfg.epochs < 1:
+        raise UsageError("--epochs must be >= 1")
+    if cfg.dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
+    if cfg.arch not in ARCHS:
+        raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
+    if cfg.arch == "lstm" and cfg.pos != "learned":
+        raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
+    if task.seq_len > task.n_positions:
+        raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
+
+
+def build_model(cfg: TrainConfig, task):
+    """(model, parameter counts): a freshly initialized model for the task, frozen per cfg.train."""
+    attention = "linear" if cfg.arch == "linear" else "softmax"
+    try:
+        model_cfg = GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, attention, cfg.pos)
+        model = LSTM(model_cfg) if cfg.arch == "lstm" else GPT(model_cfg)
+        counts = apply_training_mode(model, cfg.train)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return model, counts
+
+
+def task_and_model(cfg: TrainConfig):
+    """(task, model, counts) for cfg, after filling cfg's unset settings with the paper's and checking them."""
+    task = build_task(cfg)
+    fill_paper_defaults(cfg, task)
+    check_config(cfg, task)
+    model, counts = build_model(cfg, task)
+    return task, model, counts
+
+
+# ---------------------------------------------------------------------------
+# One training step
+# ---------------------------------------------------------------------------
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup to cfg.lr over cfg.warmup steps, then cosine decay to 0 at cfg.steps."""
     if step < cfg.warmup:
@@ -107,13 +179,16 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_optimizer(model, cfg: TrainConfig, device) -> torch.optim.AdamW:
-    """AdamW over trainable parameters only; matrices and embeddings decay, biases and LayerNorms do not."""
-    return adamw(model.parameters(), cfg, device)
+def set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
-def adamw(params, cfg: TrainConfig, device, matrix_dim=2) -> torch.optim.AdamW:
-    """make_optimizer on bare tensors; matrix_dim = 3 for seed-stacked weights (a leading seed dimension)."""
+def make_optimizer(params, cfg: TrainConfig, device, matrix_dim=2) -> torch.optim.AdamW:
+    """AdamW over the trainable params only; matrices and embeddings decay, biases and LayerNorms do not.
+
+    matrix_dim = 3 for seed-stacked weights (a leading seed dimension, batched_seeds.py).
+    """
     trainable = [p for p in params if p.requires_grad]
     groups = [
         {"params": [p for p in trainable if p.dim() >= matrix_dim], "weight_decay": cfg.weight_decay},
@@ -122,82 +197,38 @@ def adamw(params, cfg: TrainConfig, device, matrix_dim=2) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda")
 
 
-@torch.no_grad()
-def evaluate(model, task, test: Batch, device, batch_size=1000, dtype="auto") -> dict:
-    """Every metric of the task, averaged over the whole test set.
-
-    Causal attention means nothing after a row's last answer affects any
-    answer, so rows are taken shortest first and each chunk is cut after its
-    last answer position: the same logits as the padded batch, less work.
-    """
-    scores = {}
-    by_length = test.pos.amax(1).argsort()
-    for start in range(0, len(test), batch_size):
-        batch = test[by_length[start : start + batch_size]]
-        batch = replace(batch, x=batch.x[:, : int(batch.pos.max()) + 1]).to(device)
-        with autocast(device, dtype):
-            logits = model(batch.x, batch.pos)
-        for name, values in task.metrics(logits, batch).items():
-            scores.setdefault(name, []).append(values)
-    return {name: torch.cat(values).mean().item() for name, values in scores.items()}
-
-
 def uses_bf16(device, dtype="auto") -> bool:
-    """Whether the step runs under bf16 autocast: dtype bf16, or auto on CUDA and on a bf16-capable CPU.
+    """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA (fp32 elsewhere).
 
-    On this project's CPU (AVX512-BF16) bf16 trained parens to the same accuracy
-    as fp32 and ran the width-256 needle step 1.6x faster, with no loss at width
-    128 (README, Performance). oneDNN's bf16 check stands in for "this CPU does
-    bf16 matmuls"; on mps auto is fp32.
+    Why auto is fp32 on CPU: on a CPU without native bf16 (AMD EPYC, AVX2) a
+    bf16 matmul ran ~86x slower than fp32 (0.58 vs 50 GFLOP/s, one thread,
+    1024 x 1024), and on an AVX512-BF16 CPU bf16 was about 10% slower than fp32
+    at width 128 with 0.8 points lower parens accuracy (90.9 vs 91.7%). It was
+    1.6x faster at width 256 there, so --dtype bf16 remains for such CPUs.
     """
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if dtype != "auto":
         return dtype == "bf16"
-    return device.type == "cuda" or device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return device.type == "cuda"
 
 
 def autocast(device, dtype="auto"):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, dtype))
 
 
-def training_step_fn(model, task, device, use_compile, dtype="auto"):
-    """loss = step(batch, weight=1): backward of weight * the task loss on batch; see compiled_step."""
-    return compiled_step(lambda batch: task.loss(model(batch.x, batch.pos), batch), device, use_compile, dtype)
+def compile_model(model, device, use_compile):
+    """torch.compile(model) on CUDA with use_compile, else the model itself (model may be any callable).
 
-
-def compiled_step(loss_fn, device, use_compile, dtype="auto"):
-    """step(batch, weight): backward of (weight * loss_fn(batch)).sum(), returning weight * loss detached.
-
-    No host sync inside (no .item()), so CUDA runs ahead of Python; compiled on
-    CUDA with a one-time eager fallback. Chunks vary in length: after the second
-    length torch.compile's automatic dynamic shapes should reuse one graph (unmeasured: no GPU here).
+    A model that fails to compile runs eagerly instead of ending the run
+    (suppress_errors: dynamo logs the error and falls back). That covers errors
+    at the first forward, where the forward and backward graphs are traced and
+    the forward is lowered; inductor lowers the backward lazily, at the first
+    backward(), outside this guard. Chunks vary in length: after the second
+    length, automatic dynamic shapes should reuse one graph (unmeasured: no GPU here).
     """
-
-    def step(batch, weight=1.0):
-        with autocast(device, dtype):
-            loss = loss_fn(batch) * weight
-        loss.sum().backward()
-        return loss.detach()
-
     if not (use_compile and device.type == "cuda"):
-        return step
-    compiled = torch.compile(step)
-
-    def step_or_fallback(batch, weight=1.0):
-        nonlocal compiled
-        try:
-            return compiled(batch, weight)
-        except Exception as e:  # a failed compile must not kill a run that works eagerly
-            if compiled is step:
-                raise
-            print(f"torch.compile failed ({type(e).__name__}: {e}); falling back to eager", file=sys.stderr)
-            # Compile errors surface in the forward or when the backward graph is built, before
-            # this chunk's gradient reaches the parameters, so redoing the chunk adds it once.
-            compiled = step
-            return step(batch, weight)
-
-    return step_or_fallback
+        return model
+    torch._dynamo.config.suppress_errors = True
+    return torch.compile(model)
 
 
 # Rows are sorted by length and cut into this many chunks, each trimmed after
@@ -207,18 +238,19 @@ def compiled_step(loss_fn, device, use_compile, dtype="auto"):
 LENGTH_CHUNKS = 4
 
 
-def forward_backward(step, batch: Batch, answers, no_sync=None):
-    """Gradient of the batch's mean answer loss, skipping every token after a row's last answer.
+def length_chunks(batch: Batch, answers, no_sync=None):
+    """Yield (chunk, weight): the batch cut into chunks of similar length, each trimmed after its last answer.
 
-    Causal attention means those tokens cannot change any answer, so dropping them
-    leaves loss and gradient unchanged up to float rounding. Rows are sorted by
-    last answer and split into LENGTH_CHUNKS chunks, each cut after its longest
-    row; chunk c's mean loss is weighted by its answers / `answers` (the batch's
-    answer count, or under DDP the global batch's count / world size), so the
-    weighted chunk losses add up to the batch's mean. Seed-stacked batches
-    (leading seed dimension) are sorted per seed and cut at the longest row over
-    seeds. no_sync: DDP's context that defers the gradient all-reduce to the
-    last chunk. One host sync, for the chunk lengths. Returns the loss (no sync).
+    Causal attention means no token after a row's last answer can change any
+    answer, so dropping those tokens leaves loss and gradient unchanged up to
+    float rounding. Rows are sorted by last answer and split into LENGTH_CHUNKS
+    chunks, each cut after its longest row; weight = the chunk's answers /
+    `answers` (the batch's answer count, or under DDP the global batch's count /
+    world size), so the weighted chunk mean losses add up to the batch's mean.
+    Seed-stacked batches (leading seed dimension) are sorted per seed and cut at
+    the longest row over seeds; then weight has one entry per seed. no_sync:
+    DDP's context, held while every chunk but the last runs so the gradient
+    all-reduce happens once. One host sync, for the chunk lengths.
     """
     last = batch.pos.amax(-1)  # (..., B) each row's last answer position
     order = last.argsort(-1)
@@ -228,14 +260,12 @@ def forward_backward(step, batch: Batch, answers, no_sync=None):
         chunks, ends = [None], ends[:1]
     else:
         ends = ends[1:]
-    loss = 0.0
     for i, (rows, end) in enumerate(zip(chunks, ends)):
         chunk = batch if rows is None else take_rows(batch, rows)
         chunk = replace(chunk, x=chunk.x[..., : end + 1])
         weight = (chunk.y >= 0).sum((-2, -1)) / answers
         with no_sync() if no_sync and i < len(chunks) - 1 else nullcontext():
-            loss = loss + step(chunk, weight)
-    return loss
+            yield chunk, weight  # the caller's forward and backward run inside no_sync
 
 
 def take_rows(batch: Batch, rows):
@@ -247,6 +277,109 @@ def take_rows(batch: Batch, rows):
         return torch.take_along_dim(t, index, dim=row_dim)
 
     return batch.apply(take)
+
+
+def train_step(model, task, optimizer, generator, cfg: TrainConfig, rank=0, world=1):
+    """One optimizer step on a fresh batch; returns its mean answer loss (a tensor: no host sync).
+
+    model may be compiled or DDP-wrapped. Under DDP (world > 1) every rank
+    draws the whole global batch from the shared seed and trains on its own
+    contiguous slice, so together they compute the single-process step;
+    drawing is cheap next to the step.
+    """
+    batch = task.sample(cfg.batch_size, generator).to(generator.device)
+    answers = (batch.y >= 0).sum() / world  # DDP averages the ranks' gradients, so each rank's share is 1 / world
+    if world > 1:
+        batch = shard(batch, rank, world)
+    batch_loss = 0.0
+    for chunk, weight in length_chunks(batch, answers, model.no_sync if world > 1 else None):
+        with autocast(chunk.x.device, cfg.dtype):
+            loss = task.loss(model(chunk.x, chunk.pos), chunk) * weight
+        loss.backward()
+        batch_loss = batch_loss + loss.detach()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return batch_loss
+
+
+# ---------------------------------------------------------------------------
+# Evaluation, logging, checkpoints
+# ---------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(model, task, test: Batch, device, dtype="auto") -> dict:
+    """Every metric of the task, averaged over the whole test set, task.eval_batch_size rows at a time.
+
+    Causal attention means nothing after a row's last answer affects any
+    answer, so rows are taken shortest first and each chunk is cut after its
+    last answer position: the same logits as the padded batch, less work.
+    """
+    scores = {}
+    by_length = test.pos.amax(1).argsort()
+    for start in range(0, len(test), task.eval_batch_size):
+        batch = test[by_length[start : start + task.eval_batch_size]]
+        batch = replace(batch, x=batch.x[:, : int(batch.pos.max()) + 1]).to(device)
+        with autocast(device, dtype):
+            logits = model(batch.x, batch.pos)
+        for name, values in task.metrics(logits, batch).items():
+            scores.setdefault(name, []).append(values)
+    return {name: torch.cat(values).mean().item() for name, values in scores.items()}
+
+
+def mean_loss(losses: list, world=1):
+    """The mean of the step losses since the last evaluation (over every rank under DDP), or None
+    without steps. Its .item() waits for every queued step, so a clock read after it is true
+    training time even on CUDA."""
+    if not losses:
+        return None
+    total = sum(losses)  # (,) or (seeds,)
+    if world > 1:  # each rank's loss is world x its share of the global batch's mean
+        dist.all_reduce(total)
+        total /= world
+    mean = total / len(losses)
+    return mean.item() if mean.dim() == 0 else mean.tolist()
+
+
+def log_eval(cfg, step, loss, metrics, elapsed, steps_per_s=None):
+    """Append one evaluation record to cfg.out/metrics.jsonl; steps_per_s excludes evaluation time."""
+    record = {"step": step, "loss": loss, "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()},
+              "elapsed": elapsed, "steps_per_s": steps_per_s}
+    with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def evaluate_log_checkpoint(cfg, step, model, task, test, optimizer, generator, losses, clock, bar, world=1, lead=True) -> dict:
+    """Test metrics at `step`; rank 0 (lead) appends them to metrics.jsonl with the mean training loss
+    and speed since the last call, and saves checkpoint.pt, everything a resumed run needs."""
+    loss = mean_loss(losses, world)
+    steps_per_s = len(losses) / clock.lap() if losses else None
+    metrics = evaluate(model, task, test, generator.device, cfg.dtype)
+    elapsed = clock.elapsed()
+    if lead:
+        log_eval(cfg, step, loss, metrics, elapsed, steps_per_s)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
+                    "step": step, "elapsed": elapsed, "config": asdict(cfg)}, os.path.join(cfg.out, "checkpoint.pt"))
+    bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
+    clock.lap()  # evaluation time does not count as training time for steps/s
+    return metrics
+
+
+class Clock:
+    """Wall time of a run: elapsed() since it began (a resumed run carries its earlier time), lap() since the last lap."""
+
+    def __init__(self, elapsed=0.0):
+        self.start = time.time() - elapsed
+        self.lap_start = time.time()
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def lap(self) -> float:
+        now, start = time.time(), self.lap_start
+        self.lap_start = now
+        return now - start
 
 
 def distributed_setup():
@@ -282,145 +415,6 @@ def write_json(path, obj):
         f.write("\n")
 
 
-def build(cfg: TrainConfig):
-    """Task, model and parameter counts for a config; fills the settings left as None
-    with the task's paper protocol; raises UsageError on bad input."""
-    try:
-        task = make_task(cfg.task, **asdict(cfg))
-    except (ValueError, OSError) as e:
-        raise UsageError(str(e)) from None
-    if cfg.lr is None and cfg.arch == "lstm":
-        cfg.lr = LSTM_LR
-    for name in ("steps", "batch_size", "lr", "weight_decay", "width", "layers", "heads"):
-        if getattr(cfg, name) is None:
-            setattr(cfg, name, getattr(task, name))
-    if cfg.eval_every is None:
-        cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20)))  # 20 evaluations, none closer than 100 steps
-    if cfg.out is None:
-        variant = "".join(f"-{v}" for v in (cfg.arch, cfg.pos) if v not in ("gpt", "learned"))
-        cfg.out = os.path.join("runs", f"{cfg.task}{variant}-{cfg.train}-w{cfg.width}-s{cfg.seed}")
-    for name in ("steps", "warmup"):
-        if getattr(cfg, name) < 0:
-            raise UsageError(f"--{name} must be >= 0")
-    for name in ("batch_size", "eval_every", "width", "layers", "heads"):
-        if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-    if cfg.epochs is not None and cfg.epochs < 1:
-        raise UsageError("--epochs must be >= 1")
-    if cfg.train not in TRAINING_MODES:
-        raise UsageError(f"unknown training mode {cfg.train!r}; choose from {', '.join(TRAINING_MODES)}")
-    if cfg.dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
-    if cfg.arch not in ARCHS:
-        raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
-    if cfg.arch == "lstm" and cfg.pos != "learned":
-        raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
-    if cfg.arch != "lstm" and cfg.width % cfg.heads:
-        raise UsageError(f"width {cfg.width} is not divisible by {cfg.heads} heads")
-    if task.seq_len > task.n_positions:
-        raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
-    attention = "linear" if cfg.arch == "linear" else "softmax"
-    try:
-        model_cfg = GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, attention, cfg.pos)
-        model = LSTM(model_cfg) if cfg.arch == "lstm" else GPT(model_cfg)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    counts = apply_training_mode(model, cfg.train)
-    return task, model, counts
-
-
-# ---------------------------------------------------------------------------
-# The run
-# ---------------------------------------------------------------------------
-
-
-def main(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dict:
-    """Train per cfg and return the final test metrics.
-
-    resume: continue from cfg.out/checkpoint.pt. stop_after: end after this
-    many steps as if interrupted (tests use it to prove resuming is exact).
-    Under torchrun with several processes the run is data-parallel (DDP): every
-    rank draws the whole global batch from the shared seed and trains on its own
-    contiguous slice, so together they compute the single-process step on that
-    batch; drawing is cheap next to the step. Rank 0 alone writes files.
-    """
-    rank, world = distributed_setup()
-    lead = rank == 0
-    torch.manual_seed(cfg.seed)
-    task, model, counts = build(cfg)
-    device = pick_device(cfg.device)
-    if device.type == "cuda" and world > 1:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    if lead and not resume:
-        clear_run_dir(cfg)
-    model.to(device)
-    optimizer = make_optimizer(model, cfg, device)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    test = task.test_set()
-    step, elapsed = 0, 0.0
-
-    os.makedirs(cfg.out, exist_ok=True)
-    checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
-    if resume:
-        checkpoint = load_checkpoint(checkpoint_path, device)
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        set_rng_states(checkpoint["rng"], generator)
-        step, elapsed = checkpoint["step"], checkpoint["elapsed"]
-    elif lead:
-        write_config(cfg, counts, device)
-    if lead:
-        print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
-
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else None
-    train_step = training_step_fn(ddp or model, task, device, cfg.compile, cfg.dtype)
-    loss_sum = torch.zeros((), device=device)
-    losses_since_log = 0
-    start_time = time.time() - elapsed
-    segment_start = time.time()  # training time since the last evaluation, for steps/s
-    bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, disable=None if lead else True)
-    metrics, first_step = {}, step
-    while True:
-        last_step = step == cfg.steps
-        if last_step or (step % cfg.eval_every == 0 and step > first_step):
-            if world > 1:  # each rank's loss is world x its share of the global batch's mean
-                dist.all_reduce(loss_sum)
-                loss_sum /= world
-            # .item() waits for every queued step, so the clock reads true training time even on CUDA.
-            loss = (loss_sum / max(1, losses_since_log)).item() if losses_since_log else None
-            steps_per_s = losses_since_log / (time.time() - segment_start) if losses_since_log else None
-            metrics = evaluate(model, task, test, device, task.eval_batch_size, cfg.dtype)
-            elapsed = time.time() - start_time
-            if lead:
-                log_eval(cfg, step, loss, metrics, elapsed, steps_per_s)
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
-                            "step": step, "elapsed": elapsed, "config": asdict(cfg)}, checkpoint_path)
-            bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
-            loss_sum.zero_()
-            losses_since_log = 0
-            segment_start = time.time()
-        if last_step or step == stop_after:
-            break
-
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        batch = task.sample(cfg.batch_size, generator).to(device)
-        answers = (batch.y >= 0).sum() / world
-        loss = forward_backward(train_step, shard(batch, rank, world), answers, ddp and ddp.no_sync)
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss
-        losses_since_log += 1
-        step += 1
-        bar.update()
-    bar.close()
-
-    if step == cfg.steps and lead:
-        save_final(cfg, task, model.state_dict(), model.cfg, metrics, step, elapsed, counts)
-    return metrics
-
-
 def clear_run_dir(cfg):
     """Refuse to reuse cfg.out unless cfg.overwrite; with it, remove the old run's files."""
     if os.path.exists(cfg.out):
@@ -432,18 +426,12 @@ def clear_run_dir(cfg):
 
 
 def write_config(cfg, counts, device):
+    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
     os.makedirs(cfg.out, exist_ok=True)
     write_json(os.path.join(cfg.out, "config.json"), {
-        **asdict(cfg), "parameters": counts, "device": str(device), "torch": torch.__version__,
+        **asdict(cfg), "parameters": counts, "device": str(device),
+        "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "torch": torch.__version__,
     })
-
-
-def log_eval(cfg, step, loss, metrics, elapsed, steps_per_s=None):
-    """Append one evaluation record to cfg.out/metrics.jsonl; steps_per_s excludes evaluation time."""
-    record = {"step": step, "loss": loss, "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()},
-              "elapsed": elapsed, "steps_per_s": steps_per_s}
-    with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def save_final(cfg, task, state_dict, model_cfg, metrics, step, elapsed, counts):
@@ -459,6 +447,67 @@ def save_final(cfg, task, state_dict, model_cfg, metrics, step, elapsed, counts)
 
 
 # ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+
+def train(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dict:
+    """Train per cfg and return the final test metrics.
+
+    resume: continue from cfg.out/checkpoint.pt. stop_after: end after this
+    many steps as if interrupted (tests use it to prove resuming is exact).
+    Under torchrun with several processes the run is data-parallel (DDP, see
+    train_step). Rank 0 alone writes files.
+    """
+    rank, world = distributed_setup()
+    lead = rank == 0
+    torch.manual_seed(cfg.seed)
+    task, model, counts = task_and_model(cfg)
+    device = pick_device(cfg.device)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if lead and not resume:
+        clear_run_dir(cfg)
+    model.to(device)
+    optimizer = make_optimizer(model.parameters(), cfg, device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    test = task.test_set()
+    step, elapsed = 0, 0.0
+    os.makedirs(cfg.out, exist_ok=True)
+    if resume:
+        checkpoint = load_checkpoint(os.path.join(cfg.out, "checkpoint.pt"), device)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        set_rng_states(checkpoint["rng"], generator)
+        step, elapsed = checkpoint["step"], checkpoint["elapsed"]
+    elif lead:
+        write_config(cfg, counts, device)
+    if lead:
+        print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
+
+    # The step runs the compiled (and under torchrun DDP-wrapped) model; evaluation the plain one.
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else None
+    net = compile_model(ddp or model, device, cfg.compile)
+    losses, metrics, first_step = [], {}, step
+    clock = Clock(elapsed)
+    bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, disable=None if lead else True)
+    for step in range(first_step, cfg.steps + 1):
+        if step == cfg.steps or (step % cfg.eval_every == 0 and step > first_step):
+            metrics = evaluate_log_checkpoint(cfg, step, model, task, test, optimizer, generator, losses, clock, bar, world, lead)
+            losses = []
+        if step == cfg.steps or step == stop_after:
+            break
+        set_lr(optimizer, lr_at(step, cfg))
+        losses.append(train_step(net, task, optimizer, generator, cfg, rank, world))
+        bar.update()
+    bar.close()
+
+    if step == cfg.steps and lead:
+        save_final(cfg, task, model.state_dict(), model.cfg, metrics, step, clock.elapsed(), counts)
+    return metrics
+
+
+# ---------------------------------------------------------------------------
 # Several seeds
 # ---------------------------------------------------------------------------
 
@@ -469,7 +518,7 @@ def seed_configs(cfg: TrainConfig) -> list:
         raise UsageError("--seeds must be >= 1")
     if cfg.seeds == 1 and not cfg.batched_seeds:
         return [cfg]
-    # cfg.out None: build() names each run runs/<task>-<train>-w<width>-s<seed>
+    # cfg.out None: fill_paper_defaults names each run runs/<task>-<train>-w<width>-s<seed>
     return [replace(cfg, seed=s, seeds=1, batched_seeds=False, out=cfg.out and f"{cfg.out}-s{s}")
             for s in range(cfg.seed, cfg.seed + cfg.seeds)]
 
@@ -500,92 +549,6 @@ def write_seed_summary(runs) -> str:
     return path
 
 
-def main_batched(cfg: TrainConfig) -> list:
-    """Train every seed of cfg.seeds at once and return each seed's final test metrics.
-
-    Each seed's weights become one slice of stacked tensors (leading seed
-    dimension); torch.func.vmap runs the model once over all seeds and a single
-    AdamW updates the stack, which is N independent AdamWs because AdamW is
-    elementwise. Per seed this computes what a separate main() run computes, up
-    to float rounding: the same init (torch.manual_seed(seed) before building),
-    the same data (its own generator seeded with its seed, drawn in the same
-    order), its own mean loss and its own gradient-norm clipping. For many small
-    models this replaces N launches of every operation by one. Each seed writes
-    its run directory like a normal run, but no checkpoint.pt: a batched run
-    does not resume.
-    """
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        raise UsageError("--batched-seeds runs in one process; use torchrun for single large runs")
-    runs = seed_configs(cfg)
-    device = pick_device(cfg.device)
-    models, counts = [], []
-    for run in runs:
-        torch.manual_seed(run.seed)
-        task, model, n = build(run)
-        clear_run_dir(run)
-        write_config(run, n, device)
-        models.append(model.to(device))
-        counts.append(n)
-    cfg = runs[0]  # settings filled in by build, shared by every seed
-    params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
-    base = models[0]  # the architecture; functional_call runs it with one seed's tensors
-
-    def loss_fn(batch):  # (N,) each seed's mean answer loss
-        names = [f.name for f in fields(Batch) if getattr(batch, f.name) is not None]
-
-        def one(p, *tensors):
-            seed_batch = Batch(**dict(zip(names, tensors)))
-            return task.loss(torch.func.functional_call(base, p, (seed_batch.x, seed_batch.pos)), seed_batch)
-        return torch.func.vmap(one)(params, *(getattr(batch, name) for name in names))
-
-    def seed_model(i):
-        return lambda x, pos: torch.func.functional_call(base, {k: v[i] for k, v in params.items()}, (x, pos))
-
-    # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op: expected, not news.
-    warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
-    trainable = [p for p in params.values() if p.requires_grad]
-    optimizer = adamw(trainable, cfg, device, matrix_dim=3)
-    generators = [torch.Generator(device=device).manual_seed(run.seed) for run in runs]
-    train_step = compiled_step(loss_fn, device, cfg.compile, cfg.dtype)
-    test = task.test_set()
-    print(f"{cfg.task}: {len(runs)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
-    loss_sum, losses_since_log = torch.zeros(len(runs), device=device), 0
-    start_time = time.time()
-    for step in tqdm(range(cfg.steps + 1), dynamic_ncols=True, disable=None):
-        if step == cfg.steps or (step % cfg.eval_every == 0 and step > 0):
-            elapsed = time.time() - start_time
-            losses = (loss_sum / losses_since_log).tolist() if losses_since_log else [None] * len(runs)
-            results = []
-            for i, run in enumerate(runs):
-                results.append(evaluate(seed_model(i), task, test, device, dtype=cfg.dtype))
-                log_eval(run, step, losses[i], results[i], elapsed)
-            loss_sum.zero_()
-            losses_since_log = 0
-        if step == cfg.steps:
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
-        loss_sum += forward_backward(train_step, batch, (batch.y >= 0).sum((-2, -1)))
-        clip_per_seed(trainable, cfg.clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses_since_log += 1
-    for i, run in enumerate(runs):
-        state = {k: v[i].detach().clone() for k, v in params.items()}
-        save_final(run, task, state, base.cfg, results[i], cfg.steps, elapsed, counts[i])
-    write_seed_summary(runs)
-    return results
-
-
-def clip_per_seed(params, max_norm):
-    """clip_grad_norm_ applied to each seed's slice of the stacked gradients separately (same formula)."""
-    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in params]).norm(dim=0)  # (N,)
-    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for p in params:
-        p.grad.mul_(scale.view(-1, *[1] * (p.dim() - 1)))
-
-
 def load_checkpoint(path, device):
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
@@ -607,46 +570,12 @@ def load_run(run_dir):
         raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
     saved = load_checkpoint(path, torch.device("cpu"))
     cfg = config_from_dict(saved["config"])
-    task, model, counts = build(cfg)
+    task, model, counts = task_and_model(cfg)
     try:
         model.load_state_dict(saved["model"])
     except RuntimeError as e:
         raise UsageError(f"{path} does not load into a {cfg.task} model ({type(e).__name__})") from None
     return cfg, task, model.eval(), counts
-
-
-@torch.no_grad()
-def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None) -> str:
-    """The prompt followed by a continuation sampled from an lm model.
-
-    Each step samples from softmax(logits / temperature) over the top_k most
-    likely tokens, feeding at most the model's context; stops at <|endoftext|>.
-    """
-    device = next(model.parameters()).device
-    idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
-    new = []
-    for _ in range(max_new_tokens):
-        logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
-        kth = logits.topk(min(top_k, logits.numel())).values[-1]
-        probs = logits.masked_fill(logits < kth, float("-inf")).softmax(-1)
-        token = torch.multinomial(probs, 1, generator=generator)
-        if token.item() == task.end_of_text:
-            break
-        new.append(token.item())
-        idx = torch.cat([idx, token[None]], 1)
-    return prompt + task.decode(new)
-
-
-def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
-    """sample_text from the finished lm run in run_dir."""
-    if temperature <= 0 or top_k < 1 or max_new_tokens < 0:
-        raise UsageError("generation needs --temperature > 0, --top-k >= 1 and --max-new-tokens >= 0")
-    cfg, task, model, _ = load_run(run_dir)
-    if not isinstance(task, LanguageModeling):
-        raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
-    device = pick_device(device)
-    model.to(device)
-    return sample_text(model, task, prompt, max_new_tokens, temperature, top_k, torch.Generator(device=device).manual_seed(seed))
 
 
 # ---------------------------------------------------------------------------
@@ -660,7 +589,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def make_parser():
-    """Flags generated from TrainConfig, plus --frozen, --resume and the text-generation flags."""
+    """Flags generated from TrainConfig, plus --frozen and --resume."""
     parser = OneLineParser(description=__doc__.split("\n")[0])
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -672,12 +601,6 @@ def make_parser():
             parser.add_argument(flag, type=f.type, default=f.default, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config")
-    sampling = parser.add_argument_group("text generation (instead of training)")
-    sampling.add_argument("--generate", metavar="DIR", help="print a continuation of --prompt sampled from the lm run in DIR")
-    sampling.add_argument("--prompt", default="Once upon a time", help="text to continue")
-    sampling.add_argument("--temperature", type=float, default=0.8, help="divides the logits before sampling")
-    sampling.add_argument("--top-k", type=int, default=40, help="sample only among the k most likely tokens")
-    sampling.add_argument("--max-new-tokens", type=int, default=200, help="longest continuation in tokens")
     return parser
 
 
@@ -699,19 +622,17 @@ def parse_args(argv=None):
     return config_from_args(make_parser().parse_args(argv))
 
 
-def cli(argv=None):
+def main(argv=None):
     try:
-        args = make_parser().parse_args(argv)
-        if args.generate:
-            print(generate(args.generate, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, args.device))
-            return
-        cfg, resume = config_from_args(args)
+        cfg, resume = parse_args(argv)
         if cfg.batched_seeds:
-            main_batched(cfg)
+            from batched_seeds import train_batched  # batched_seeds imports this module, so not at the top
+
+            train_batched(cfg)
         else:
             runs = seed_configs(cfg)
             for run in runs:
-                main(run, resume=resume)  # fills in run.out
+                train(run, resume=resume)  # fills in run.out
             if len(runs) > 1:
                 write_seed_summary(runs)
     except UsageError as e:
@@ -723,4 +644,4 @@ def cli(argv=None):
 
 
 if __name__ == "__main__":
-    cli()
+    main()

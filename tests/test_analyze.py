@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import analyze
+import corpus
 import tasks
+import train
 from train import TrainConfig
-from train import main as train_main
 
 
 # ---------------------------------------------------------------------------
@@ -103,7 +104,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     sizes = {"modadd": {"p": 7}, "needle": {"max_pairs": 4}, "parens": {"max_parens": 8}}
     for task, size in sizes.items():
-        train_main(TrainConfig(task=task, train="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
+        train.train(TrainConfig(task=task, train="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
                                device="cpu", out=str(root / task), **size))
     return root
 
@@ -185,7 +186,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(runs, tmp_path, capsys):
 
 def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
     run = tmp_path / "memorize"
-    train_main(TrainConfig(task="memorize", train="frozen", keys=4, steps=3, batch_size=16, warmup=1,
+    train.train(TrainConfig(task="memorize", train="frozen", keys=4, steps=3, batch_size=16, warmup=1,
                            device="cpu", out=str(run)))
     final = json.loads((run / "final.json").read_text())
     result = analyzed(run)
@@ -196,9 +197,9 @@ def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
 
 
 def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
-    corpus = tasks.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
+    stories = corpus.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
     run = tmp_path / "lm"
-    train_main(TrainConfig(task="lm", train="frozen", data=corpus, vocab=400, context=32, width=16, heads=2,
+    train.train(TrainConfig(task="lm", train="frozen", data=stories, vocab=400, context=32, width=16, heads=2,
                            steps=3, batch_size=4, warmup=1, device="cpu", out=str(run)))
     samples = analyzed(run, "--only", "samples")["samples"]
     assert samples["prompts"] == analyze.LM_PROMPTS

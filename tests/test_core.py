@@ -82,7 +82,7 @@ def test_needle_answer_is_the_queried_markers_value():
 
 
 def test_needle_worked_example_layout():
-    # a 1 b 2 c 3 d 4 b: the SPEC's example, the query is marker b (129) + 30.
+    # a 1 b 2 c 3 d 4 b: docs/protocol.md §4.2's example, the query is marker b (129) + 30.
     task = make_task("needle", max_pairs=4)
     batch = task.sample(20000, gen())
     k4 = batch.pos[:, 0] == 8
@@ -130,7 +130,7 @@ def test_parens_answer_is_the_strings_balance():
 
 
 def reference_parens(rng, max_parens=60):
-    """The authors' generate-then-mutate sampler, one example at a time, as SPEC describes it."""
+    """The authors' generate-then-mutate sampler, one example at a time, as docs/protocol.md §4.4 describes it."""
 
     def balanced(t):
         if t == 1:
@@ -268,12 +268,12 @@ def test_analysis_cache_matches_the_fused_path():
 def test_one_step_changes_exactly_the_trained_tensors(mode):
     cfg = TrainConfig(task="needle", train=mode, width=16, batch_size=8, steps=1, warmup=0, device="cpu")
     torch.manual_seed(0)
-    task, model, counts = train.build(cfg)
+    task, model, counts = train.task_and_model(cfg)
     assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    optimizer = train.make_optimizer(model, cfg, torch.device("cpu"))
-    step = train.training_step_fn(model, task, torch.device("cpu"), use_compile=False)
-    step(task.sample(8, gen()))
+    optimizer = train.make_optimizer(model.parameters(), cfg, torch.device("cpu"))
+    batch = task.sample(8, gen())
+    task.loss(model(batch.x, batch.pos), batch).backward()
     for name, p in model.named_parameters():
         assert (p.grad is not None) == (parameter_group(name) in TRAINING_MODES[mode]), name
     optimizer.step()
@@ -283,8 +283,8 @@ def test_one_step_changes_exactly_the_trained_tensors(mode):
 
 def test_optimizer_decays_matrices_not_biases_or_layernorms():
     cfg = TrainConfig(task="parens", train="full", width=16, lr=1e-3, weight_decay=0.1)
-    _, model, _ = train.build(cfg)
-    decay, no_decay = train.make_optimizer(model, cfg, torch.device("cpu")).param_groups
+    _, model, _ = train.task_and_model(cfg)
+    decay, no_decay = train.make_optimizer(model.parameters(), cfg, torch.device("cpu")).param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
@@ -309,7 +309,7 @@ def tiny(tmp_path, **overrides):
 
 
 def test_run_writes_config_metrics_final_and_model(tmp_path):
-    metrics = train.main(tiny(tmp_path))
+    metrics = train.train(tiny(tmp_path))
     run = tmp_path / "run"
     config = json.loads((run / "config.json").read_text())
     assert config["parameters"]["trainable"] > 0 and config["device"] == "cpu" and config["torch"]
@@ -321,11 +321,11 @@ def test_run_writes_config_metrics_final_and_model(tmp_path):
 
 
 def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
-    whole = train.main(tiny(tmp_path, out=str(tmp_path / "whole")))
-    train.main(tiny(tmp_path, out=str(tmp_path / "cut")), stop_after=4)
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    train.train(tiny(tmp_path, out=str(tmp_path / "cut")), stop_after=4)
     assert not (tmp_path / "cut" / "final.json").exists()
     cfg, resume = train.parse_args(["--resume", str(tmp_path / "cut")])
-    resumed = train.main(cfg, resume=resume)
+    resumed = train.train(cfg, resume=resume)
     assert resumed == whole
     a = torch.load(tmp_path / "whole" / "model.pt")["model"]
     b = torch.load(tmp_path / "cut" / "model.pt")["model"]
@@ -335,14 +335,14 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
 
 
 def test_zero_steps_only_builds_counts_and_evaluates(tmp_path):
-    metrics = train.main(tiny(tmp_path, steps=0))
+    metrics = train.train(tiny(tmp_path, steps=0))
     assert 0 <= metrics["accuracy"] <= 1
     assert json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 0
 
 
 def run_cli(argv, capsys):
     with pytest.raises(SystemExit) as exit:
-        train.cli(argv)
+        train.main(argv)
     err = capsys.readouterr().err.strip()
     return exit.value.code, err
 
@@ -366,17 +366,27 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
 
 
 def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
-    train.main(tiny(tmp_path, steps=0))
+    train.train(tiny(tmp_path, steps=0))
     before = (tmp_path / "run" / "config.json").read_text()
     code, err = run_cli(["--task", "parens", "--width", "16", "--steps", "0", "--out", str(tmp_path / "run")], capsys)
     assert code == 2 and "--overwrite" in err
     assert (tmp_path / "run" / "config.json").read_text() == before
-    train.main(tiny(tmp_path, steps=0, width=8, overwrite=True))
+    train.train(tiny(tmp_path, steps=0, width=8, overwrite=True))
     assert json.loads((tmp_path / "run" / "config.json").read_text())["width"] == 8
 
 
+def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path):
+    assert not train.uses_bf16(torch.device("cpu"), "auto") and train.uses_bf16(torch.device("cpu"), "bf16")
+    assert train.uses_bf16(torch.device("cuda"), "auto") and not train.uses_bf16(torch.device("cuda"), "fp32")
+    train.train(tiny(tmp_path, steps=0))
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["dtype"] == "auto" and config["resolved_dtype"] == "fp32"
+    train.train(tiny(tmp_path, steps=0, dtype="bf16", overwrite=True))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["resolved_dtype"] == "bf16"
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
-    train.main(tiny(tmp_path), stop_after=4)
+    train.train(tiny(tmp_path), stop_after=4)
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and "does not load" in err
@@ -392,12 +402,12 @@ def test_frozen_model_learns_parentheses(tmp_path):
     # swallow every string of a short length; measured: 0.70 against a majority rate of 0.52.
     test_set = make_task("parens", max_parens=40, test_size=500).test_set()
     majority = max((test_set.y == CLOSE).float().mean().item(), (test_set.y == OPEN).float().mean().item())
-    metrics = train.main(tiny(tmp_path, width=64, heads=4, max_parens=40, test_size=500, steps=300,
+    metrics = train.train(tiny(tmp_path, width=64, heads=4, max_parens=40, test_size=500, steps=300,
                               batch_size=128, lr=3e-3, warmup=30, eval_every=300))
     assert majority < 0.56 and metrics["accuracy"] > 0.64
 
 
 def test_frozen_model_learns_needle(tmp_path):
-    metrics = train.main(tiny(tmp_path, task="needle", width=64, heads=4, max_pairs=3, test_size=1000,
+    metrics = train.train(tiny(tmp_path, task="needle", width=64, heads=4, max_pairs=3, test_size=1000,
                               steps=300, batch_size=64, lr=3e-3, warmup=30, eval_every=300))
     assert metrics["accuracy"] > 0.4  # chance is 1/127; measured 0.55 in fp32

@@ -12,9 +12,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+import sample
 import train
 from model import GPT, LSTM, GPTConfig, apply_training_mode
-from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity, write_story_corpus
+from corpus import write_story_corpus
+from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity
 from train import TrainConfig
 
 
@@ -43,7 +45,7 @@ def test_memorization_bits_match_table_3(accuracy, bits, trainable, per_paramete
 
 def test_memorization_trainable_counts_match_table_3():
     for mode, trainable in (("frozen", 262_784), ("full", 659_584)):
-        _, _, counts = train.build(TrainConfig(task="memorize", train=mode))
+        _, _, counts = train.task_and_model(TrainConfig(task="memorize", train=mode))
         assert counts["trainable"] == trainable
 
 
@@ -61,7 +63,7 @@ def test_memorization_map_is_fixed_by_the_seed_not_the_run():
 
 def test_memorize_run_reports_bits_per_trainable_parameter(tmp_path):
     cfg = tiny(tmp_path, task="memorize", keys=8, batch_size=64, steps=150, lr=1e-2)
-    metrics = train.main(cfg)
+    metrics = train.train(cfg)
     assert metrics["accuracy"] > 0.5  # 64 pairs; chance is 1/512
     with open(tmp_path / "run" / "final.json") as f:
         final = json.load(f)
@@ -107,9 +109,9 @@ def test_kl_of_the_target_against_itself_is_zero():
 
 def test_frozen_student_imitates_a_narrow_target(tmp_path):
     cfg = tiny(tmp_path, task="imitate", train="frozen", target_width=4, layers=2, steps=150, lr=1e-2)
-    task, untrained, _ = train.build(replace(cfg))
+    task, untrained, _ = train.task_and_model(replace(cfg))
     start = train.evaluate(untrained, task, task.test_set(), torch.device("cpu"))["kl"]
-    assert train.main(cfg)["kl"] < 0.7 * start
+    assert train.train(cfg)["kl"] < 0.7 * start
 
 
 # ---------------------------------------------------------------------------
@@ -153,20 +155,23 @@ def test_missing_validation_file_is_a_one_line_error(tmp_path, capsys):
     lonely = tmp_path / "mytext-train.txt"
     lonely.write_text("a story\n<|endoftext|>\n")
     with pytest.raises(SystemExit) as exit:
-        train.cli(["--task", "lm", "--data", str(lonely)])
+        train.main(["--task", "lm", "--data", str(lonely)])
     assert exit.value.code == 2
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and "mytext-valid.txt" in message
 
 
-def test_tiny_full_lm_learns_and_generates(tmp_path, corpus):
+def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
     cfg = tiny(tmp_path, task="lm", data=corpus, vocab=600, context=64, batch_size=16, steps=80, lr=3e-3)
-    task, model, _ = train.build(replace(cfg))
-    start = train.evaluate(model, task, task.test_set(), torch.device("cpu"), 20)["loss"]
-    end = train.main(cfg)["loss"]
+    task, model, _ = train.task_and_model(replace(cfg))
+    start = train.evaluate(model, task, task.test_set(), torch.device("cpu"))["loss"]
+    end = train.train(cfg)["loss"]
     assert end < start - 2.0  # about 6.3 nats at init
-    text = train.generate(cfg.out, "Once upon a time", max_new_tokens=20, device="cpu")
+    capsys.readouterr()  # the training log
+    text = sample.generate(cfg.out, "Once upon a time", max_new_tokens=20, device="cpu")
     assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
+    sample.main([cfg.out, "--prompt", "Once upon a time", "--max-new-tokens", "20", "--device", "cpu"])
+    assert capsys.readouterr().out.strip() == text.strip()  # the command line samples the same text (seed 0)
 
 
 # ---------------------------------------------------------------------------
@@ -209,7 +214,7 @@ def test_baselines_learn_parentheses_above_chance(tmp_path, arch):
     cfg = tiny(tmp_path, task="parens", arch=arch, max_parens=20, steps=200, lr=1e-2)
     task = make_task("parens", max_parens=20, test_size=200)
     majority = max((task.test_set().y == label).float().mean().item() for label in (1, 2))  # 0.51
-    assert train.main(cfg)["accuracy"] > majority + 0.25
+    assert train.train(cfg)["accuracy"] > majority + 0.25
 
 
 def test_sinusoidal_positions_are_fixed_and_uncounted():
@@ -224,7 +229,7 @@ def test_sinusoidal_positions_are_fixed_and_uncounted():
 @pytest.mark.parametrize("arch", ["gpt", "lstm", "linear"])
 def test_every_training_mode_builds_for_every_arch(arch):
     for mode in ("full", "frozen", "unembed", "embed", "token+unembed"):
-        _, model, counts = train.build(TrainConfig(task="modadd", arch=arch, train=mode, width=16))
+        _, model, counts = train.task_and_model(TrainConfig(task="modadd", arch=arch, train=mode, width=16))
         trainable = {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
         assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
         if mode == "unembed":
@@ -235,5 +240,5 @@ def test_every_training_mode_builds_for_every_arch(arch):
 
 def test_lstm_defaults_to_the_papers_learning_rate():
     cfg = TrainConfig(task="modadd", arch="lstm", width=16)
-    train.build(cfg)
+    train.task_and_model(cfg)
     assert cfg.lr == 5e-3 and cfg.out.endswith("modadd-lstm-full-w16-s0")

@@ -30,7 +30,7 @@ def test_aggregate_gives_median_min_max_of_known_values(tmp_path):
 
 def test_seeds_flag_writes_the_aggregate_beside_the_seed_runs(tmp_path):
     out = str(tmp_path / "needle")
-    train.cli(["--task", "needle", "--frozen", "--width", "16", "--steps", "2", "--warmup", "1", "--batch-size", "8",
+    train.main(["--task", "needle", "--frozen", "--width", "16", "--steps", "2", "--warmup", "1", "--batch-size", "8",
                "--max-pairs", "2", "--test-size", "20", "--seeds", "2", "--device", "cpu", "--out", out])
     with open(out + "-seeds.json") as f:
         summary = json.load(f)
@@ -45,7 +45,7 @@ def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeyp
     for cfg in cells[0] + cells[1]:  # needle and addition finished; parens not
         write_final(cfg.out, accuracy=0.5, loss=1.0)
     trained = []
-    monkeypatch.setattr(reproduce.train, "main", lambda cfg, resume: (trained.append((cfg.out, resume)),
+    monkeypatch.setattr(reproduce.train, "train", lambda cfg, resume: (trained.append((cfg.out, resume)),
                                                                       write_final(cfg.out, accuracy=1.0, loss=0.0)))
     reproduce.sweep(table, runs, jobs=1)
     assert trained == [(cfg.out, False) for cfg in cells[2]]
@@ -60,7 +60,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     open(os.path.join(cfg.out, "checkpoint.pt"), "w").close()
     assert reproduce.run_state(cfg.out) == "resume"
     calls = []
-    monkeypatch.setattr(reproduce.train, "main", lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)))
+    monkeypatch.setattr(reproduce.train, "train", lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)))
     reproduce.train_one(cfg)
     assert calls == [True]
     assert reproduce.run_state(cfg.out) == "finished"

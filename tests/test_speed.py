@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import batched_seeds
 import train
 from train import TrainConfig
 
@@ -30,13 +31,18 @@ def gradients(model):
 def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path):
     cfg = tiny(tmp_path, task=task, train="full")
     torch.manual_seed(0)
-    task, model, _ = train.build(cfg)
+    task, model, _ = train.task_and_model(cfg)
     batch = task.sample(64, torch.Generator().manual_seed(1))
-    step = train.training_step_fn(model, task, torch.device("cpu"), use_compile=False, dtype="fp32")
-    padded_loss = step(batch)
+
+    def backward(part, weight=1.0):  # the forward and backward of train.train_step (fp32: no autocast)
+        loss = task.loss(model(part.x, part.pos), part) * weight
+        loss.backward()
+        return loss.detach()
+
+    padded_loss = backward(batch)
     padded = gradients(model)
     model.zero_grad(set_to_none=True)
-    chunked_loss = train.forward_backward(step, batch, (batch.y >= 0).sum())
+    chunked_loss = sum(backward(chunk, weight) for chunk, weight in train.length_chunks(batch, (batch.y >= 0).sum()))
     chunked = gradients(model)
     assert set(padded) == set(chunked)
     assert torch.allclose(padded_loss, chunked_loss, rtol=1e-5)
@@ -45,10 +51,9 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
 
 
 def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
-    task, _, _ = train.build(tiny(tmp_path, task="needle"))
+    task, _, _ = train.task_and_model(tiny(tmp_path, task="needle"))
     batch = task.sample(64, torch.Generator().manual_seed(1))
-    seen = []
-    train.forward_backward(lambda chunk, weight: seen.append((chunk, weight)) or 0.0, batch, (batch.y >= 0).sum())
+    seen = list(train.length_chunks(batch, (batch.y >= 0).sum()))
     assert len(seen) == train.LENGTH_CHUNKS and sum(len(chunk) for chunk, _ in seen) == 64
     assert sum(weight for _, weight in seen) == pytest.approx(1.0)
     widths = [chunk.x.size(1) for chunk, _ in seen]
@@ -58,9 +63,9 @@ def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
 
 def test_batched_seeds_match_separate_runs(tmp_path):
     cfg = tiny(tmp_path, seeds=2, batched_seeds=True, out=str(tmp_path / "batched"))
-    batched = train.main_batched(cfg)
+    batched = batched_seeds.train_batched(cfg)
     for seed, metrics in zip((0, 1), batched):
-        alone = train.main(tiny(tmp_path, seed=seed, out=str(tmp_path / f"alone-s{seed}")))
+        alone = train.train(tiny(tmp_path, seed=seed, out=str(tmp_path / f"alone-s{seed}")))
         assert metrics.keys() == alone.keys()
         assert all(metrics[k] == pytest.approx(alone[k], rel=1e-4) for k in alone)
         a = torch.load(tmp_path / f"alone-s{seed}" / "model.pt")["model"]
@@ -74,7 +79,7 @@ def test_batched_seeds_match_separate_runs(tmp_path):
 @pytest.mark.parametrize("task", ["addition", "parens"])  # rows with unequal answer counts; length chunks
 def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
     cfg = tiny(tmp_path, task=task, digits=3, steps=4, eval_every=2, batch_size=16)
-    single = train.main(replace(cfg, out=str(tmp_path / "single")))
+    single = train.train(replace(cfg, out=str(tmp_path / "single")))
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
             os.path.join(ROOT, "train.py"), "--task", task, "--digits", "3", "--max-parens", "20", "--train", "frozen", "--width", "16",
             "--heads", "2", "--steps", "4", "--batch-size", "16", "--lr", "3e-3", "--warmup", "2", "--eval-every", "2",

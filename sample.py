@@ -1,0 +1,71 @@
+"""Sample text from a finished language-modeling run.
+
+    python train.py --task lm --frozen --width 128 --epochs 2          # writes runs/lm-frozen-w128-s0
+    python sample.py runs/lm-frozen-w128-s0 --prompt "Once upon a time" --top-k 40
+
+Serves the paper's language-modeling experiment (section 5.2): a look at what
+a model with random, frozen attention writes after training only its
+embeddings. Reads the run's model.pt; never trains.
+"""
+
+import sys
+
+import torch
+
+from tasks import LanguageModeling
+from train import OneLineParser, UsageError, load_run, pick_device
+
+
+@torch.no_grad()
+def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None) -> str:
+    """The prompt followed by a continuation sampled from an lm model.
+
+    Each step samples from softmax(logits / temperature) over the top_k most
+    likely tokens, feeding at most the model's context; stops at <|endoftext|>.
+    """
+    device = next(model.parameters()).device
+    idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
+    new = []
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
+        kth = logits.topk(min(top_k, logits.numel())).values[-1]
+        probs = logits.masked_fill(logits < kth, float("-inf")).softmax(-1)
+        token = torch.multinomial(probs, 1, generator=generator)
+        if token.item() == task.end_of_text:
+            break
+        new.append(token.item())
+        idx = torch.cat([idx, token[None]], 1)
+    return prompt + task.decode(new)
+
+
+def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
+    """sample_text from the finished lm run in run_dir."""
+    if temperature <= 0 or top_k < 1 or max_new_tokens < 0:
+        raise UsageError("generation needs --temperature > 0, --top-k >= 1 and --max-new-tokens >= 0")
+    cfg, task, model, _ = load_run(run_dir)
+    if not isinstance(task, LanguageModeling):
+        raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
+    device = pick_device(device)
+    model.to(device)
+    return sample_text(model, task, prompt, max_new_tokens, temperature, top_k, torch.Generator(device=device).manual_seed(seed))
+
+
+def main(argv=None):
+    parser = OneLineParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run", metavar="RUN_DIR", help="a finished lm run directory written by train.py")
+    parser.add_argument("--prompt", default="Once upon a time", help="text to continue")
+    parser.add_argument("--temperature", type=float, default=0.8, help="divides the logits before sampling")
+    parser.add_argument("--top-k", type=int, default=40, help="sample only among the k most likely tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=200, help="longest continuation in tokens")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the sampling")
+    parser.add_argument("--device", default="auto", help="auto picks cuda, then mps, then cpu")
+    args = parser.parse_args(argv)
+    try:
+        print(generate(args.run, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, args.device))
+    except UsageError as e:
+        print(f"sample.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
