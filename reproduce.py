@@ -25,6 +25,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -402,33 +403,34 @@ def y_label(table: Table) -> str:
 
 
 def new_figure(panels: list, title: str):
-    """A figure with one panel per name, side by side (up to 4 a row), and a shared title."""
+    """A figure with one panel per name, side by side (up to 5 a row), and a shared title (wrapped)."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    ncols = min(len(panels), 4)
+    ncols = min(len(panels), 5)
     nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols + 0.6, 3.4 * nrows + 0.8), squeeze=False)
+    width = max(3.6 * ncols + 0.6, 7.0)  # room for the title and the legend under a single panel
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.4 * nrows + 1.2), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.remove()
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle("\n".join(textwrap.fill(line, int(width * 14)) for line in title.split("\n")), fontsize=10)
     return plt, fig, dict(zip(panels, axes.flat))
 
 
 def save_figure(plt, fig, handles: list, path: str):
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-def plot_seeds(table: Table, cells: dict, path: str):
+def plot_seeds(table: Table, cells: dict, title: str, path: str):
     """A table as a picture: per column the seeds as points with a median bar (a box plot from 5 seeds), the paper's number as a star."""
     from matplotlib.lines import Line2D
 
     panels = list(dict.fromkeys(panel for panel, _, _ in cells))
-    plt, fig, axes = new_figure(panels, table.title)
+    plt, fig, axes = new_figure(panels, title)
     for panel, ax in axes.items():
         xs = [x for p, _, x in cells if p == panel]
         for i, x in enumerate(xs):
@@ -447,22 +449,26 @@ def plot_seeds(table: Table, cells: dict, path: str):
         ax.set_xlim(-0.6, len(xs) - 0.4)
         if table.metric == "accuracy":
             ax.set_ylim(-5, 105)
+        else:
+            ax.set_ylim(bottom=0)  # bits per parameter: the paper's contrast is a ratio from zero
         ax.set_title(panel, fontsize=10)
         ax.set_ylabel(y_label(table))
         ax.grid(axis="y", alpha=0.3)
+    boxes = any(len(values) >= 5 for values, _ in cells.values())
     handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
-               Line2D([], [], color="black", linewidth=2, label="median (box from 5 seeds)"),
+               Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
                Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label="paper")]
     save_figure(plt, fig, handles, path)
 
 
-def plot_lines(table: Table, cells: dict, path: str):
+def plot_lines(table: Table, cells: dict, title: str, path: str):
     """A figure over width: per line the median over seeds with a min-max band, log2 width axis, the paper's numbers as stars."""
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
     from matplotlib.ticker import ScalarFormatter
 
     panels = list(dict.fromkeys(panel for panel, _, _ in cells))
-    plt, fig, axes = new_figure(panels, table.title)
+    plt, fig, axes = new_figure(panels, title)
     for panel, ax in axes.items():
         lines = list(dict.fromkeys(line for p, line, _ in cells if p == panel))
         for line in lines:
@@ -489,15 +495,20 @@ def plot_lines(table: Table, cells: dict, path: str):
         ax.set_ylabel(y_label(table))
         ax.grid(alpha=0.3)
     names = list(dict.fromkeys(line for _, line, _ in cells))
-    handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median, min-max band") for n in names]
+    handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
+    handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds"))
     if any(paper is not None for _, paper in cells.values()):
         handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
     save_figure(plt, fig, handles, path)
 
 
-def render_picture(table: Table, runs: dict, path: str):
+def render_picture(table: Table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files; trains nothing."""
-    (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, picture_cells(table, runs), path)
+    cells = picture_cells(table, runs)
+    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
+    if any(paper is not None for _, paper in cells.values()):
+        title += "; stars: the paper's numbers"
+    (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
 
 
 # ---------------------------------------------------------------------------
@@ -521,7 +532,7 @@ def reproduce(name: str, args, command: str) -> str:
     text = render(table, args.scale, runs, args.seeds, command, device_name())
     os.makedirs(args.results, exist_ok=True)
     base = os.path.join(args.results, f"{table.name}-{args.scale}")
-    render_picture(table, runs, base + ".png")
+    render_picture(table, args.scale, runs, base + ".png")
     with open(base + ".md", "w") as f:
         f.write(text)
     print(text + f"-> {base}.md, {base}.png", flush=True)

@@ -160,5 +160,5 @@ def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
         runs = reproduce.cell_runs(table, "paper", str(tmp_path), seeds=5)
         write_fake_runs(table, runs)
         path = tmp_path / f"{table.name}.png"
-        reproduce.render_picture(table, runs, str(path))
+        reproduce.render_picture(table, "paper", runs, str(path))
         assert plt.imread(path).shape[0] > 100
