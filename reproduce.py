@@ -367,22 +367,23 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
 
 LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables as seeds per column
 COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
+TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
 
 def picture_cells(table: Table, runs: dict) -> dict:
     """Where each cell goes in the table's picture: (panel, line, x) -> (per-seed values, the paper's number or None).
 
-    Tables 1, 2, 9: a panel per row, a column per x (line None). Table 3: one panel of
-    bits per trainable parameter, a row per x. Figure 7: a panel per task, Random and
+    Tables 1, 2, 9: a panel per row, a column per x (line None). Table 3: a panel of
+    bits per trainable parameter and one of accuracy, a row per x. Figure 7: a panel per task, Random and
     Normal lines over width; Figure 4: a panel per depth; Figure 6: one panel over target width.
     """
     cells = {}
     for (row, col), cell in runs.items():
         if table.name == "table3":
-            if col != "bits_per_parameter":
-                continue
-            key = ("bits per trainable parameter", None, row)
+            if col not in TABLE3_PANELS:
+                continue  # raw bits: bits per parameter is the paper's comparison across model sizes
+            key = (TABLE3_PANELS[col], None, row)
         elif table.name == "fig7":
             kind, width = col.split()
             key = (row, kind, int(width))
@@ -397,9 +398,11 @@ def picture_cells(table: Table, runs: dict) -> dict:
     return cells
 
 
-def y_label(table: Table) -> str:
-    return {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)",
-            "column": "bits per trainable parameter"}[table.metric]
+def y_label(table: Table, panel: str) -> str:
+    """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
+    if table.metric == "column":
+        return panel
+    return {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}[table.metric]
 
 
 def new_figure(panels: list, title: str):
@@ -447,12 +450,12 @@ def plot_seeds(table: Table, cells: dict, title: str, path: str):
                 ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
         ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
         ax.set_xlim(-0.6, len(xs) - 0.4)
-        if table.metric == "accuracy":
+        if y_label(table, panel) == "accuracy (%)":
             ax.set_ylim(-5, 105)
         else:
             ax.set_ylim(bottom=0)  # bits per parameter: the paper's contrast is a ratio from zero
         ax.set_title(panel, fontsize=10)
-        ax.set_ylabel(y_label(table))
+        ax.set_ylabel(y_label(table, panel))
         ax.grid(axis="y", alpha=0.3)
     boxes = any(len(values) >= 5 for values, _ in cells.values())
     handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
@@ -492,7 +495,7 @@ def plot_lines(table: Table, cells: dict, title: str, path: str):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
         ax.set_xlabel("target transformer width" if table.name == "fig6" else "width")
-        ax.set_ylabel(y_label(table))
+        ax.set_ylabel(y_label(table, panel))
         ax.grid(alpha=0.3)
     names = list(dict.fromkeys(line for _, line, _ in cells))
     handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]

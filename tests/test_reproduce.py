@@ -128,7 +128,8 @@ def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
     assert {(line, x) for panel, line, x in fig7 if panel == "needle"} == {(k, w) for k in ("Random", "Normal") for w in (16, 32, 64, 128)}
     table3 = reproduce.picture_cells(reproduce.table3("cpu"), reproduce.cell_runs(reproduce.table3("cpu"), "cpu", str(tmp_path), 1))
     assert table3 == {("bits per trainable parameter", None, "Normal"): ([], 2.88),
-                      ("bits per trainable parameter", None, "Random"): ([], 0.41)}
+                      ("bits per trainable parameter", None, "Random"): ([], 0.41),
+                      ("accuracy (%)", None, "Normal"): ([], 80.54), ("accuracy (%)", None, "Random"): ([], 4.53)}
 
 
 def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_path, monkeypatch):
