@@ -1,6 +1,7 @@
-"""Regenerate one of the paper's tables or figures: a sweep of train.py runs, ours beside the paper's.
+"""Regenerate the paper's tables and figures: a sweep of train.py runs, ours beside the paper's, as markdown and PNG.
 
     OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # reduced protocol, 2 CPU cores
+    python reproduce.py all --scale cpu --jobs 2                        # every table and figure, one after another
     python reproduce.py table2 --scale paper                            # the paper's configurations (GPU)
 
 Tables 1, 2, 3 and 9 and Figures 4, 6 and 7 of the paper. Each cell of a table
@@ -9,16 +10,22 @@ a pool of --jobs processes), each in runs/reproduce/<table>-<scale>/<row>-<col>-
 A run whose final.json exists is skipped, one with a checkpoint resumes, so an
 interrupted sweep picks up where it stopped. The result is
 results/<table>-<scale>.md: our median [min, max] over seeds beside the
-paper's number, the protocol, and the `python train.py` command of every cell.
-`--scale paper` is the paper's protocol (docs/protocol.md §3; 10 seeds, width 1024, batch 1,000 for
-10,000 steps, ...); `--scale cpu` is a reduced one, stated in the output and
-in CPU_NOTE below, that fits in about an hour on 2 CPU cores.
+paper's number, the protocol, and the `python train.py` command of every cell;
+beside it results/<table>-<scale>.png, the same per-seed numbers drawn in the
+paper's form (seeds as points or box plots for the tables, lines over width
+for the figures), which the .md embeds. `all` runs table1, table2, table9,
+table3, fig4, fig6 and fig7 in that order, writing each one's files as it finishes.
+`--scale paper` is the paper's protocol (docs/protocol.md §3: 10 seeds, width
+1024, batch 1,000 for 10,000 steps, ...); `--scale cpu` is a reduced one, stated
+in the output and in CPU_NOTE below, that fits in about an hour per table on 2 CPU cores.
 """
 
 import json
 import os
 import platform
+import statistics
 import sys
+import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -28,7 +35,7 @@ from datetime import date
 import torch
 
 import train
-from train import TrainConfig, UsageError, aggregate
+from train import TrainConfig, UsageError
 
 SCALES = ("paper", "cpu")
 SEEDS = {"paper": 10, "cpu": 3}
@@ -183,7 +190,8 @@ def fig6(scale):
                  note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact numbers).")
 
 
-TABLES = {f.__name__: f for f in (table1, table2, table3, table9, fig4, fig6, fig7)}
+# In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling, imitation, widths.
+TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7)}
 
 
 # ---------------------------------------------------------------------------
@@ -271,16 +279,26 @@ def sweep(table: Table, runs: dict, jobs: int):
 # ---------------------------------------------------------------------------
 
 
+def seed_values(table: Table, row: str, col: str, cell: list) -> list:
+    """The cell's metric for each seed that finished (accuracy in %), read from its final.json
+    (train_split.json for a "(train)" row); the .md and the .png both read it from here."""
+    source = "train_split.json" if row.endswith("(train)") else "final.json"
+    metric = col if table.metric == "column" else table.metric
+    values = []
+    for cfg in cell:
+        path = os.path.join(cfg.out, source)
+        if os.path.exists(path):
+            with open(path) as f:
+                values.append(json.load(f)[metric] * (100 if metric == "accuracy" else 1))
+    return values
+
+
 def cell_summary(table: Table, row: str, col: str, cell: list):
     """(median, min, max, seeds finished) of the cell's metric, or None when no run finished."""
-    source = "train_split.json" if row.endswith("(train)") else "final.json"
-    dirs = [cfg.out for cfg in cell if os.path.exists(os.path.join(cfg.out, source))]
-    if not dirs:
+    values = seed_values(table, row, col, cell)
+    if not values:
         return None
-    metric = col if table.metric == "column" else table.metric
-    stats = aggregate(dirs, source)["metrics"][metric]
-    scale = 100 if metric == "accuracy" else 1
-    return stats["median"] * scale, stats["min"] * scale, stats["max"] * scale, len(dirs)
+    return statistics.median(values), min(values), max(values), len(values)
 
 
 def number(value) -> str:
@@ -331,6 +349,7 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
                 text += f"; paper {number(table.paper[row, col])}"
             cells.append(text)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
     lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
               "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
     seen = set()
@@ -340,6 +359,159 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
             seen.add(cmd)
             lines.append(f"- {row}, {col}: `{cmd}`")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# The pictures
+# ---------------------------------------------------------------------------
+
+LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables as seeds per column
+COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
+TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
+PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
+
+
+def picture_cells(table: Table, runs: dict) -> dict:
+    """Where each cell goes in the table's picture: (panel, line, x) -> (per-seed values, the paper's number or None).
+
+    Tables 1, 2, 9: a panel per row, a column per x (line None). Table 3: a panel of
+    bits per trainable parameter and one of accuracy, a row per x. Figure 7: a panel per task, Random and
+    Normal lines over width; Figure 4: a panel per depth; Figure 6: one panel over target width.
+    """
+    cells = {}
+    for (row, col), cell in runs.items():
+        if table.name == "table3":
+            if col not in TABLE3_PANELS:
+                continue  # raw bits: bits per parameter is the paper's comparison across model sizes
+            key = (TABLE3_PANELS[col], None, row)
+        elif table.name == "fig7":
+            kind, width = col.split()
+            key = (row, kind, int(width))
+        elif table.name == "fig4":
+            layers, width = col.split(", width ")
+            key = (layers, row, int(width))
+        elif table.name == "fig6":
+            key = ("3-layer students", row, int(col.split()[1]))
+        else:
+            key = (row, None, col)
+        cells[key] = seed_values(table, row, col, cell), table.paper.get((row, col))
+    return cells
+
+
+def y_label(table: Table, panel: str) -> str:
+    """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
+    if table.metric == "column":
+        return panel
+    return {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}[table.metric]
+
+
+def new_figure(panels: list, title: str):
+    """A figure with one panel per name, side by side (up to 5 a row), and a shared title (wrapped)."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    ncols = min(len(panels), 5)
+    nrows = -(-len(panels) // ncols)
+    width = max(3.6 * ncols + 0.6, 7.0)  # room for the title and the legend under a single panel
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.4 * nrows + 1.2), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.remove()
+    fig.suptitle("\n".join(textwrap.fill(line, int(width * 14)) for line in title.split("\n")), fontsize=10)
+    return plt, fig, dict(zip(panels, axes.flat))
+
+
+def save_figure(plt, fig, handles: list, path: str):
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_seeds(table: Table, cells: dict, title: str, path: str):
+    """A table as a picture: per column the seeds as points with a median bar (a box plot from 5 seeds), the paper's number as a star."""
+    from matplotlib.lines import Line2D
+
+    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
+    plt, fig, axes = new_figure(panels, title)
+    for panel, ax in axes.items():
+        xs = [x for p, _, x in cells if p == panel]
+        for i, x in enumerate(xs):
+            values, paper = cells[panel, None, x]
+            if len(values) >= 5:
+                ax.boxplot([values], positions=[i], widths=0.5, showfliers=False, medianprops={"color": "black"})
+            elif values:
+                ax.hlines(statistics.median(values), i - 0.3, i + 0.3, color="black", linewidth=2)
+            offsets = [0.0] if len(values) == 1 else [0.24 * (k / (len(values) - 1) - 0.5) for k in range(len(values))]
+            ax.scatter([i + o for o in offsets], values, s=18, color="tab:blue", alpha=0.7, zorder=3)
+            if paper is not None:
+                ax.scatter([i], [paper], **PAPER_STYLE)
+            if not values:
+                ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
+        ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(xs) - 0.4)
+        if y_label(table, panel) == "accuracy (%)":
+            ax.set_ylim(-5, 105)
+        else:
+            ax.set_ylim(bottom=0)  # bits per parameter: the paper's contrast is a ratio from zero
+        ax.set_title(panel, fontsize=10)
+        ax.set_ylabel(y_label(table, panel))
+        ax.grid(axis="y", alpha=0.3)
+    boxes = any(len(values) >= 5 for values, _ in cells.values())
+    handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
+               Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
+               Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label="paper")]
+    save_figure(plt, fig, handles, path)
+
+
+def plot_lines(table: Table, cells: dict, title: str, path: str):
+    """A figure over width: per line the median over seeds with a min-max band, log2 width axis, the paper's numbers as stars."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import ScalarFormatter
+
+    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
+    plt, fig, axes = new_figure(panels, title)
+    for panel, ax in axes.items():
+        lines = list(dict.fromkeys(line for p, line, _ in cells if p == panel))
+        for line in lines:
+            points = sorted((x, values) for (p, l, x), (values, _) in cells.items() if p == panel and l == line and values)
+            xs = [x for x, _ in points]
+            color = COLORS.get(line)
+            ax.plot(xs, [statistics.median(v) for _, v in points], marker="o", color=color, label=line)
+            ax.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=color, alpha=0.2, linewidth=0)
+            for (p, l, x), (_, paper) in cells.items():
+                if p == panel and l == line and paper is not None:
+                    ax.scatter([x], [paper], **{**PAPER_STYLE, "color": color})
+        widths = sorted({x for p, _, x in cells if p == panel})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(widths)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ScalarFormatter(useOffset=False))
+        ax.minorticks_off()
+        if table.metric == "accuracy":
+            ax.set_ylim(-5, 105)
+        if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
+            ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
+        ax.set_title(panel, fontsize=10)
+        ax.set_xlabel("target transformer width" if table.name == "fig6" else "width")
+        ax.set_ylabel(y_label(table, panel))
+        ax.grid(alpha=0.3)
+    names = list(dict.fromkeys(line for _, line, _ in cells))
+    handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
+    handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds"))
+    if any(paper is not None for _, paper in cells.values()):
+        handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
+    save_figure(plt, fig, handles, path)
+
+
+def render_picture(table: Table, scale: str, runs: dict, path: str):
+    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files; trains nothing."""
+    cells = picture_cells(table, runs)
+    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
+    if any(paper is not None for _, paper in cells.values()):
+        title += "; stars: the paper's numbers"
+    (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
 
 
 # ---------------------------------------------------------------------------
@@ -353,36 +525,45 @@ def device_name() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+def reproduce(name: str, args, command: str) -> str:
+    """Sweep one table or figure, then write results/<name>-<scale>.md and its .png; returns the .md's path."""
+    table = TABLES[name](args.scale)
+    if args.data:
+        table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
+    runs = cell_runs(table, args.scale, args.runs, args.seeds)
+    sweep(table, runs, args.jobs)
+    text = render(table, args.scale, runs, args.seeds, command, device_name())
+    os.makedirs(args.results, exist_ok=True)
+    base = os.path.join(args.results, f"{table.name}-{args.scale}")
+    render_picture(table, args.scale, runs, base + ".png")
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    print(text + f"-> {base}.md, {base}.png", flush=True)
+    return base + ".md"
+
+
 def main(argv=None):
     parser = train.OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument("table", choices=list(TABLES), help="which table or figure to regenerate")
-    parser.add_argument("--scale", choices=SCALES, default="cpu", help="paper: the paper's configurations (GPU; docs/protocol.md §3); cpu: the reduced protocol")
+    parser.add_argument("table", choices=list(TABLES) + ["all"],
+                        help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order")
+    parser.add_argument("--scale", choices=SCALES, default="cpu",
+                        help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: the reduced protocol in CPU_NOTE")
     parser.add_argument("--seeds", type=int, help=f"restarts per cell (default: {SEEDS['paper']} at paper scale, {SEEDS['cpu']} at cpu scale)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, one process each (set OMP_NUM_THREADS so they share the cores)")
     parser.add_argument("--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go")
-    parser.add_argument("--results", default="results", help="where <table>-<scale>.md goes")
+    parser.add_argument("--results", default="results", help="where <table>-<scale>.md and <table>-<scale>.png go")
     parser.add_argument("--data", help="fig4: the TinyStories train file (default: the shipped story corpus)")
     args = parser.parse_args(argv)
+    command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
-        seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
-        if seeds < 1 or args.jobs < 1:
+        args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
+        if args.seeds < 1 or args.jobs < 1:
             raise UsageError("--seeds and --jobs must be >= 1")
-        table = TABLES[args.table](args.scale)
-        if args.data:
-            table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
-        runs = cell_runs(table, args.scale, args.runs, seeds)
-        sweep(table, runs, args.jobs)
-        command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        text = render(table, args.scale, runs, seeds, command, device_name())
+        for name in TABLES if args.table == "all" else [args.table]:
+            reproduce(name, args, command)
     except UsageError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    os.makedirs(args.results, exist_ok=True)
-    path = os.path.join(args.results, f"{table.name}-{args.scale}.md")
-    with open(path, "w") as f:
-        f.write(text)
-    print(text + f"-> {path}")
-
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table rendering (no training but one tiny run)."""
+"""reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table and picture rendering (no training but one tiny run)."""
 
 import json
 import os
@@ -103,3 +103,63 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
         reproduce.main(["table1", "--seeds", "0"])
     assert e.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def write_fake_runs(table, runs):
+    """Every run of the table finished, with made-up metrics that differ by cell and seed."""
+    for i, cell in enumerate(runs.values()):
+        for cfg in cell:
+            value = (i * 7 + cfg.seed * 3) % 10 / 10 + 0.05
+            write_final(cfg.out, accuracy=value, loss=1 + value, kl=value / 10, bits=1000 * value,
+                        bits_per_parameter=3 * value, elapsed=1.0)
+            if cfg.task == "modadd":
+                train.write_json(os.path.join(cfg.out, "train_split.json"), {"accuracy": value / 2})
+
+
+def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
+    table = reproduce.table1("cpu")
+    runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=3)
+    for cfg, acc in zip(runs["needle", "Random 16"], [0.2, 0.3, 0.25]):
+        write_final(cfg.out, accuracy=acc)
+    cells = reproduce.picture_cells(table, runs)
+    assert cells["needle", None, "Random 16"] == (pytest.approx([20.0, 30.0, 25.0]), 7.5)
+    assert cells["parens", None, "Random 16"] == ([], 87.3)  # not run yet
+    fig7 = reproduce.picture_cells(reproduce.fig7("cpu"), reproduce.cell_runs(reproduce.fig7("cpu"), "cpu", str(tmp_path), 1))
+    assert {(line, x) for panel, line, x in fig7 if panel == "needle"} == {(k, w) for k in ("Random", "Normal") for w in (16, 32, 64, 128)}
+    table3 = reproduce.picture_cells(reproduce.table3("cpu"), reproduce.cell_runs(reproduce.table3("cpu"), "cpu", str(tmp_path), 1))
+    assert table3 == {("bits per trainable parameter", None, "Normal"): ([], 2.88),
+                      ("bits per trainable parameter", None, "Random"): ([], 0.41),
+                      ("accuracy (%)", None, "Normal"): ([], 80.54), ("accuracy (%)", None, "Random"): ([], 4.53)}
+
+
+def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    visited = []
+
+    def fake_sweep(table, runs, jobs):
+        visited.append(table.name)
+        write_fake_runs(table, runs)
+
+    monkeypatch.setattr(reproduce, "sweep", fake_sweep)
+    results = tmp_path / "results"
+    reproduce.main(["all", "--scale", "cpu", "--runs", str(tmp_path / "runs"), "--results", str(results)])
+    assert visited == ["table1", "table2", "table9", "table3", "fig4", "fig6", "fig7"]
+    for name in visited:
+        png = results / f"{name}-cpu.png"
+        assert png.stat().st_size > 0
+        height, width, channels = plt.imread(png).shape
+        assert height > 100 and width > 100 and channels in (3, 4)
+        assert f"]({name}-cpu.png)" in (results / f"{name}-cpu.md").read_text()
+
+
+def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
+    import matplotlib.pyplot as plt
+
+    for make in (reproduce.table1, reproduce.fig4):
+        table = make("paper")
+        runs = reproduce.cell_runs(table, "paper", str(tmp_path), seeds=5)
+        write_fake_runs(table, runs)
+        path = tmp_path / f"{table.name}.png"
+        reproduce.render_picture(table, "paper", runs, str(path))
+        assert plt.imread(path).shape[0] > 100
