@@ -40,35 +40,31 @@ from train import TrainConfig, UsageError
 SCALES = ("paper", "cpu")
 SEEDS = {"paper": 10, "cpu": 3}
 
-# The cpu scale: smaller task variants and models, fewer steps, so that each
-# table runs in under an hour on 2 CPU cores. "Wide" stands for the paper's
-# 1024 (and 512 in Table 9); the width-16 columns stay 16.
-CPU_WIDE = 128
-CPU_TASKS = {
-    # task: (size flags, steps, batch size)
-    "modadd": ({"p": 17}, 1000, 256),
-    "needle": ({"max_pairs": 4, "test_size": 1000}, 1000, 64),
-    "addition": ({"digits": 3, "test_size": 1000}, 400, 64),
-    "parens": ({"max_parens": 40, "test_size": 1000}, 300, 64),
+# The cpu scale: a smaller variant of each task, trained long enough on a
+# 2-core CPU for the paper's claims to show; RESULTS.md says why each variant
+# keeps its task's nature and how each setting was found. "Wide" (the paper's
+# 1024, and 512 in Table 9) is 512 here: with these short sequences width is
+# cheap on a CPU. The width-16 columns stay 16; the LSTM keeps its lr 5e-3.
+CPU_WIDE = 512
+CPU_TASKS = {  # task -> the TrainConfig settings of its cpu variant
+    "modadd": {"p": 31, "steps": 3000, "batch_size": 256, "lr": 1e-2, "weight_decay": 0.1, "warmup": 200},
+    "needle": {"max_pairs": 4, "test_size": 1000, "steps": 6000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
+    "addition": {"digits": 3, "test_size": 1000, "steps": 2000, "batch_size": 64, "lr": 3e-3, "warmup": 200},
+    "parens": {"max_parens": 40, "test_size": 1000, "steps": 3000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
 }
-CPU_LR = 3e-3  # a short run needs a larger step than the paper's 1e-3 (lstm keeps its 5e-3)
 CPU_NOTE = (
-    f"cpu scale: width {CPU_WIDE} stands for 1024 and 512; {SEEDS['cpu']} seeds; lr {CPU_LR} "
-    "(lstm 5e-3); warmup 10% of the steps; "
-    + "; ".join(f"{task} " + ", ".join(f"{k} {v}" for k, v in sizes.items()) + f", {steps} steps of batch {batch}"
-                for task, (sizes, steps, batch) in CPU_TASKS.items())
+    f"cpu scale: width {CPU_WIDE} stands for 1024 and 512; {SEEDS['cpu']} seeds; the lstm keeps lr 5e-3; "
+    + "; ".join(f"{task} " + ", ".join(f"{k} {v}" for k, v in settings.items()) for task, settings in CPU_TASKS.items())
 )
 
 
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
-    """The TrainConfig of one cell: the paper's protocol for the task, or its cpu reduction."""
+    """The TrainConfig of one cell: the paper's protocol for the task, or its cpu variant."""
     cfg = TrainConfig(task=task, **settings)
     if scale == "paper":
         return cfg
-    sizes, steps, batch = CPU_TASKS[task]
-    wide = cfg.width is None or cfg.width >= 512
-    return replace(cfg, **sizes, steps=steps, batch_size=batch, warmup=steps // 10,
-                   width=CPU_WIDE if wide else cfg.width, lr=None if cfg.arch == "lstm" else CPU_LR)
+    cfg = replace(cfg, **CPU_TASKS[task], width=CPU_WIDE if cfg.width is None or cfg.width >= 512 else cfg.width)
+    return replace(cfg, lr=None) if cfg.arch == "lstm" else cfg
 
 
 # ---------------------------------------------------------------------------
