@@ -17,9 +17,9 @@ import torch
 from tqdm import tqdm
 
 from tasks import Batch, join_batches
-from train import (Clock, UsageError, autocast, clear_run_dir, compile_model, evaluate, length_chunks, log_eval, lr_at,
-                   make_optimizer, mean_loss, pick_device, save_final, seed_configs, set_lr, task_and_model, write_config,
-                   write_seed_summary)
+from train import (Clock, UsageError, autocast, check_run_dir, clear_run_dir, compile_model, evaluate, length_chunks,
+                   log_eval, lr_at, make_optimizer, mean_loss, pick_device, save_final, seed_configs, set_lr, task_and_model,
+                   write_config, write_seed_summary)
 
 
 def stacked_forward(base, params):
@@ -72,10 +72,12 @@ def train_batched(cfg) -> list:
     for run in runs:
         torch.manual_seed(run.seed)
         task, model, n = task_and_model(run)
-        clear_run_dir(run)
-        write_config(run, n, device)
+        check_run_dir(run)
         models.append(model.to(device))
         counts.append(n)
+    for run, n in zip(runs, counts):  # every seed checked and built: only now are old run directories emptied
+        clear_run_dir(run)
+        write_config(run, n, device)
     cfg = runs[0]  # settings filled in by task_and_model, shared by every seed
     params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors

@@ -184,6 +184,8 @@ class ModularAddition(FiniteTask):
     seq_len = 2
 
     def __post_init__(self):
+        if self.p < 2:  # below 2 the 95/5 split leaves no test pair
+            raise ValueError(f"modadd needs a modulus p >= 2, got {self.p}")
         a, b = torch.cartesian_prod(torch.arange(self.p), torch.arange(self.p)).T
         order = torch.randperm(self.p**2, generator=torch.Generator().manual_seed(TEST_SEED))
         pairs = Batch(torch.stack([a, b], 1), torch.ones(self.p**2, 1, dtype=torch.long), ((a + b) % self.p)[:, None])[order]

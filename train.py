@@ -22,7 +22,9 @@ import json
 import math
 import os
 import statistics
+import shutil
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -38,6 +40,7 @@ from tasks import TASKS, Batch, Memorization, make_task, memorization_capacity
 ARCHS = ("gpt", "lstm", "linear")
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
+PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
 
 
 @dataclass
@@ -53,7 +56,7 @@ class TrainConfig:
     batch_size: int = field(default=None, metadata={"help": "examples per step (default: the paper's for the task)"})
     lr: float = field(default=None, metadata={"help": "peak learning rate (default: the paper's for the task, 1e-3 mostly; 5e-3 for lstm)"})
     weight_decay: float = field(default=None, metadata={"help": "AdamW decay on matrices and embeddings (default: the task's)"})
-    warmup: int = field(default=500, metadata={"help": "linear warmup steps before the cosine decay"})
+    warmup: int = field(default=None, metadata={"help": f"linear warmup steps before the cosine decay (default: the paper's {PAPER_WARMUP}, but at most a tenth of --steps)"})
     clip: float = field(default=1.0, metadata={"help": "gradient-norm clipping threshold"})
     seed: int = field(default=0, metadata={"help": "seeds the model init and the training data"})
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
@@ -117,6 +120,8 @@ def fill_paper_defaults(cfg: TrainConfig, task) -> None:
     for name in ("steps", "batch_size", "lr", "weight_decay", "width", "layers", "heads"):
         if getattr(cfg, name) is None:
             setattr(cfg, name, getattr(task, name))
+    if cfg.warmup is None:
+        cfg.warmup = min(PAPER_WARMUP, cfg.steps // 10)
     if cfg.eval_every is None:
         cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20)))  # 20 evaluations, none closer than 100 steps
     if cfg.out is None:
@@ -135,6 +140,16 @@ def check_config(cfg: TrainConfig, task) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     if cfg.epochs is not None and cfg.epochs < 1:
         raise UsageError("--epochs must be >= 1")
+    if cfg.test_size < 1:
+        raise UsageError("--test-size must be >= 1")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UsageError(f"--lr must be a finite number > 0, got {cfg.lr}")
+    if not (math.isfinite(cfg.clip) and cfg.clip > 0):  # clip <= 0 would flip or zero every gradient
+        raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
+    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
+        raise UsageError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
+    if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
+        raise UsageError(f"--out {cfg.out} is a file, not a directory")
     if cfg.dtype not in DTYPES:
         raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
     if cfg.arch not in ARCHS:
@@ -343,24 +358,61 @@ def mean_loss(losses: list, world=1):
 
 
 def log_eval(cfg, step, loss, metrics, elapsed, steps_per_s=None):
-    """Append one evaluation record to cfg.out/metrics.jsonl; steps_per_s excludes evaluation time."""
+    """Append one evaluation record to cfg.out/metrics.jsonl; steps_per_s excludes evaluation time.
+
+    Appended before the checkpoint of the same step is saved: a kill between
+    the two leaves a line newer than the checkpoint, which truncate_metrics
+    drops on resume before the step is run and logged again.
+    """
     record = {"step": step, "loss": loss, "lr": lr_at(step, cfg), **{f"test_{k}": v for k, v in metrics.items()},
               "elapsed": elapsed, "steps_per_s": steps_per_s}
     with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
 
 
+def truncate_metrics(run_dir, step):
+    """Rewrite run_dir/metrics.jsonl (atomically) with only its records up to `step`, the resumed
+    checkpoint's: later ones, and a line cut short by a kill, are from steps the resumed run repeats."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # the last append, cut short
+                break
+            raise UsageError(f"{path} line {i + 1} is not JSON") from None
+        if record["step"] <= step:
+            kept.append(line + "\n")
+    write_atomic(path, lambda f: f.write("".join(kept).encode()))
+
+
+def print_eval(cfg, step, loss, metrics, steps_per_s):
+    """One line per evaluation on stdout, for a log file: the progress bar shows only on a terminal."""
+    parts = [f"step {step}/{cfg.steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
+    parts += [f"test {k} {v:.4f}" for k, v in metrics.items()] + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else [])
+    print(", ".join(parts), flush=True)
+
+
 def evaluate_log_checkpoint(cfg, step, model, task, test, optimizer, generator, losses, clock, bar, world=1, lead=True) -> dict:
     """Test metrics at `step`; rank 0 (lead) appends them to metrics.jsonl with the mean training loss
-    and speed since the last call, and saves checkpoint.pt, everything a resumed run needs."""
+    and speed since the last call, then saves checkpoint.pt, everything a resumed run needs
+    (the metrics included, so that a run killed after its last checkpoint can write its final files)."""
     loss = mean_loss(losses, world)
     steps_per_s = len(losses) / clock.lap() if losses else None
     metrics = evaluate(model, task, test, generator.device, cfg.dtype)
     elapsed = clock.elapsed()
     if lead:
         log_eval(cfg, step, loss, metrics, elapsed, steps_per_s)
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
-                    "step": step, "elapsed": elapsed, "config": asdict(cfg)}, os.path.join(cfg.out, "checkpoint.pt"))
+        save_torch(os.path.join(cfg.out, "checkpoint.pt"), {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
+            "step": step, "elapsed": elapsed, "metrics": metrics, "config": asdict(cfg)})
+        if not sys.stderr.isatty():
+            print_eval(cfg, step, loss, metrics, steps_per_s)
     bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
     clock.lap()  # evaluation time does not count as training time for steps/s
     return metrics
@@ -409,20 +461,49 @@ def set_rng_states(states, generator):
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def write_atomic(path, write):
+    """Write path through write(f) (f a binary file) as a temp file beside it, then os.replace it
+    into place: a kill at any moment leaves the old file or the new one, never a part."""
+    fd, temp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        os.remove(temp)
+        raise
+
+
 def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
+    write_atomic(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
+
+
+def save_torch(path, obj):
+    write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def check_run_dir(cfg):
+    """UsageError unless cfg.out may become a new run: absent, empty, or (with --overwrite) an old run."""
+    if not os.path.exists(cfg.out):
+        return
+    if not os.path.isdir(cfg.out):
+        raise UsageError(f"--out {cfg.out} is a file, not a directory")
+    if not os.listdir(cfg.out):
+        return
+    if not cfg.overwrite:
+        raise UsageError(f"run directory {cfg.out} exists; pass --overwrite to replace it or --resume {cfg.out} to continue it")
+    if not os.path.exists(os.path.join(cfg.out, "config.json")):
+        raise UsageError(f"{cfg.out} is not a run directory (no config.json); --overwrite replaces only runs")
 
 
 def clear_run_dir(cfg):
-    """Refuse to reuse cfg.out unless cfg.overwrite; with it, remove the old run's files."""
-    if os.path.exists(cfg.out):
-        if not cfg.overwrite:
-            raise UsageError(f"run directory {cfg.out} exists; pass --overwrite to replace it or --resume {cfg.out} to continue it")
-        for name in ("config.json", "metrics.jsonl", "final.json", "model.pt", "checkpoint.pt"):
-            if os.path.exists(os.path.join(cfg.out, name)):
-                os.remove(os.path.join(cfg.out, name))
+    """Empty cfg.out of everything an old run left there (its analyses and figures too). Call
+    only once the new run is checked and built, so that a bad setting never costs the old run."""
+    check_run_dir(cfg)
+    if os.path.isdir(cfg.out):
+        shutil.rmtree(cfg.out)
 
 
 def write_config(cfg, counts, device):
@@ -435,11 +516,12 @@ def write_config(cfg, counts, device):
 
 
 def save_final(cfg, task, state_dict, model_cfg, metrics, step, elapsed, counts):
+    """model.pt, then final.json: final.json marks a run finished, so it is written last."""
     final = {**metrics, "step": step, "elapsed": elapsed, "parameters": counts}
     if isinstance(task, Memorization):
         final.update(memorization_capacity(metrics["accuracy"], metrics["loss"], len(task.train), task.VALUES, counts["trainable"]))
+    save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)
-    torch.save({"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)}, os.path.join(cfg.out, "model.pt"))
     print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({elapsed:.1f}s)")
     if "bits" in final:
         print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
@@ -461,26 +543,30 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dic
     """
     rank, world = distributed_setup()
     lead = rank == 0
+    if resume and os.path.exists(os.path.join(cfg.out, "final.json")):
+        raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
     torch.manual_seed(cfg.seed)
     task, model, counts = task_and_model(cfg)
+    if not resume:
+        check_run_dir(cfg)
     device = pick_device(cfg.device)
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    if lead and not resume:
-        clear_run_dir(cfg)
     model.to(device)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     test = task.test_set()
-    step, elapsed = 0, 0.0
-    os.makedirs(cfg.out, exist_ok=True)
+    step, elapsed, metrics = 0, 0.0, {}
     if resume:
         checkpoint = load_checkpoint(os.path.join(cfg.out, "checkpoint.pt"), device)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_states(checkpoint["rng"], generator)
-        step, elapsed = checkpoint["step"], checkpoint["elapsed"]
-    elif lead:
+        step, elapsed, metrics = checkpoint["step"], checkpoint["elapsed"], checkpoint.get("metrics", {})
+        if lead:
+            truncate_metrics(cfg.out, step)
+    elif lead:  # everything is checked and built: only now is an old run's directory emptied
+        clear_run_dir(cfg)
         write_config(cfg, counts, device)
     if lead:
         print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
@@ -488,11 +574,11 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dic
     # The step runs the compiled (and under torchrun DDP-wrapped) model; evaluation the plain one.
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else None
     net = compile_model(ddp or model, device, cfg.compile)
-    losses, metrics, first_step = [], {}, step
+    losses, logged = [], step if resume else -1  # a resumed checkpoint's step is already in metrics.jsonl
     clock = Clock(elapsed)
     bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, disable=None if lead else True)
-    for step in range(first_step, cfg.steps + 1):
-        if step == cfg.steps or (step % cfg.eval_every == 0 and step > first_step):
+    for step in range(step, cfg.steps + 1):
+        if step > logged and (step == cfg.steps or step % cfg.eval_every == 0 and step > 0):
             metrics = evaluate_log_checkpoint(cfg, step, model, task, test, optimizer, generator, losses, clock, bar, world, lead)
             losses = []
         if step == cfg.steps or step == stop_after:
@@ -589,8 +675,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def make_parser():
-    """Flags generated from TrainConfig, plus --frozen and --resume."""
-    parser = OneLineParser(description=__doc__.split("\n")[0])
+    """Flags generated from TrainConfig, plus --frozen and --resume. A flag not given is left out of
+    the parsed namespace (TrainConfig supplies its default), so --resume can tell which were given."""
+    parser = OneLineParser(description=__doc__.split("\n")[0], argument_default=argparse.SUPPRESS)
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type is bool and f.default:
@@ -598,24 +685,35 @@ def make_parser():
         elif f.type is bool:
             parser.add_argument(flag, action="store_true", help=f.metadata["help"])
         else:
-            parser.add_argument(flag, type=f.type, default=f.default, help=f.metadata["help"])
+            parser.add_argument(flag, type=f.type, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
-    parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config")
+    parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config "
+                        "(DIR's own, wherever it was moved; no other flag applies)")
     return parser
 
 
 def config_from_args(args):
-    """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config."""
-    if args.resume:
-        config_path = os.path.join(args.resume, "config.json")
-        if not os.path.exists(config_path):
-            raise UsageError(f"{args.resume} is not a run directory (no config.json)")
+    """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config and writes to its own directory."""
+    given = vars(args)
+    run_dir = given.pop("resume", None)
+    if run_dir is None:
+        if given.pop("frozen", False):
+            given["train"] = "frozen"
+        return TrainConfig(**given), False
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
+    config_path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(config_path):
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    if os.path.exists(os.path.join(run_dir, "final.json")):
+        raise UsageError(f"{run_dir} has finished (final.json); there is nothing to resume")
+    try:
         with open(config_path) as f:
             saved = json.load(f)
-        return config_from_dict(saved), True
-    if args.frozen:
-        args.train = "frozen"
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}), False
+        return replace(config_from_dict(saved), out=run_dir), True
+    except (ValueError, TypeError, AttributeError) as e:
+        raise UsageError(f"{config_path} is not a run's config ({type(e).__name__})") from None
 
 
 def parse_args(argv=None):

@@ -3,7 +3,9 @@ causality, exact resuming, and that a frozen random transformer really learns.""
 
 import json
 import math
+import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -360,7 +362,7 @@ def run_cli(argv, capsys):
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
     extra = ["--out", str(tmp_path / "x"), "--device", "cpu"] + ([] if "--steps" in argv else ["--steps", "0"])
-    code, err = run_cli(argv + extra, capsys)
+    code, err = run_cli(argv if "--resume" in argv else argv + extra, capsys)
     assert code == 2 and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x").exists()  # nothing written for a run that never started
 
@@ -390,6 +392,168 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and "does not load" in err
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL at a chosen write: like a kill, no `except Exception` catches it."""
+
+
+def kill_at(monkeypatch, name, step=None, partial=False):
+    """Make the run die when it writes file `name` (at checkpoint `step`, if given): before a byte
+    is written, or with partial=True after the first 100 bytes of it."""
+    save_torch, write_json = train.save_torch, train.write_json
+
+    def write_100_bytes_and_die(f):
+        f.write(b"x" * 100)
+        raise Killed()
+
+    def dies(path, obj):
+        if os.path.basename(path) == name and (step is None or obj["step"] == step):
+            if partial:
+                train.write_atomic(path, write_100_bytes_and_die)
+            raise Killed()
+        (save_torch if name.endswith(".pt") else write_json)(path, obj)
+
+    monkeypatch.setattr(train, "save_torch" if name.endswith(".pt") else "write_json", dies)
+
+
+def metric_steps(run):
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name, step, partial", [
+    ("checkpoint.pt", 8, False),  # the step's metrics line is written, its checkpoint is not
+    ("checkpoint.pt", 8, True),  # the checkpoint write is cut off after 100 bytes
+    ("checkpoint.pt", 4, True),  # the same at the first checkpoint: nothing to resume yet
+    ("model.pt", None, False),  # the last checkpoint is saved, the final files are not
+    ("final.json", None, False),  # model.pt is written, final.json is not
+])
+def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(name, step, partial, tmp_path, monkeypatch, capsys):
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    with monkeypatch.context() as m:
+        kill_at(m, name, step, partial)
+        with pytest.raises(Killed):
+            train.train(tiny(tmp_path, out=str(tmp_path / "cut")))
+    cut = tmp_path / "cut"
+    assert not (cut / "final.json").exists()
+    if step == 4:  # no checkpoint survived, so the run starts again
+        assert not (cut / "checkpoint.pt").exists()
+        resumed = train.train(tiny(tmp_path, out=str(cut), overwrite=True))
+    else:
+        assert torch.load(cut / "checkpoint.pt")["step"] in (4, 8)  # a whole checkpoint, never a part
+        resumed = train.train(*train.parse_args(["--resume", str(cut)]))
+    assert resumed == whole and metric_steps(cut) == [4, 8]
+    assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
+    a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert sorted(os.listdir(cut)) == ["checkpoint.pt", "config.json", "final.json", "metrics.jsonl", "model.pt"]
+
+
+def test_resume_drops_a_metrics_line_cut_short(tmp_path):
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    train.train(tiny(tmp_path), stop_after=4)
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 8, "lo')
+    assert train.train(*train.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert metric_steps(tmp_path / "run") == [4, 8]
+
+
+def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    train.train(tiny(tmp_path), stop_after=4)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    (tmp_path / "run").rename(tmp_path / "moved")
+    assert train.train(*train.parse_args(["--resume", str(tmp_path / "copy")])) == whole
+    assert train.train(*train.parse_args(["--resume", str(tmp_path / "moved")])) == whole
+    assert not (tmp_path / "run").exists()  # the directory named in config.json is never recreated
+    assert (tmp_path / "copy" / "final.json").exists() and (tmp_path / "moved" / "final.json").exists()
+    assert before["config.json"] == (tmp_path / "moved" / "config.json").read_bytes()
+
+
+def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
+    train.train(tiny(tmp_path), stop_after=4)
+    code, err = run_cli(["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "drop --steps, --lr, --frozen" in err
+    train.train(*train.parse_args(["--resume", str(tmp_path / "run")]))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
+    with pytest.raises(train.UsageError, match="has finished"):
+        train.train(train.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+
+
+def test_overwrite_touches_nothing_until_the_new_run_is_valid_then_clears_everything(tmp_path, capsys):
+    train.train(tiny(tmp_path, steps=4))
+    run = tmp_path / "run"
+    (run / "analysis.md").write_text("old analysis")
+    (run / "curves.png").write_bytes(b"old figure")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    base = ["--task", "parens", "--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu", "--overwrite", "--out", str(run)]
+    for bad in (["--lr", "nan"], ["--clip", "-1"], ["--width", "30", "--heads", "4"], ["--device", "tpu"]):
+        code, err = run_cli(base + bad, capsys)
+        assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, bad
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before, bad
+    train.main(base)
+    assert sorted(os.listdir(run)) == ["checkpoint.pt", "config.json", "final.json", "metrics.jsonl", "model.pt"]
+    assert json.loads((run / "config.json").read_text())["steps"] == 0
+
+
+def test_overwrite_never_empties_a_directory_that_is_not_a_run(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    code, err = run_cli(["--task", "parens", "--steps", "0", "--width", "16", "--overwrite", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "not a run directory" in err and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "nan"], "--lr must be a finite number > 0"),
+    (["--lr", "inf"], "--lr must be a finite number > 0"),
+    (["--lr", "-1"], "--lr must be a finite number > 0"),
+    (["--lr", "0"], "--lr must be a finite number > 0"),
+    (["--clip", "-1"], "--clip must be a finite number > 0"),
+    (["--clip", "0"], "--clip must be a finite number > 0"),
+    (["--clip", "nan"], "--clip must be a finite number > 0"),
+    (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0"),
+    (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0"),
+    (["--task", "modadd", "--p", "1"], "modulus p >= 2"),
+    (["--task", "modadd", "--p", "0"], "modulus p >= 2"),
+    (["--task", "modadd", "--p", "-5"], "modulus p >= 2"),
+    (["--test-size", "0"], "--test-size must be >= 1"),
+    (["--test-size", "-3"], "--test-size must be >= 1"),
+    (["--out", "FILE"], "is a file"),
+    (["--steps", "-1"], "--steps must be >= 0"),
+    (["--warmup", "-1"], "--warmup must be >= 0"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--resume", "CORRUPT"], "is not a run's config"),
+])
+def test_bad_ranges_are_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
+    (tmp_path / "FILE").write_text("a file")
+    (tmp_path / "CORRUPT").mkdir()
+    (tmp_path / "CORRUPT" / "config.json").write_text('{"task": "parens", "wid')
+    argv = [str(tmp_path / a) if a in ("FILE", "CORRUPT") else a for a in argv]
+    extra = [] if "--resume" in argv else (["--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu"]
+                                           + ([] if "--out" in argv else ["--out", str(tmp_path / "x")]))
+    code, err = run_cli(extra + argv, capsys)  # argv last: its flags win
+    assert code == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists() and (tmp_path / "FILE").read_text() == "a file"
+
+
+def test_warmup_defaults_to_500_but_at_most_a_tenth_of_the_steps():
+    def warmup(**settings):
+        cfg = TrainConfig(task="parens", width=16, **settings)
+        train.task_and_model(cfg)
+        return cfg.warmup
+    assert warmup(steps=300) == 30 and warmup(steps=10_000) == 500 and warmup(steps=0) == 0
+    assert warmup(steps=300, warmup=200) == 200
+    assert "at most a tenth of --steps" in train.make_parser().format_help()
+
+
+def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    train.train(tiny(tmp_path))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2 and lines[0].startswith("step 4/8, loss ") and "test accuracy" in lines[1]
+    assert "steps/s" in lines[0]
 
 
 # ---------------------------------------------------------------------------
