@@ -22,7 +22,7 @@ import sample
 import tasks
 from model import GPT
 from tasks import Batch
-from train import OneLineParser, UsageError, load_run
+from train import OneLineParser, UsageError, load_run, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -52,10 +52,23 @@ class Run:
         if not os.path.isfile(path):
             return []
         with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            return [read_json_line(line, path, i + 1) for i, line in enumerate(f) if line.strip()]
 
     def figure_path(self, name):
         return os.path.join(self.path, f"{name}.png")
+
+
+def read_json_line(line, path, number):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        raise UsageError(f"{path} line {number} is not JSON (cut short?)") from None
+
+
+def save_figure(plt, fig, path):
+    """Write the figure as a PNG atomically (a kill never leaves half a picture) and free it."""
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
 
 
 def pyplot():
@@ -201,8 +214,7 @@ def plot_embedding(projections, path, title):
         ax.locator_params(nbins=5)
     fig.colorbar(dots, ax=axes, label="token value")
     fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def embedding_markdown(result):
@@ -265,8 +277,6 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     """Heatmaps of every layer's and head's attention on one input; for needle, also Figure 2's scores over the test set."""
     tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
     cfg = run.model.cfg
-    if not all(0 <= t < cfg.vocab_size for t in tokens) or len(tokens) > cfg.n_positions:
-        raise UsageError(f"attention input must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size})")
     names = [f"blocks.{i}.attn.pattern" for i in range(cfg.n_layer)]
     pattern = run_with_cache(run.model, torch.tensor([tokens]), names)
     plot_attention([pattern[n][0] for n in names], token_labels(run.cfg.task, tokens), run.figure_path("attention"), run.label)
@@ -298,8 +308,7 @@ def plot_attention(patterns, labels, path, title):
             ax.set_yticks(range(len(labels)), labels, fontsize=7)
     fig.suptitle(f"{title}: attention (row attends to column)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def attention_markdown(result):
@@ -446,8 +455,7 @@ def training_curves(run: Run) -> dict:
         ax.legend()
     fig.suptitle(run.label)
     fig.tight_layout()
-    fig.savefig(run.figure_path("curves"), dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, run.figure_path("curves"))
     return {"final": log[-1], "figure": "curves.png"}
 
 
@@ -488,16 +496,34 @@ def markdown(run: Run, results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def analyze(path, args) -> dict:
-    """Run the selected analyses on one run directory; write analysis.json, analysis.md and figures."""
-    run = Run(path)
+def check_request(run: Run, args):
+    """UsageError for an analysis the run cannot give, before anything is computed or written."""
     if args.only and not ANALYSES[args.only][1](run):
         raise UsageError(f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model")
-    json_path = os.path.join(path, "analysis.json")
-    results = {}
-    if args.only and os.path.isfile(json_path):
-        with open(json_path) as f:
-            results = json.load(f)
+    cfg = run.model.cfg
+    if args.tokens and (not all(0 <= t < cfg.vocab_size for t in args.tokens) or len(args.tokens) > cfg.n_positions):
+        raise UsageError(f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for {run.path}")
+    run.metrics_log()  # a corrupt log fails here, not after other analyses have written their files
+    if args.only:
+        earlier_results(run)
+
+
+def earlier_results(run: Run) -> dict:
+    """analysis.json of an earlier analyze.py call ({} if none): --only updates one entry of it."""
+    path = os.path.join(run.path, "analysis.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError:
+        raise UsageError(f"{path} is not JSON; delete it or run analyze.py without --only") from None
+
+
+def analyze(run: Run, args) -> dict:
+    """Run the selected analyses on one loaded run; write analysis.json, analysis.md and figures."""
+    path = run.path
+    results = earlier_results(run) if args.only else {}
     torch.manual_seed(0)
     for name, (title, applies, compute, _) in ANALYSES.items():
         if args.only in (None, name) and applies(run):
@@ -505,12 +531,8 @@ def analyze(path, args) -> dict:
             print(f"{path}: {title}" + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else ""))
             if name == "variance":
                 print(explained_variance_markdown(results[name]))
-    with open(json_path, "w") as f:
-        json.dump(results, f, indent=2)
-        f.write("\n")
-    report = markdown(run, results)
-    with open(os.path.join(path, "analysis.md"), "w") as f:
-        f.write(report)
+    write_json(os.path.join(path, "analysis.json"), results)
+    write_atomic(os.path.join(path, "analysis.md"), lambda f: f.write(markdown(run, results).encode()))
     return results
 
 
@@ -529,9 +551,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        for path in args.runs:
-            analyze(path, args)
-            print(f"wrote {os.path.join(path, 'analysis.md')}")
+        runs = [Run(path) for path in args.runs]
+        for run in runs:  # every run is checked before any is analyzed
+            check_request(run, args)
+        for run in runs:
+            analyze(run, args)
+            print(f"wrote {os.path.join(run.path, 'analysis.md')}")
     except UsageError as e:
         print(f"analyze.py: error: {e}", file=sys.stderr)
         sys.exit(2)

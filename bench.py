@@ -28,7 +28,7 @@ MFU = achieved / peak, the peak given by --peak-tflops or measured with a large
 matmul in the step's dtype.
 """
 
-import argparse
+import math
 import random
 import time
 
@@ -176,8 +176,16 @@ def authors(cfg, device):
     return label, task, step, make_data, rows
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def check_timing(args):
+    """UsageError for timing settings that measure nothing."""
+    if args.steps < 1 or args.repeats < 1 or args.warmup_steps < 0:
+        raise train.UsageError("--steps and --repeats must be >= 1, --warmup-steps >= 0")
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+        raise train.UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
+
+
+def main(argv=None):
+    parser = train.OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="needle", help="task to time (any of train.py's)")
     parser.add_argument("--train", default="full", help=f"what trains: {', '.join(TRAINING_MODES)}")
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
@@ -193,11 +201,12 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timings; the best one counts")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: measured with a large matmul)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cfg = train.TrainConfig(task=args.task, train="frozen" if args.frozen else args.train, width=args.width,
                             layers=args.layers, heads=args.heads, batch_size=args.batch_size, device=args.device,
                             dtype=args.dtype, compile=args.compile, out="unused")
     try:
+        check_timing(args)
         device = train.pick_device(cfg.device)
         bf16 = train.uses_bf16(device, cfg.dtype)
         label, task, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, device)

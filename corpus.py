@@ -41,7 +41,7 @@ def read_stories(path: str):
     """Yield the stories of a text file, split at <|endoftext|>, stripped, empty ones skipped."""
     story = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for line in lines_of(f, path):
             *finished, rest = line.split(END_OF_TEXT)
             for part in finished:
                 text = "".join(story + [part]).strip()
@@ -52,6 +52,29 @@ def read_stories(path: str):
     text = "".join(story).strip()
     if text:
         yield text
+
+
+def lines_of(f, path):
+    """The lines of a text file, with a ValueError naming the file if it is not UTF-8 text."""
+    try:
+        yield from f
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None
+
+
+def has_stories(path: str) -> bool:
+    return next(read_stories(path), None) is not None
+
+
+def write_cache(cache: str, write):
+    """Write a cache through write(temp_path) and move it into place; a failure leaves no file behind."""
+    temp = cache + ".tmp"
+    try:
+        write(temp)
+        os.replace(temp, cache)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
 
 
 def is_fresh(cache: str, source: str) -> bool:
@@ -65,14 +88,15 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
     cache = f"{os.path.splitext(train_path)[0]}.bpe{vocab}.json"
     if is_fresh(cache, train_path):
         return cache
+    if not has_stories(train_path):  # checked first, so that no tokenizer of nothing is cached
+        raise ValueError(f"{train_path} has no text to train a tokenizer on")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[END_OF_TEXT],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(read_stories(train_path), trainer)
-    tokenizer.save(cache + ".tmp")
-    os.replace(cache + ".tmp", cache)
+    write_cache(cache, tokenizer.save)
     return cache
 
 
@@ -82,13 +106,18 @@ def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
     ~0.5B tokens); redone when the text or the tokenizer is newer than the cache."""
     cache = f"{os.path.splitext(path)[0]}.bpe{vocab}.u16"
     if not (is_fresh(cache, path) and is_fresh(cache, tokenizer_path)):
+        if not has_stories(path):  # an empty cache cannot be memory-mapped
+            raise ValueError(f"{path} has no text")
         tokenizer = Tokenizer.from_file(tokenizer_path)
         end = tokenizer.token_to_id(END_OF_TEXT)
-        with open(cache + ".tmp", "wb") as f:
-            for chunk in batched(read_stories(path), 10_000):
-                for encoding in tokenizer.encode_batch(chunk):
-                    f.write(np.array(encoding.ids + [end], dtype=np.uint16).tobytes())
-        os.replace(cache + ".tmp", cache)
+
+        def write(temp):
+            with open(temp, "wb") as f:
+                for chunk in batched(read_stories(path), 10_000):
+                    for encoding in tokenizer.encode_batch(chunk):
+                        f.write(np.array(encoding.ids + [end], dtype=np.uint16).tobytes())
+
+        write_cache(cache, write)
     return np.memmap(cache, dtype=np.uint16, mode="r")
 
 

@@ -35,26 +35,18 @@ from datetime import date
 import torch
 
 import train
-from train import TrainConfig, UsageError
+from corpus import validation_path
+from train import CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
 
 SCALES = ("paper", "cpu")
 SEEDS = {"paper": 10, "cpu": 3}
 
-# The cpu scale: a smaller variant of each task, trained long enough on a
-# 2-core CPU for the paper's claims to show; RESULTS.md says why each variant
-# keeps its task's nature and how each setting was found. "Wide" (the paper's
-# 1024, and 512 in Table 9) is 512 here: with these short sequences width is
-# cheap on a CPU. The width-16 columns stay 16; the LSTM keeps its lr 5e-3.
-CPU_WIDE = 512
-CPU_TASKS = {  # task -> the TrainConfig settings of its cpu variant
-    "modadd": {"p": 31, "steps": 3000, "batch_size": 256, "lr": 1e-2, "weight_decay": 0.1, "warmup": 200},
-    "needle": {"max_pairs": 4, "test_size": 1000, "steps": 6000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
-    "addition": {"digits": 3, "test_size": 1000, "steps": 2000, "batch_size": 64, "lr": 3e-3, "warmup": 200},
-    "parens": {"max_parens": 40, "test_size": 1000, "steps": 3000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
-}
+# The cpu scale: train.CPU_VARIANTS, a smaller variant of each task that shows the paper's
+# claims on a 2-core CPU. "Wide" (the paper's 1024, and 512 in Table 9) is train.CPU_WIDTH;
+# the width-16 columns stay 16; the LSTM keeps its lr 5e-3.
 CPU_NOTE = (
-    f"cpu scale: width {CPU_WIDE} stands for 1024 and 512; {SEEDS['cpu']} seeds; the lstm keeps lr 5e-3; "
-    + "; ".join(f"{task} " + ", ".join(f"{k} {v}" for k, v in settings.items()) for task, settings in CPU_TASKS.items())
+    f"cpu scale: width {CPU_WIDTH} stands for 1024 and 512; {SEEDS['cpu']} seeds; the lstm keeps lr 5e-3; "
+    + "; ".join(f"{task} " + ", ".join(f"{k} {v}" for k, v in settings.items()) for task, settings in CPU_VARIANTS.items())
 )
 
 
@@ -63,7 +55,7 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
     cfg = TrainConfig(task=task, **settings)
     if scale == "paper":
         return cfg
-    cfg = replace(cfg, **CPU_TASKS[task], width=CPU_WIDE if cfg.width is None or cfg.width >= 512 else cfg.width)
+    cfg = replace(cfg, **CPU_VARIANTS[task], width=CPU_WIDTH if cfg.width is None or cfg.width >= 512 else cfg.width)
     return replace(cfg, lr=None) if cfg.arch == "lstm" else cfg
 
 
@@ -142,7 +134,7 @@ def table3(scale):
 
 
 def table9(scale):
-    width = {"paper": 512, "cpu": CPU_WIDE}[scale]
+    width = {"paper": 512, "cpu": CPU_WIDTH}[scale]
     rows = ["needle", "addition", "parens"]
     configs = {(row, "Linearized random"): task_config(row, scale, train="frozen", arch="linear", width=width) for row in rows}
     paper = {("needle", "Linearized random"): 17.67, ("addition", "Linearized random"): 26.39, ("parens", "Linearized random"): 97.32}
@@ -532,10 +524,25 @@ def reproduce(name: str, args, command: str) -> str:
     os.makedirs(args.results, exist_ok=True)
     base = os.path.join(args.results, f"{table.name}-{args.scale}")
     render_picture(table, args.scale, runs, base + ".png")
-    with open(base + ".md", "w") as f:
-        f.write(text)
+    train.write_atomic(base + ".md", lambda f: f.write(text.encode()))
     print(text + f"-> {base}.md, {base}.png", flush=True)
     return base + ".md"
+
+
+def check_args(args):
+    """UsageError for flags that would fail only after hours of training."""
+    if args.seeds < 1 or args.jobs < 1:
+        raise UsageError("--seeds and --jobs must be >= 1")
+    for flag, path in (("--runs", args.runs), ("--results", args.results)):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise UsageError(f"{flag} {path} is a file, not a directory")
+    if args.data:
+        if args.table not in ("fig4", "all"):
+            raise UsageError("--data applies to fig4 (language modeling) only")
+        try:
+            validation_path(args.data)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
 
 def main(argv=None):
@@ -553,13 +560,16 @@ def main(argv=None):
     command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
         args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
-        if args.seeds < 1 or args.jobs < 1:
-            raise UsageError("--seeds and --jobs must be >= 1")
+        check_args(args)
         for name in TABLES if args.table == "all" else [args.table]:
             reproduce(name, args, command)
     except UsageError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("reproduce.py: interrupted; the same command continues from each run's last checkpoint", file=sys.stderr)
+        sys.exit(130)
+
 
 if __name__ == "__main__":
     main()

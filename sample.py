@@ -8,6 +8,7 @@ a model with random, frozen attention writes after training only its
 embeddings. Reads the run's model.pt; never trains.
 """
 
+import math
 import sys
 
 import torch
@@ -40,8 +41,12 @@ def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=
 
 def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
     """sample_text from the finished lm run in run_dir."""
-    if temperature <= 0 or top_k < 1 or max_new_tokens < 0:
-        raise UsageError("generation needs --temperature > 0, --top-k >= 1 and --max-new-tokens >= 0")
+    if not prompt:
+        raise UsageError("--prompt must not be empty: the model needs at least one token to continue")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise UsageError(f"--temperature must be a finite number > 0, got {temperature}")
+    if top_k < 1 or max_new_tokens < 0:
+        raise UsageError("generation needs --top-k >= 1 and --max-new-tokens >= 0")
     cfg, task, model, _ = load_run(run_dir)
     if not isinstance(task, LanguageModeling):
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")

@@ -23,8 +23,10 @@ import math
 import os
 import statistics
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -41,6 +43,20 @@ ARCHS = ("gpt", "lstm", "linear")
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
 PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
+
+# The laptop variant of each task: a smaller task (fewer pairs, digits, brackets; a smaller p)
+# at width 512 with its own steps, batch and lr, each found by measurement to show the paper's
+# result on a 2-core CPU (RESULTS.md, "The cpu scale"). reproduce.py --scale cpu trains these;
+# a CPU run that would take hours suggests its task's variant.
+CPU_WIDTH = 512
+CPU_VARIANTS = {  # task -> TrainConfig settings
+    "modadd": {"p": 31, "steps": 3000, "batch_size": 256, "lr": 1e-2, "weight_decay": 0.1, "warmup": 200},
+    "needle": {"max_pairs": 4, "test_size": 1000, "steps": 6000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
+    "addition": {"digits": 3, "test_size": 1000, "steps": 2000, "batch_size": 64, "lr": 3e-3, "warmup": 200},
+    "parens": {"max_parens": 40, "test_size": 1000, "steps": 3000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
+}
+SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this says so, after its first SPEED_SAMPLE_STEPS steps
+SPEED_SAMPLE_STEPS = 10
 
 
 @dataclass
@@ -408,14 +424,59 @@ def evaluate_log_checkpoint(cfg, step, model, task, test, optimizer, generator, 
     elapsed = clock.elapsed()
     if lead:
         log_eval(cfg, step, loss, metrics, elapsed, steps_per_s)
-        save_torch(os.path.join(cfg.out, "checkpoint.pt"), {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator),
-            "step": step, "elapsed": elapsed, "metrics": metrics, "config": asdict(cfg)})
+        save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics)
         if not sys.stderr.isatty():
             print_eval(cfg, step, loss, metrics, steps_per_s)
     bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
     clock.lap()  # evaluation time does not count as training time for steps/s
     return metrics
+
+
+def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, losses=()):
+    """checkpoint.pt: everything a resumed run needs to go on exactly as if never stopped: the
+    last test metrics (for a run killed after its last checkpoint) and the training losses
+    since the last evaluation (for a checkpoint between evaluations, at Ctrl-C)."""
+    save_torch(os.path.join(cfg.out, "checkpoint.pt"), {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator), "step": step,
+        "elapsed": elapsed, "metrics": metrics, "losses": list(losses), "config": asdict(cfg)})
+
+
+class StopOnCtrlC:
+    """While active, Ctrl-C (SIGINT) asks the loop to stop at the next step boundary, where a
+    checkpoint resumes exactly, instead of raising mid-step; a second Ctrl-C interrupts at once.
+    Only in the main thread of a single process: data-parallel ranks would stop at different steps."""
+
+    def __init__(self, active):
+        self.active = active and threading.current_thread() is threading.main_thread()
+        self.requested = False
+
+    def __enter__(self):
+        if self.active:
+            self.previous = signal.signal(signal.SIGINT, self.request)
+        return self
+
+    def request(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, self.previous)
+
+    def __exit__(self, *exc):
+        if self.active:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def slow_run_hint(cfg, seconds_per_step, steps_left):
+    """On CPU, the line that warns of a run longer than SLOW_RUN_SECONDS and names a smaller one; else None."""
+    seconds = seconds_per_step * steps_left
+    if seconds <= SLOW_RUN_SECONDS:
+        return None
+    hint = (f"note: at {seconds_per_step:.2g} s per step, the {steps_left:,} steps left take about "
+            f"{seconds / 3600:.1f} h on this CPU")
+    if cfg.task not in CPU_VARIANTS:
+        return hint + "; fewer --steps or a smaller --width finish sooner"
+    settings = {"width": CPU_WIDTH, **CPU_VARIANTS[cfg.task]}
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+    mode = "--frozen" if cfg.train == "frozen" else f"--train {cfg.train}"
+    return hint + f"; the task's laptop variant runs in minutes: python train.py --task {cfg.task} {mode} {flags}"
 
 
 class Clock:
@@ -506,6 +567,13 @@ def clear_run_dir(cfg):
         shutil.rmtree(cfg.out)
 
 
+def remove_temp_files(run_dir):
+    """Delete the temp files of writes a kill cut short (write_atomic's .<name>.<random>.tmp)."""
+    for name in os.listdir(run_dir):
+        if name.startswith(".") and name.endswith(".tmp"):
+            os.remove(os.path.join(run_dir, name))
+
+
 def write_config(cfg, counts, device):
     """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
     os.makedirs(cfg.out, exist_ok=True)
@@ -556,15 +624,24 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dic
     optimizer = make_optimizer(model.parameters(), cfg, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     test = task.test_set()
-    step, elapsed, metrics = 0, 0.0, {}
-    if resume:
-        checkpoint = load_checkpoint(os.path.join(cfg.out, "checkpoint.pt"), device)
+    step, elapsed, metrics, losses = 0, 0.0, {}, []
+    checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
+    if resume and lead:
+        remove_temp_files(cfg.out)
+    if resume and os.path.exists(checkpoint_path):
+        checkpoint = load_checkpoint(checkpoint_path, device)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_states(checkpoint["rng"], generator)
         step, elapsed, metrics = checkpoint["step"], checkpoint["elapsed"], checkpoint.get("metrics", {})
+        losses = checkpoint.get("losses", [])
         if lead:
             truncate_metrics(cfg.out, step)
+    elif resume:  # killed before its first checkpoint: the run starts over in its directory
+        resume = False
+        if lead:
+            print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
+            truncate_metrics(cfg.out, 0)
     elif lead:  # everything is checked and built: only now is an old run's directory emptied
         clear_run_dir(cfg)
         write_config(cfg, counts, device)
@@ -574,20 +651,32 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after: int = None) -> dic
     # The step runs the compiled (and under torchrun DDP-wrapped) model; evaluation the plain one.
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else None
     net = compile_model(ddp or model, device, cfg.compile)
-    losses, logged = [], step if resume else -1  # a resumed checkpoint's step is already in metrics.jsonl
-    clock = Clock(elapsed)
+    logged = step if resume else -1  # a resumed checkpoint's step is already in metrics.jsonl
+    first, clock = step, Clock(elapsed)
     bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, disable=None if lead else True)
-    for step in range(step, cfg.steps + 1):
-        if step > logged and (step == cfg.steps or step % cfg.eval_every == 0 and step > 0):
-            metrics = evaluate_log_checkpoint(cfg, step, model, task, test, optimizer, generator, losses, clock, bar, world, lead)
-            losses = []
-        if step == cfg.steps or step == stop_after:
-            break
-        set_lr(optimizer, lr_at(step, cfg))
-        losses.append(train_step(net, task, optimizer, generator, cfg, rank, world))
-        bar.update()
+    with StopOnCtrlC(world == 1) as ctrl_c:
+        for step in range(step, cfg.steps + 1):
+            if step > logged and (step == cfg.steps or step % cfg.eval_every == 0 and step > 0):
+                metrics = evaluate_log_checkpoint(cfg, step, model, task, test, optimizer, generator, losses, clock, bar, world, lead)
+                losses = []
+            if step == cfg.steps or step == stop_after or ctrl_c.requested:
+                break
+            if step == first + 1:  # the first step (compilation, allocation) is not timed
+                speed_start = time.time()
+            if step == first + 1 + SPEED_SAMPLE_STEPS and lead and device.type == "cpu":
+                hint = slow_run_hint(cfg, (time.time() - speed_start) / SPEED_SAMPLE_STEPS, cfg.steps - step)
+                if hint:
+                    tqdm.write(hint, file=sys.stderr)
+            set_lr(optimizer, lr_at(step, cfg))
+            losses.append(train_step(net, task, optimizer, generator, cfg, rank, world))
+            bar.update()
     bar.close()
 
+    if ctrl_c.requested and step < cfg.steps:
+        if lead:
+            save_checkpoint(cfg, step, model, optimizer, generator, clock.elapsed(), metrics, losses)
+            print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
+        raise KeyboardInterrupt
     if step == cfg.steps and lead:
         save_final(cfg, task, model.state_dict(), model.cfg, metrics, step, clock.elapsed(), counts)
     return metrics
@@ -736,6 +825,9 @@ def main(argv=None):
     except UsageError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("train.py: interrupted", file=sys.stderr)
+        sys.exit(130)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,424 @@
+"""How runs fail: bad input is one line, exit code 2 and touches no file; a kill (SIGKILL) at
+any moment or Ctrl-C resumes to the uninterrupted result; --resume and --overwrite do only
+what they say."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import analyze
+import bench
+import reproduce
+import sample
+import train
+from test_core import tiny
+from train import TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------
+# Bad input, across every command
+# ---------------------------------------------------------------------------
+
+SCRIPTS = {"train.py": train.main, "analyze.py": analyze.main, "reproduce.py": reproduce.main,
+           "bench.py": bench.main, "sample.py": sample.main}
+# Appended to a train.py call that neither resumes nor names its own --out: a tiny model, no steps.
+TRAIN_BASE = ["--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu"]
+
+# (script, argv, part of the error line); upper-case words name paths in the `world` fixture.
+BAD_INPUTS = [
+    ("train.py", ["--task", "sorting"], "unknown task"),
+    ("train.py", ["--train", "half"], "unknown training mode"),
+    ("train.py", ["--width", "30", "--heads", "4"], "not divisible"),
+    ("train.py", ["--max-parens", "100"], "exceed the model's 80 positions"),
+    ("train.py", ["--widht", "3"], "unrecognized arguments"),
+    ("train.py", ["--steps", "ten"], "invalid int value"),
+    ("train.py", ["--dtype", "fp16"], "unknown dtype"),
+    ("train.py", ["--arch", "rnn"], "unknown architecture"),
+    ("train.py", ["--arch", "lstm", "--pos", "sinusoidal"], "the lstm has no positional embedding"),
+    ("train.py", ["--device", "tpu"], "unknown device"),
+    ("train.py", ["--lr", "nan"], "--lr must be a finite number > 0"),
+    ("train.py", ["--lr", "inf"], "--lr must be a finite number > 0"),
+    ("train.py", ["--lr", "-1"], "--lr must be a finite number > 0"),
+    ("train.py", ["--lr", "0"], "--lr must be a finite number > 0"),
+    ("train.py", ["--clip", "-1"], "--clip must be a finite number > 0"),
+    ("train.py", ["--clip", "0"], "--clip must be a finite number > 0"),
+    ("train.py", ["--clip", "nan"], "--clip must be a finite number > 0"),
+    ("train.py", ["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0"),
+    ("train.py", ["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0"),
+    ("train.py", ["--task", "modadd", "--p", "1"], "modulus p >= 2"),
+    ("train.py", ["--task", "modadd", "--p", "-5"], "modulus p >= 2"),
+    ("train.py", ["--task", "modadd", "--epochs", "0"], "--epochs must be >= 1"),
+    ("train.py", ["--task", "needle", "--max-pairs", "0"], "needle needs 1 <= max_pairs"),
+    ("train.py", ["--task", "addition", "--digits", "0"], "addition needs 1 <= digits"),
+    ("train.py", ["--test-size", "0"], "--test-size must be >= 1"),
+    ("train.py", ["--steps", "-1"], "--steps must be >= 0"),
+    ("train.py", ["--warmup", "-1"], "--warmup must be >= 0"),
+    ("train.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
+    ("train.py", ["--eval-every", "0"], "--eval-every must be >= 1"),
+    ("train.py", ["--layers", "0"], "--layers must be >= 1"),
+    ("train.py", ["--seeds", "0"], "--seeds must be >= 1"),
+    ("train.py", ["--out", "FILE"], "is a file"),
+    ("train.py", ["--out", "RUN"], "pass --overwrite to replace it"),
+    ("train.py", ["--out", "RUN", "--overwrite", "--lr", "nan"], "--lr must be a finite number > 0"),
+    ("train.py", ["--out", "RUN", "--overwrite", "--width", "30", "--heads", "4"], "not divisible"),
+    ("train.py", ["--out", "NOTES", "--overwrite"], "not a run directory"),
+    ("train.py", ["--task", "lm", "--data", "EMPTY/text-train.txt"], "has no text"),
+    ("train.py", ["--task", "lm", "--data", "BINARY/text-train.txt"], "is not UTF-8 text"),
+    ("train.py", ["--task", "lm", "--data", "NEW/text-train.txt"], "no training text at"),
+    ("train.py", ["--task", "lm", "--vocab", "100"], "257 <= vocab <= 65536"),
+    ("train.py", ["--resume", "NEW"], "not a run directory"),
+    ("train.py", ["--resume", "CORRUPT"], "is not a run's config"),
+    ("train.py", ["--resume", "RUN"], "has finished"),
+    ("train.py", ["--resume", "STOPPED", "--steps", "600"], "drop --steps"),
+    ("train.py", ["--resume", "BADCHECKPOINT"], "does not load"),
+    ("analyze.py", ["NEW"], "not a run directory"),
+    ("analyze.py", ["STOPPED"], "has no model.pt"),
+    ("analyze.py", ["RUN", "NEW"], "not a run directory"),
+    ("analyze.py", ["CUTLOG"], "metrics.jsonl line 3 is not JSON"),
+    ("analyze.py", ["BADANALYSIS", "--only", "curves"], "analysis.json is not JSON"),
+    ("analyze.py", ["RUN", "--only", "embedding"], "does not apply to a parens run"),
+    ("analyze.py", ["RUN", "--only", "nothing"], "invalid choice"),
+    ("analyze.py", ["RUN", "--tokens", "9999"], "--tokens must be"),
+    ("analyze.py", ["RUN", "--examples", "0"], "--examples must be >= 1"),
+    ("reproduce.py", ["table4"], "invalid choice"),
+    ("reproduce.py", ["table1", "--scale", "gpu"], "invalid choice"),
+    ("reproduce.py", ["table1", "--seeds", "0"], "--seeds and --jobs must be >= 1"),
+    ("reproduce.py", ["table1", "--jobs", "0"], "--seeds and --jobs must be >= 1"),
+    ("reproduce.py", ["table1", "--results", "FILE"], "--results"),
+    ("reproduce.py", ["table1", "--runs", "FILE"], "--runs"),
+    ("reproduce.py", ["table1", "--data", "EMPTY/text-train.txt"], "--data applies to fig4"),
+    ("reproduce.py", ["fig4", "--data", "NEW/text-train.txt"], "no training text at"),
+    ("reproduce.py", ["table9", "--runs", "OTHERS"], "was trained with other settings"),
+    ("bench.py", ["--steps", "0"], "--steps and --repeats must be >= 1"),
+    ("bench.py", ["--repeats", "0"], "--steps and --repeats must be >= 1"),
+    ("bench.py", ["--peak-tflops", "nan"], "--peak-tflops must be a finite number > 0"),
+    ("bench.py", ["--task", "sorting"], "unknown task"),
+    ("bench.py", ["--train", "half"], "unknown training mode"),
+    ("bench.py", ["--device", "tpu"], "unknown device"),
+    ("bench.py", ["--dtype", "fp16"], "unknown dtype"),
+    ("sample.py", ["RUN", "--prompt", ""], "--prompt must not be empty"),
+    ("sample.py", ["RUN", "--temperature", "nan"], "--temperature must be a finite number > 0"),
+    ("sample.py", ["RUN", "--temperature", "0"], "--temperature must be a finite number > 0"),
+    ("sample.py", ["RUN", "--top-k", "0"], "--top-k >= 1"),
+    ("sample.py", ["RUN"], "needs an lm run"),
+    ("sample.py", ["STOPPED"], "has no model.pt"),
+]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A directory of things for bad input to hit: a finished run (RUN), an interrupted one
+    (STOPPED), broken copies of them, a plain FILE, a non-run directory, bad lm text."""
+    root = tmp_path_factory.mktemp("world")
+    train.train(tiny(root, out=str(root / "RUN")))
+    train.train(tiny(root, out=str(root / "STOPPED")), stop_after=4)
+    (root / "FILE").write_text("a file")
+    (root / "NOTES").mkdir()
+    (root / "NOTES" / "notes.txt").write_text("mine")
+    (root / "CORRUPT").mkdir()
+    (root / "CORRUPT" / "config.json").write_text('{"task": "parens", "wid')
+    shutil.copytree(root / "STOPPED", root / "BADCHECKPOINT")
+    (root / "BADCHECKPOINT" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    shutil.copytree(root / "RUN", root / "CUTLOG")
+    with open(root / "CUTLOG" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 12, "lo')
+    shutil.copytree(root / "RUN", root / "BADANALYSIS")
+    (root / "BADANALYSIS" / "analysis.json").write_text("{")
+    for name, text in (("EMPTY", b""), ("BINARY", b"\xff\xfe\x00 not text")):
+        (root / name).mkdir()
+        (root / name / "text-train.txt").write_bytes(text)
+        (root / name / "text-valid.txt").write_bytes(text)
+    other = root / "OTHERS" / "table9-cpu" / "needle-linearized-random-s0"
+    other.mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"task": "needle", "width": 99}))
+    return root
+
+
+def snapshot(root):
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("script, argv, message", BAD_INPUTS, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(script, argv, message, world, capsys):
+    argv = [str(world / a) if a.split("/")[0].isupper() and a.split("/")[0].isalpha() else a for a in argv]
+    if script == "train.py" and "--resume" not in argv:
+        argv = TRAIN_BASE + ([] if "--out" in argv else ["--out", str(world / "NEW")]) + argv  # argv last: its flags win
+    if script == "reproduce.py":  # never the repository's own runs/ and results/
+        argv += [] if "--runs" in argv else ["--runs", str(world / "NEW")]
+        argv += [] if "--results" in argv else ["--results", str(world / "NEW")]
+    before = snapshot(world)
+    with pytest.raises(SystemExit) as exit:
+        SCRIPTS[script](argv)
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+    assert snapshot(world) == before  # nothing created, changed or removed, the runs' files included
+
+
+def test_the_bad_input_table_covers_every_command_forty_times_over():
+    assert len(BAD_INPUTS) >= 40 and {script for script, _, _ in BAD_INPUTS} == set(SCRIPTS)
+
+
+# ---------------------------------------------------------------------------
+# Kills, Ctrl-C, resume, overwrite
+# ---------------------------------------------------------------------------
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        train.main(argv)
+    err = capsys.readouterr().err.strip()
+    return exit.value.code, err
+
+
+def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
+    train.train(tiny(tmp_path, steps=0))
+    before = (tmp_path / "run" / "config.json").read_text()
+    code, err = run_cli(["--task", "parens", "--width", "16", "--steps", "0", "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and "--overwrite" in err
+    assert (tmp_path / "run" / "config.json").read_text() == before
+    train.train(tiny(tmp_path, steps=0, width=8, overwrite=True))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["width"] == 8
+
+
+def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path):
+    assert not train.uses_bf16(torch.device("cpu"), "auto") and train.uses_bf16(torch.device("cpu"), "bf16")
+    assert train.uses_bf16(torch.device("cuda"), "auto") and not train.uses_bf16(torch.device("cuda"), "fp32")
+    train.train(tiny(tmp_path, steps=0))
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["dtype"] == "auto" and config["resolved_dtype"] == "fp32"
+    train.train(tiny(tmp_path, steps=0, dtype="bf16", overwrite=True))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["resolved_dtype"] == "bf16"
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL at a chosen write: like a kill, no `except Exception` catches it."""
+
+
+def kill_at(monkeypatch, name, step=None, partial=False):
+    """Make the run die when it writes file `name` (at checkpoint `step`, if given): before a byte
+    is written, or with partial=True after the first 100 bytes of it."""
+    save_torch, write_json = train.save_torch, train.write_json
+
+    def write_100_bytes_and_die(f):
+        f.write(b"x" * 100)
+        raise Killed()
+
+    def dies(path, obj):
+        if os.path.basename(path) == name and (step is None or obj["step"] == step):
+            if partial:
+                train.write_atomic(path, write_100_bytes_and_die)
+            raise Killed()
+        (save_torch if name.endswith(".pt") else write_json)(path, obj)
+
+    monkeypatch.setattr(train, "save_torch" if name.endswith(".pt") else "write_json", dies)
+
+
+def metric_steps(run):
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name, step, partial", [
+    ("checkpoint.pt", 8, False),  # the step's metrics line is written, its checkpoint is not
+    ("checkpoint.pt", 8, True),  # the checkpoint write is cut off after 100 bytes
+    ("checkpoint.pt", 4, True),  # the same at the first checkpoint: nothing to resume yet
+    ("model.pt", None, False),  # the last checkpoint is saved, the final files are not
+    ("final.json", None, False),  # model.pt is written, final.json is not
+])
+def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(name, step, partial, tmp_path, monkeypatch, capsys):
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    with monkeypatch.context() as m:
+        kill_at(m, name, step, partial)
+        with pytest.raises(Killed):
+            train.train(tiny(tmp_path, out=str(tmp_path / "cut")))
+    cut = tmp_path / "cut"
+    assert not (cut / "final.json").exists()
+    if step == 4:  # no checkpoint survived, so the resumed run starts over
+        assert not (cut / "checkpoint.pt").exists()
+    else:
+        assert torch.load(cut / "checkpoint.pt")["step"] in (4, 8)  # a whole checkpoint, never a part
+    resumed = train.train(*train.parse_args(["--resume", str(cut)]))
+    assert resumed == whole and metric_steps(cut) == [4, 8]
+    assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
+    a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert sorted(os.listdir(cut)) == ["checkpoint.pt", "config.json", "final.json", "metrics.jsonl", "model.pt"]
+
+
+def test_resume_drops_a_metrics_line_cut_short(tmp_path):
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    train.train(tiny(tmp_path), stop_after=4)
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 8, "lo')
+    assert train.train(*train.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert metric_steps(tmp_path / "run") == [4, 8]
+
+
+def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    train.train(tiny(tmp_path), stop_after=4)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    (tmp_path / "run").rename(tmp_path / "moved")
+    assert train.train(*train.parse_args(["--resume", str(tmp_path / "copy")])) == whole
+    assert train.train(*train.parse_args(["--resume", str(tmp_path / "moved")])) == whole
+    assert not (tmp_path / "run").exists()  # the directory named in config.json is never recreated
+    assert (tmp_path / "copy" / "final.json").exists() and (tmp_path / "moved" / "final.json").exists()
+    assert before["config.json"] == (tmp_path / "moved" / "config.json").read_bytes()
+
+
+def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
+    train.train(tiny(tmp_path), stop_after=4)
+    code, err = run_cli(["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "drop --steps, --lr, --frozen" in err
+    train.train(*train.parse_args(["--resume", str(tmp_path / "run")]))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
+    with pytest.raises(train.UsageError, match="has finished"):
+        train.train(train.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+
+
+def test_overwrite_touches_nothing_until_the_new_run_is_valid_then_clears_everything(tmp_path, capsys):
+    train.train(tiny(tmp_path, steps=4))
+    run = tmp_path / "run"
+    (run / "analysis.md").write_text("old analysis")
+    (run / "curves.png").write_bytes(b"old figure")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    base = ["--task", "parens", "--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu", "--overwrite", "--out", str(run)]
+    for bad in (["--lr", "nan"], ["--clip", "-1"], ["--width", "30", "--heads", "4"], ["--device", "tpu"]):
+        code, err = run_cli(base + bad, capsys)
+        assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, bad
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before, bad
+    train.main(base)
+    assert sorted(os.listdir(run)) == ["checkpoint.pt", "config.json", "final.json", "metrics.jsonl", "model.pt"]
+    assert json.loads((run / "config.json").read_text())["steps"] == 0
+
+
+def test_warmup_defaults_to_500_but_at_most_a_tenth_of_the_steps():
+    def warmup(**settings):
+        cfg = TrainConfig(task="parens", width=16, **settings)
+        train.task_and_model(cfg)
+        return cfg.warmup
+    assert warmup(steps=300) == 30 and warmup(steps=10_000) == 500 and warmup(steps=0) == 0
+    assert warmup(steps=300, warmup=200) == 200
+    assert "at most a tenth of --steps" in train.make_parser().format_help()
+
+
+def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    train.train(tiny(tmp_path))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2 and lines[0].startswith("step 4/8, loss ") and "test accuracy" in lines[1]
+    assert "steps/s" in lines[0]
+
+
+def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_path):
+    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
+    train.train(tiny(tmp_path), stop_after=4)
+    os.remove(tmp_path / "run" / "checkpoint.pt")
+    assert train.train(*train.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert metric_steps(tmp_path / "run") == [4, 8]
+
+
+# A real kill: this program runs train.py's main and SIGKILLs itself at the nth write of a
+# file, before a byte of it ("start"), halfway through ("half"), or with every byte written
+# to the temp file but not yet moved into place ("unmoved").
+KILLER = """
+import io, os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import train
+name, nth, where = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+write_atomic, writes = train.write_atomic, []
+
+def die(*args):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def dying_write_atomic(path, write):
+    if os.path.basename(path) == name:
+        writes.append(path)
+        if len(writes) == nth:
+            data = io.BytesIO()
+            write(data)
+            data = data.getvalue()
+            cut = {"start": 0, "half": len(data) // 2, "unmoved": len(data)}[where]
+            write_atomic(path, lambda f: (f.write(data[:cut]), f.flush(), die()))
+    write_atomic(path, write)
+
+train.write_atomic = dying_write_atomic
+train.main(sys.argv[5:])
+"""
+
+TINY_ARGS = ["--task", "parens", "--frozen", "--width", "16", "--heads", "2", "--steps", "8", "--batch-size", "32",
+             "--lr", "3e-3", "--warmup", "2", "--eval-every", "4", "--max-parens", "10", "--test-size", "200", "--device", "cpu"]
+
+
+def records(run):
+    """metrics.jsonl without its timings, which differ between any two runs."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in ("elapsed", "steps_per_s")} for line in lines]
+
+
+@pytest.mark.parametrize("name, nth, where", [
+    ("checkpoint.pt", 2, "half"),  # the step-8 checkpoint cut in half: step 4's must survive
+    ("checkpoint.pt", 2, "unmoved"),  # written in full but never moved into place
+    ("checkpoint.pt", 1, "half"),  # the first checkpoint: nothing to resume from yet
+    ("model.pt", 1, "half"),  # the last checkpoint saved, the final files not
+    ("final.json", 1, "unmoved"),  # model.pt written, final.json not
+])
+def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(name, nth, where, tmp_path):
+    whole = train.train(train.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    cut = tmp_path / "cut"
+    killed = subprocess.run([sys.executable, "-c", KILLER, REPO, name, str(nth), where] + TINY_ARGS + ["--out", str(cut)],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (cut / "final.json").exists()
+    assert train.train(*train.parse_args(["--resume", str(cut)])) == whole
+    assert not [f for f in os.listdir(cut) if f.endswith(".tmp")]  # the kill's temp file is cleared
+    assert records(cut) == records(tmp_path / "whole")  # each step once, the same numbers
+    a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# Ctrl-C: this program runs train.py's main and sends itself SIGINT during its nth training step.
+INTERRUPTER = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import train
+nth, train_step, calls = int(sys.argv[2]), train.train_step, []
+
+def interrupted_train_step(*args):
+    calls.append(1)
+    if len(calls) == nth:
+        os.kill(os.getpid(), signal.SIGINT)
+    return train_step(*args)
+
+train.train_step = interrupted_train_step
+train.main(sys.argv[3:])
+"""
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(tmp_path):
+    whole = train.train(train.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    run = tmp_path / "run"
+    stopped = subprocess.run([sys.executable, "-c", INTERRUPTER, REPO, "6"] + TINY_ARGS + ["--out", str(run)],
+                             cwd=tmp_path, capture_output=True, text=True)
+    assert stopped.returncode == 130, stopped.stderr
+    assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
+    assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
+    assert train.train(*train.parse_args(["--resume", str(run)])) == whole
+    assert records(run) == records(tmp_path / "whole")  # the step-8 loss averages steps 4-7, as uninterrupted
+
+
+def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
+    cfg = TrainConfig(task="needle", train="frozen")
+    hint = train.slow_run_hint(cfg, 9.3, 9990)
+    assert "about 25.8 h" in hint and "python train.py --task needle --frozen --width 512 --max-pairs 4" in hint
+    assert train.slow_run_hint(cfg, 0.1, 9990) is None
+    assert "fewer --steps" in train.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
