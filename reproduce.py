@@ -16,8 +16,9 @@ paper's form (seeds as points or box plots for the tables, lines over width
 for the figures), which the .md embeds. `all` runs table1, table2, table9,
 table3, fig4, fig6 and fig7 in that order, writing each one's files as it finishes.
 `--scale paper` is the paper's protocol (docs/protocol.md §3: 10 seeds, width
-1024, batch 1,000 for 10,000 steps, ...); `--scale cpu` is a reduced one, stated
-in the output and in CPU_NOTE below, that fits in about an hour per table on 2 CPU cores.
+1024, batch 1,000 for 10,000 steps, ...); `--scale cpu` trains each task's laptop
+variant (train.CPU_VARIANTS, stated in the output and in CPU_NOTE below): minutes
+to an hour per run on one CPU core, so many hours per table (RESULTS.md has the costs).
 """
 
 import json
