@@ -10,6 +10,7 @@ trained here computes what train.train computes for it, up to float rounding.
 """
 
 import os
+import sys
 import warnings
 from dataclasses import fields
 
@@ -18,8 +19,8 @@ from tqdm import tqdm
 
 from tasks import Batch, join_batches
 from train import (Clock, UsageError, autocast, check_run_dir, clear_run_dir, compile_model, evaluate, length_chunks,
-                   log_eval, lr_at, make_optimizer, mean_loss, pick_device, save_final, seed_configs, set_lr, task_and_model,
-                   write_config, write_seed_summary)
+                   log_eval, lr_at, make_optimizer, mean_loss, pick_device, print_eval, save_final, seed_configs, set_lr,
+                   task_and_model, write_config, write_seed_summary)
 
 
 def stacked_forward(base, params):
@@ -98,6 +99,8 @@ def train_batched(cfg) -> list:
             for i, run in enumerate(runs):
                 results.append(evaluate(seed_model(base, params, i), task, test, device, cfg.dtype))
                 log_eval(run, step, loss[i], results[i], clock.elapsed(), steps_per_s)
+                if not sys.stderr.isatty():
+                    print_eval(run, step, loss[i], results[i], steps_per_s, prefix=f"seed {run.seed}: ")
             losses = []
             clock.lap()
         if step == cfg.steps:

@@ -407,9 +407,9 @@ def truncate_metrics(run_dir, step):
     write_atomic(path, lambda f: f.write("".join(kept).encode()))
 
 
-def print_eval(cfg, step, loss, metrics, steps_per_s):
+def print_eval(cfg, step, loss, metrics, steps_per_s, prefix=""):
     """One line per evaluation on stdout, for a log file: the progress bar shows only on a terminal."""
-    parts = [f"step {step}/{cfg.steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
+    parts = [f"{prefix}step {step}/{cfg.steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
     parts += [f"test {k} {v:.4f}" for k, v in metrics.items()] + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else [])
     print(", ".join(parts), flush=True)
 
