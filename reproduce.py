@@ -413,7 +413,7 @@ def new_figure(panels: list, title: str):
 def save_figure(plt, fig, handles: list, path: str):
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    train.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
     plt.close(fig)
 
 

@@ -164,8 +164,6 @@ def check_config(cfg: TrainConfig, task) -> None:
         raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
     if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
         raise UsageError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
-    if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
-        raise UsageError(f"--out {cfg.out} is a file, not a directory")
     if cfg.dtype not in DTYPES:
         raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
     if cfg.arch not in ARCHS:
@@ -795,8 +793,6 @@ def config_from_args(args):
     config_path = os.path.join(run_dir, "config.json")
     if not os.path.exists(config_path):
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    if os.path.exists(os.path.join(run_dir, "final.json")):
-        raise UsageError(f"{run_dir} has finished (final.json); there is nothing to resume")
     try:
         with open(config_path) as f:
             saved = json.load(f)
