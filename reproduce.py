@@ -81,11 +81,11 @@ class Table:
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
 TABLE1_COLS = {  # column -> settings
-    "Random 1024": {"train": "frozen"},
+    "Random 1024": {"train": "frozen", "width": 1024},
     "Random 16": {"train": "frozen", "width": 16},
-    "Normal 1024": {"train": "full"},
+    "Normal 1024": {"train": "full", "width": 1024},
     "Normal 16": {"train": "full", "width": 16},
-    "LSTM 1024": {"train": "full", "arch": "lstm"},
+    "LSTM 1024": {"train": "full", "arch": "lstm", "width": 1024},
 }
 TABLE1_PAPER = {
     "modadd": [100.0, 1.3, 100.0, 97.2, 100.0],
@@ -145,7 +145,7 @@ def table9(scale):
 
 def fig7(scale):
     rows = ["needle", "addition", "parens"]
-    widths = {"paper": FIG7_WIDTHS, "cpu": [16, 32, 64, 128]}[scale]
+    widths = {"paper": FIG7_WIDTHS, "cpu": [16, 64, 128, CPU_WIDTH]}[scale]
     cols = [f"{kind} {w}" for kind in ("Random", "Normal") for w in widths]
     configs = {(row, col): task_config(row, scale, train="frozen" if col.startswith("Random") else "full", width=int(col.split()[1]))
                for row in rows for col in cols}
@@ -194,11 +194,14 @@ def slug(text: str) -> str:
 
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     """(row, col) -> the cell's per-seed configs with their run directories. Table 3's columns
-    share one run per row, Table 2's modadd (train) shares the modadd runs."""
+    share one run per row, Table 2's modadd (train) shares the modadd runs, and Figure 7's cells
+    that train exactly a Table 1 cell (width 16 and the widest) share Table 1's runs."""
+    table1_cells = table1(scale).configs.items() if table.name == "fig7" else []
     runs = {}
     for (row, col), cfg in table.configs.items():
-        name = slug(row.split()[0]) + ("" if table.name == "table3" else "-" + slug(col))
-        out = os.path.join(root, f"{table.name}-{scale}", name)
+        owner = next(((table1.__name__, key) for key, other in table1_cells if other == cfg), (table.name, (row, col)))
+        name, (owner_row, owner_col) = owner
+        out = os.path.join(root, f"{name}-{scale}", slug(owner_row.split()[0]) + ("" if name == "table3" else "-" + slug(owner_col)))
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
 
