@@ -63,8 +63,8 @@ class Task:
 
     name, vocab_size, n_positions (the model's positional table, fixed per task
     so parameter counts match the paper), seq_len (tokens actually fed),
-    batch_size, steps, lr, weight_decay and the model shape (the paper's
-    protocol), sample(), test_set(), loss(), metrics().
+    batch_size, lr, weight_decay and the model shape (the paper's protocol),
+    steps_for(batch_size), sample(), test_set(), loss(), metrics().
     """
 
     lr = 1e-3
@@ -100,7 +100,9 @@ class StreamTask(Task):
     """
 
     batch_size = 1000
-    steps = 10_000
+
+    def steps_for(self, batch_size: int) -> int:
+        return 10_000  # the paper's, at any batch size
 
     def generate(self, n: int, generator: torch.Generator) -> Batch:
         raise NotImplementedError
@@ -147,9 +149,9 @@ class FiniteTask(Task):
     every example.
     """
 
-    @property
-    def steps(self):
-        return math.ceil(self.epochs * len(self.train) / self.batch_size)
+    def steps_for(self, batch_size: int) -> int:
+        """The steps that pass over the training set `epochs` times at this batch size."""
+        return math.ceil(self.epochs * len(self.train) / batch_size)
 
     def sample(self, batch_size, generator):
         if getattr(self, "_train_on_device", None) is None or self._train_on_device.x.device != generator.device:
@@ -585,9 +587,9 @@ class LanguageModeling(Task):
     def seq_len(self):
         return self.context
 
-    @property
-    def steps(self):
-        return math.ceil(self.epochs * len(self.train_tokens) / (self.batch_size * self.context))
+    def steps_for(self, batch_size: int) -> int:
+        """The steps that pass over the training tokens `epochs` times at this batch size."""
+        return math.ceil(self.epochs * len(self.train_tokens) / (batch_size * self.context))
 
     def windows(self, tokens, starts):
         """Batch of x = tokens[s : s + context], y = tokens[s + 1 : s + context + 1] per start s."""

@@ -133,9 +133,11 @@ def fill_paper_defaults(cfg: TrainConfig, task) -> None:
     """Set every setting cfg leaves as None to the paper's protocol for the task, and name the run directory."""
     if cfg.lr is None and cfg.arch == "lstm":
         cfg.lr = LSTM_LR
-    for name in ("steps", "batch_size", "lr", "weight_decay", "width", "layers", "heads"):
+    for name in ("batch_size", "lr", "weight_decay", "width", "layers", "heads"):
         if getattr(cfg, name) is None:
             setattr(cfg, name, getattr(task, name))
+    if cfg.steps is None:
+        cfg.steps = task.steps_for(cfg.batch_size)  # epochs count passes over the data at the batch size used
     if cfg.warmup is None:
         cfg.warmup = min(PAPER_WARMUP, cfg.steps // 10)
     if cfg.eval_every is None:

@@ -217,6 +217,14 @@ def test_memorization_counts_match_table_3():
     assert frozen["trainable"] == 262_784 and full["trainable"] == 659_584
 
 
+def test_epochs_count_passes_at_the_batch_size_used():
+    for settings, steps in (({}, 47_024), ({"batch_size": 400}, 470_238), ({"epochs": 3, "batch_size": 100}, 1_129)):
+        cfg = TrainConfig(task="modadd", **settings)
+        task = train.build_task(cfg)
+        train.fill_paper_defaults(cfg, task)
+        assert cfg.steps == steps  # 37,619 training pairs; the paper's 5,000 epochs of batch 4,000 = 47,024 steps
+
+
 def test_init_statistics_match_gpt2():
     torch.manual_seed(0)
     model = GPT(GPTConfig(256, 100, n_embd=256, n_layer=2))
