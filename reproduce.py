@@ -146,7 +146,7 @@ def table9(scale):
 
 def fig7(scale):
     rows = ["needle", "addition", "parens"]
-    widths = {"paper": FIG7_WIDTHS, "cpu": [16, 64, 128, CPU_WIDTH]}[scale]
+    widths = {"paper": FIG7_WIDTHS, "cpu": [16, 128, CPU_WIDTH]}[scale]
     cols = [f"{kind} {w}" for kind in ("Random", "Normal") for w in widths]
     configs = {(row, col): task_config(row, scale, train="frozen" if col.startswith("Random") else "full", width=int(col.split()[1]))
                for row in rows for col in cols}
