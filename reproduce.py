@@ -200,9 +200,9 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     table1_cells = table1(scale).configs.items() if table.name == "fig7" else []
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner = next(((table1.__name__, key) for key, other in table1_cells if other == cfg), (table.name, (row, col)))
-        name, (owner_row, owner_col) = owner
-        out = os.path.join(root, f"{name}-{scale}", slug(owner_row.split()[0]) + ("" if name == "table3" else "-" + slug(owner_col)))
+        owner, (owner_row, owner_col) = next((("table1", key) for key, other in table1_cells if other == cfg), (table.name, (row, col)))
+        name = slug(owner_row.split()[0]) + ("" if owner == "table3" else "-" + slug(owner_col))
+        out = os.path.join(root, f"{owner}-{scale}", name)
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
 
