@@ -195,12 +195,13 @@ def slug(text: str) -> str:
 
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     """(row, col) -> the cell's per-seed configs with their run directories. Table 3's columns
-    share one run per row, Table 2's modadd (train) shares the modadd runs, and Figure 7's cells
-    that train exactly a Table 1 cell (width 16 and the widest) share Table 1's runs."""
-    table1_cells = table1(scale).configs.items() if table.name == "fig7" else []
+    share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
+    trains exactly a Table 1 cell (Figure 7's width 16 and widest) shares Table 1's runs."""
+    table1_cells = table1(scale).configs.items()
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner, (owner_row, owner_col) = next((("table1", key) for key, other in table1_cells if other == cfg), (table.name, (row, col)))
+        owner, (owner_row, owner_col) = next((("table1", key) for key, other in table1_cells if other == cfg),
+                                             (table.name, (row, col)))
         name = slug(owner_row.split()[0]) + ("" if owner == "table3" else "-" + slug(owner_col))
         out = os.path.join(root, f"{owner}-{scale}", name)
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
