@@ -19,6 +19,8 @@ row's tokens up to its last answer (padding and later tokens, which cannot
 change the loss, count for nothing whichever pipeline computes them):
   forward, per layer and token: 24 d^2 (qkv 6 d^2, out-proj 2 d^2, MLP 16 d^2)
     plus 4 d (t + 1) for the causal scores and the weighted sum at position t;
+    in the last block only keys and values (4 d^2) are useful away from the
+    answers, so the rest of it counts at answer positions only;
     unembedding: 2 d V per answer.
   backward: the same again for the input gradient of every matmul that has
     something trainable below it (both operands for the attention products),
@@ -67,13 +69,16 @@ def measured_peak(device, bf16):
     return 2 * n**3 / best_seconds(lambda: a @ b, 3, 3, device)
 
 
-def useful_flops(cfg, vocab, lengths, answers):
-    """Matmul FLOPs of forward + backward that can affect the loss (module docstring)."""
-    d, trains = cfg.width, TRAINING_MODES[cfg.train]
-    tokens = lengths.sum().item()
+def useful_flops(cfg, vocab, lengths, answer_pos):
+    """Matmul FLOPs of forward + backward that can affect the loss (module docstring).
+
+    lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position.
+    """
+    d, trains, early = cfg.width, TRAINING_MODES[cfg.train], cfg.layers - 1
+    tokens, answers = lengths.sum().item(), answer_pos.numel()
     pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs
-    weights = 24 * d * d * tokens * cfg.layers
-    attention = 4 * d * pairs * cfg.layers
+    weights = 24 * d * d * tokens * early + 4 * d * d * tokens + 20 * d * d * answers
+    attention = 4 * d * (pairs * early + (answer_pos + 1).sum().item())
     unembed = 2 * d * vocab * answers
     below_blocks = bool(trains & {"wte", "wpe"})  # anything trainable under the blocks needs input gradients
     backward = (weights + attention) * below_blocks + weights * ("body" in trains)
@@ -83,7 +88,7 @@ def useful_flops(cfg, vocab, lengths, answers):
 
 # ---------------------------------------------------------------------------
 # The two pipelines: each returns (step, make_data, rows) where rows(batch)
-# gives (lengths through the last answer, answer count) for the FLOP count.
+# gives (lengths through the last answer, answer positions) for the FLOP count.
 # ---------------------------------------------------------------------------
 
 
@@ -103,7 +108,7 @@ def ours(cfg, device):
 
     def rows():
         batch = make_data()
-        return batch.pos.amax(1) + 1, int((batch.y >= 0).sum())
+        return batch.pos.amax(1) + 1, batch.pos[batch.y >= 0]
 
     return "ours", task, step, make_data, rows
 
@@ -171,7 +176,8 @@ def authors(cfg, device):
 
     def rows():
         x, labels = make_data()
-        return (labels != -100).int().argmax(1), cfg.batch_size  # the answer label sits after the query
+        lengths = (labels != -100).int().argmax(1)  # the answer label sits just after the query
+        return lengths, lengths - 1
 
     return label, task, step, make_data, rows
 
@@ -217,8 +223,8 @@ def main(argv=None):
         step()
     seconds = best_seconds(step, args.steps, args.repeats, device)
     data_seconds = best_seconds(make_data, args.steps, args.repeats, device)
-    lengths, answers = rows()
-    flops = useful_flops(cfg, task.vocab_size, lengths, answers)
+    lengths, answer_pos = rows()
+    flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
 
     figures = {

@@ -42,16 +42,22 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
-    def forward(self, x, cache=None, name=""):
+    def forward(self, x, cache=None, name="", pos=None):
+        """pos (B, A): attend from those positions only (queries there, keys and values everywhere); (B, A, C)."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        q, k, v = self.c_attn(x).split(C, dim=2) if pos is None else self.project_at(x, pos)
+        q, k, v = (t.view(B, t.size(1), self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, *, hs)
         if self.linear:
             # softmax(QK^T) replaced by the lower-triangular ones matrix: position t gets the
             # unnormalized sum of v over positions <= t, so q and k go unused.
             y = v.cumsum(dim=2)  # (B, nh, T, hs)
+            if pos is not None:
+                y = y.gather(2, pos[:, None, :, None].expand(-1, self.n_head, -1, y.size(-1)))
             if cache is not None:
                 cache[f"{name}.attn.pattern"] = torch.ones(T, T, device=x.device).tril().expand(B, self.n_head, T, T)
+        elif pos is not None:
+            sees = torch.arange(T, device=x.device) <= pos[:, None, :, None]  # (B, 1, A, T): causal for queries at pos
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sees)
         elif cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -61,8 +67,16 @@ class CausalSelfAttention(nn.Module):
             pattern = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
             cache[f"{name}.attn.pattern"] = pattern
             y = pattern @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)
         return self.c_proj(y)
+
+    def project_at(self, x, pos):
+        """q at pos only, k and v everywhere: c_attn's query third is skipped where nothing is scored."""
+        C = x.size(-1)
+        w, b = self.c_attn.weight, self.c_attn.bias
+        q = F.linear(at(x, pos), w[:C], b[:C])
+        k, v = F.linear(x, w[C:], b[C:]).split(C, dim=2)
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -87,8 +101,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None, name=""):
-        x = x + self.attn(self.ln_1(x), cache, name)
+    def forward(self, x, cache=None, name="", pos=None):
+        """pos (B, A): compute the block's output at those positions only, (B, A, C)."""
+        x = (x if pos is None else at(x, pos)) + self.attn(self.ln_1(x), cache, name, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -153,13 +168,25 @@ class GPT(nn.Module):
         x = self.wte(idx) + pos_emb  # (B, T, C)
         if cache is not None:
             cache["embed"] = x
+        # Nothing after the last block mixes positions, so where logits are wanted at a few
+        # positions (the answers) it runs only there: ~1.5x less compute per step at width 512.
+        # Analysis (cache) wants every position; language modeling scores every one anyway.
+        last_at_pos = pos is not None and cache is None and pos.size(1) < T
         for i, block in enumerate(self.h):
-            x = block(x, cache, f"blocks.{i}")
+            if last_at_pos and i == len(self.h) - 1:
+                x, pos = block(x, pos=pos), None  # (B, A, C): already at pos
+            else:
+                x = block(x, cache, f"blocks.{i}")
             if cache is not None:
                 cache[f"blocks.{i}.resid_post"] = x
         if pos is not None:
-            x = x.gather(1, pos.unsqueeze(-1).expand(-1, -1, x.size(-1)))  # (B, A, C)
+            x = at(x, pos)
         return self.lm_head(self.ln_f(x))
+
+
+def at(x, pos):
+    """x (B, T, C) at positions pos (B, A): (B, A, C)."""
+    return x.gather(1, pos.unsqueeze(-1).expand(-1, -1, x.size(-1)))
 
 
 def sinusoids(n_positions, n_embd):

@@ -253,13 +253,18 @@ def test_later_tokens_never_change_earlier_logits():
     assert not torch.allclose(a[:, 12:], b[:, 12:])
 
 
-def test_logits_at_answer_positions_equal_full_logits_there():
+@pytest.mark.parametrize("attention", ["softmax", "linear"])
+def test_logits_and_gradients_at_answer_positions_equal_the_full_models(attention):
+    # With pos the last block runs only there; nothing may change but the cost.
     torch.manual_seed(0)
-    model = GPT(GPTConfig(50, 20, n_embd=32, n_head=4))
+    model = GPT(GPTConfig(50, 20, n_embd=32, n_head=4, attention=attention))
     x, pos = torch.randint(50, (3, 20)), torch.tensor([[3, 7], [0, 19], [5, 5]])
-    with torch.no_grad():
-        full, picked = model(x), model(x, pos)
-    assert torch.allclose(picked, full.gather(1, pos[..., None].expand(-1, -1, 50)), atol=1e-6)
+    full = model(x).gather(1, pos[..., None].expand(-1, -1, 50))
+    full_grads = torch.autograd.grad(full.square().sum(), list(model.parameters()))
+    picked = model(x, pos)
+    picked_grads = torch.autograd.grad(picked.square().sum(), list(model.parameters()))
+    assert torch.allclose(picked, full, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(picked_grads, full_grads))
 
 
 def test_analysis_cache_matches_the_fused_path():
