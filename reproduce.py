@@ -37,17 +37,14 @@ import torch
 
 import train
 from corpus import validation_path
-from train import CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
+from train import CPU_FULL_WIDE_LR, CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
 
 SCALES = ("paper", "cpu")
 SEEDS = {"paper": 10, "cpu": 3}
 
 # The cpu scale: train.CPU_VARIANTS, a smaller variant of each task that shows the paper's
 # claims on a 2-core CPU. "Wide" (the paper's 1024, and 512 in Table 9) is train.CPU_WIDTH;
-# the width-16 columns stay 16; the LSTM keeps its lr 5e-3. The variants' lr was tuned on the
-# frozen model; the fully trained width-512 model takes the paper's 1e-3, because at 3e-3 it
-# stalls on addition (44% per token, against 100% from step 800 at 1e-3: RESULTS.md).
-CPU_FULL_WIDE_LR = 1e-3
+# the width-16 columns stay 16; the LSTM keeps its lr 5e-3 (train.cpu_variant).
 CPU_NOTE = (
     f"cpu scale: width {CPU_WIDTH} stands for 1024 and 512; {SEEDS['cpu']} seeds; the lstm keeps lr 5e-3; "
     f"the fully trained width-{CPU_WIDTH} model takes lr {CPU_FULL_WIDE_LR:g}; "
@@ -60,10 +57,7 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
     cfg = TrainConfig(task=task, **settings)
     if scale == "paper":
         return cfg
-    cfg = replace(cfg, **CPU_VARIANTS[task], width=CPU_WIDTH if cfg.width is None or cfg.width >= 512 else cfg.width)
-    if cfg.arch == "lstm":
-        return replace(cfg, lr=None)
-    return replace(cfg, lr=CPU_FULL_WIDE_LR) if cfg.train == "full" and cfg.width == CPU_WIDTH else cfg
+    return train.cpu_variant(cfg)
 
 
 # ---------------------------------------------------------------------------
@@ -309,17 +303,7 @@ def number(value) -> str:
 
 def train_command(cfg: TrainConfig, seeds: int) -> str:
     """The train.py command that trains this cell's seeds into the same run directories."""
-    base = replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds)
-    parts = ["python train.py"]
-    for f in fields(TrainConfig):
-        value = getattr(base, f.name)
-        if value == f.default and f.name != "task":  # the task always, for the reader
-            continue
-        if f.type is bool:
-            parts.append(f"--{f.name.replace('_', '-')}" if value else f"--no-{f.name}")
-        else:
-            parts.append(f"--{f.name.replace('_', '-')} {value}")
-    return " ".join(parts)
+    return train.command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
 
 
 def render(table: Table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
