@@ -81,6 +81,8 @@ def command_line(cfg) -> str:
         else:
             parts.append(f"--{f.name.replace('_', '-')} {value}")
     return " ".join(parts)
+
+
 SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this says so, after its first SPEED_SAMPLE_STEPS steps
 SPEED_SAMPLE_STEPS = 3
 
