@@ -17,7 +17,7 @@ for the figures), which the .md embeds. `all` runs table1, table2, table9,
 table3, fig4, fig6 and fig7 in that order, writing each one's files as it finishes.
 `--scale paper` is the paper's protocol (docs/protocol.md §3: 10 seeds, width
 1024, batch 1,000 for 10,000 steps, ...); `--scale cpu` trains each task's laptop
-variant (train.CPU_VARIANTS, stated in the output and in CPU_NOTE below): minutes
+variant (train.CPU_VARIANTS, stated in the output by cpu_note below): minutes
 to an hour per run on one CPU core, so many hours per table (RESULTS.md has the costs).
 """
 
@@ -45,11 +45,18 @@ SEEDS = {"paper": 10, "cpu": 3}
 # The cpu scale: train.CPU_VARIANTS, a smaller variant of each task that shows the paper's
 # claims on a 2-core CPU. "Wide" (the paper's 1024, and 512 in Table 9) is train.CPU_WIDTH;
 # the width-16 columns stay 16; the LSTM keeps its lr 5e-3 (train.cpu_variant).
-CPU_NOTE = (
-    f"cpu scale: width {CPU_WIDTH} stands for 1024 and 512; {SEEDS['cpu']} seeds; the lstm keeps lr 5e-3; "
-    f"the fully trained width-{CPU_WIDTH} model takes lr {CPU_FULL_WIDE_LR:g}; "
-    + "; ".join(f"{task} " + ", ".join(f"{k} {v}" for k, v in settings.items()) for task, settings in CPU_VARIANTS.items())
-)
+def cpu_note(cfgs, seeds: int) -> str:
+    """What the cpu scale changed for these configs: only the tasks, models and widths they contain."""
+    parts = [f"cpu scale: {seeds} seeds"]
+    if any(cfg.width == CPU_WIDTH and cfg.task in CPU_VARIANTS for cfg in cfgs):
+        parts.append(f"width {CPU_WIDTH} stands for 1024 and 512")
+    if any(cfg.arch == "lstm" for cfg in cfgs):
+        parts.append("the lstm keeps lr 5e-3")
+    if any(cfg.arch != "lstm" and cfg.train == "full" and cfg.width == CPU_WIDTH and cfg.task in CPU_VARIANTS for cfg in cfgs):
+        parts.append(f"the fully trained width-{CPU_WIDTH} model takes lr {CPU_FULL_WIDE_LR:g}")
+    tasks = [task for task in CPU_VARIANTS if any(cfg.task == task for cfg in cfgs)]
+    parts += [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
+    return "; ".join(parts) + "."
 
 
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
@@ -309,7 +316,8 @@ def train_command(cfg: TrainConfig, seeds: int) -> str:
 def render(table: Table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
     """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
     finals = []
-    for cfg in {cfg.out: cfg for cell in runs.values() for cfg in cell}.values():
+    cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
+    for cfg in cfgs:
         if run_state(cfg.out) == "finished":
             with open(os.path.join(cfg.out, "final.json")) as f:
                 finals.append(json.load(f))
@@ -319,7 +327,7 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
              f"{minutes:.0f} min of training summed over runs.",
              f"Command: `{command}`", ""]
     if scale == "cpu":
-        lines += [CPU_NOTE + ".", ""]
+        lines += [cpu_note(cfgs, seeds), ""]
     if table.note:
         lines += [table.note, ""]
     lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
@@ -546,7 +554,7 @@ def main(argv=None):
     parser.add_argument("table", choices=list(TABLES) + ["all"],
                         help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order")
     parser.add_argument("--scale", choices=SCALES, default="cpu",
-                        help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: the reduced protocol in CPU_NOTE")
+                        help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: each task's laptop variant (train.CPU_VARIANTS)")
     parser.add_argument("--seeds", type=int, help=f"restarts per cell (default: {SEEDS['paper']} at paper scale, {SEEDS['cpu']} at cpu scale)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, one process each (set OMP_NUM_THREADS so they share the cores)")
     parser.add_argument("--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go")
