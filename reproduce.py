@@ -342,6 +342,8 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
             cells.append(text)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
+    if table.name in CURVE_TABLES:
+        lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
     lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
               "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
     seen = set()
@@ -358,6 +360,7 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
 # ---------------------------------------------------------------------------
 
 LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables as seeds per column
+CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
 COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
@@ -497,13 +500,56 @@ def plot_lines(table: Table, cells: dict, title: str, path: str):
     save_figure(plt, fig, handles, path)
 
 
+def accuracy_curve(run_dir: str) -> list:
+    """(step, test accuracy in %) from a run's metrics.jsonl, finished or not; [] before its first evaluation."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    points = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a run killed mid-write leaves a torn last line; resuming rewrites it
+            if record.get("test_accuracy") is not None:
+                points.append((record["step"], 100 * record["test_accuracy"]))
+    return points
+
+
+def plot_curves(table: Table, runs: dict, title: str, path: str):
+    """Test accuracy against step, a panel per task, a color per column, a line per seed: shows
+    why a cell falls short (a plateau it never leaves, a late start, a peak and decline)."""
+    from matplotlib.lines import Line2D
+
+    rows = [row for row in table.rows if not row.endswith("(train)")]  # the training split is scored once, at the end
+    plt, fig, axes = new_figure(rows, title)
+    colors = dict(zip(table.cols, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for row, ax in axes.items():
+        for col in table.cols:
+            for cfg in runs[row, col]:
+                points = accuracy_curve(cfg.out)
+                if points:
+                    ax.plot(*zip(*points), color=colors[col], linewidth=1, alpha=0.8)
+        ax.set_ylim(-5, 105)
+        ax.set_title(row, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    save_figure(plt, fig, [Line2D([], [], color=colors[col], label=col) for col in table.cols], path)
+
+
 def render_picture(table: Table, scale: str, runs: dict, path: str):
-    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files; trains nothing."""
+    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files, and for the
+    task tables <table>-<scale>-curves.png from their metrics.jsonl; trains nothing."""
     cells = picture_cells(table, runs)
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
     if any(paper is not None for _, paper in cells.values()):
         title += "; stars: the paper's numbers"
     (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
+    if table.name in CURVE_TABLES:
+        plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
+                    path.removesuffix(".png") + "-curves.png")
 
 
 # ---------------------------------------------------------------------------

@@ -152,6 +152,16 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
         height, width, channels = plt.imread(png).shape
         assert height > 100 and width > 100 and channels in (3, 4)
         assert f"]({name}-cpu.png)" in (results / f"{name}-cpu.md").read_text()
+        if name in reproduce.CURVE_TABLES:
+            assert plt.imread(results / f"{name}-cpu-curves.png").shape[0] > 100
+            assert f"]({name}-cpu-curves.png)" in (results / f"{name}-cpu.md").read_text()
+
+
+def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 50, "loss": 2.0}\n{"step": 100, "loss": 1.0, "test_accuracy": 0.5}\n'
+                                            '{"step": 200, "loss": 0.5, "test_accuracy": 0.75}\n{"step": 25')
+    assert reproduce.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
+    assert reproduce.accuracy_curve(str(tmp_path / "not-started")) == []
 
 
 def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
