@@ -502,19 +502,7 @@ def plot_lines(table: Table, cells: dict, title: str, path: str):
 
 def accuracy_curve(run_dir: str) -> list:
     """(step, test accuracy in %) from a run's metrics.jsonl, finished or not; [] before its first evaluation."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    points = []
-    with open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a run killed mid-write leaves a torn last line; resuming rewrites it
-            if record.get("test_accuracy") is not None:
-                points.append((record["step"], 100 * record["test_accuracy"]))
-    return points
+    return [(r["step"], 100 * r["test_accuracy"]) for r in train.read_metrics(run_dir) if r.get("test_accuracy") is not None]
 
 
 def plot_curves(table: Table, runs: dict, title: str, path: str):

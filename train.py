@@ -414,24 +414,32 @@ def log_eval(cfg, step, loss, metrics, elapsed, steps_per_s=None):
         f.write(json.dumps(record) + "\n")
 
 
+def read_metrics(run_dir):
+    """The records of run_dir/metrics.jsonl ([] if it has none yet). A last line cut short by a kill
+    is dropped (resuming rewrites it); any other line that is not JSON is a UsageError."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # the last append, cut short
+                break
+            raise UsageError(f"{path} line {i + 1} is not JSON") from None
+    return records
+
+
 def truncate_metrics(run_dir, step):
     """Rewrite run_dir/metrics.jsonl (atomically) with only its records up to `step`, the resumed
     checkpoint's: later ones, and a line cut short by a kill, are from steps the resumed run repeats."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return
-    kept = []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # the last append, cut short
-                break
-            raise UsageError(f"{path} line {i + 1} is not JSON") from None
-        if record["step"] <= step:
-            kept.append(line + "\n")
+    kept = [json.dumps(record) + "\n" for record in read_metrics(run_dir) if record["step"] <= step]
     write_atomic(path, lambda f: f.write("".join(kept).encode()))
 
 

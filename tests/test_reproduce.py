@@ -162,6 +162,9 @@ def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_p
                                             '{"step": 200, "loss": 0.5, "test_accuracy": 0.75}\n{"step": 25')
     assert reproduce.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
     assert reproduce.accuracy_curve(str(tmp_path / "not-started")) == []
+    (tmp_path / "metrics.jsonl").write_text('{"step": 100, "test_accuracy": 0.5}\nnot json\n{"step": 200, "test_accuracy": 0.75}\n')
+    with pytest.raises(train.UsageError, match="line 2 is not JSON"):
+        reproduce.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
 
 
 def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
