@@ -85,6 +85,11 @@ class Table:
     paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
     note: str = ""
 
+    @property
+    def label(self) -> str:
+        """The title's name part, "Table 1" of "Table 1: ...", for captions."""
+        return self.title.split(":")[0]
+
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
 TABLE1_COLS = {  # column -> settings
@@ -343,7 +348,7 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
     if table.name in CURVE_TABLES:
-        lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
+        lines += ["", f"![{table.label}: test accuracy during training]({table.name}-{scale}-curves.png)"]
     lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
               "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
     seen = set()
@@ -536,7 +541,7 @@ def render_picture(table: Table, scale: str, runs: dict, path: str):
         title += "; stars: the paper's numbers"
     (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
     if table.name in CURVE_TABLES:
-        plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
+        plot_curves(table, runs, f"{table.label}: test accuracy during training, one line per seed",
                     path.removesuffix(".png") + "-curves.png")
 
 
