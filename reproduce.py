@@ -52,8 +52,10 @@ def cpu_note(cfgs, seeds: int) -> str:
         parts.append(f"width {CPU_WIDTH} stands for 1024 and 512")
     if any(cfg.arch == "lstm" for cfg in cfgs):
         parts.append("the lstm keeps lr 5e-3")
-    if any(cfg.arch != "lstm" and cfg.train == "full" and cfg.width == CPU_WIDTH and cfg.task in CPU_VARIANTS for cfg in cfgs):
-        parts.append(f"the fully trained width-{CPU_WIDTH} model takes lr {CPU_FULL_WIDE_LR:g}")
+    full_wide = [task for task in CPU_VARIANTS if any(cfg.arch != "lstm" and cfg.train == "full" and cfg.width == CPU_WIDTH
+                                                      and cfg.task == task for cfg in cfgs)]
+    if full_wide:
+        parts.append(f"the fully trained width-{CPU_WIDTH} model takes lr " + ", ".join(f"{CPU_FULL_WIDE_LR[task]:g} on {task}" for task in full_wide))
     tasks = [task for task in CPU_VARIANTS if any(cfg.task == task for cfg in cfgs)]
     parts += [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
     return "; ".join(parts) + "."

@@ -422,5 +422,7 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     assert "about 25.8 h" in hint
     suggested, _ = train.parse_args(hint.split("python train.py ")[1].split())
     assert suggested == train.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
+    full = train.slow_run_hint(TrainConfig(task="addition", train="full"), 9.3, 9990)
+    assert "--digits 6" in full and "--lr 0.0003" in full  # the fully trained wide model's own lr
     assert train.slow_run_hint(cfg, 0.1, 9990) is None
     assert "fewer --steps" in train.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
