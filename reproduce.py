@@ -37,7 +37,7 @@ import torch
 
 import train
 from corpus import validation_path
-from train import CPU_FULL_WIDE_LR, CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
+from train import CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
 
 SCALES = ("paper", "cpu")
 SEEDS = {"paper": 10, "cpu": 3}
@@ -52,10 +52,11 @@ def cpu_note(cfgs, seeds: int) -> str:
         parts.append(f"width {CPU_WIDTH} stands for 1024 and 512")
     if any(cfg.arch == "lstm" for cfg in cfgs):
         parts.append("the lstm keeps lr 5e-3")
-    full_wide = [task for task in CPU_VARIANTS if any(cfg.arch != "lstm" and cfg.train == "full" and cfg.width == CPU_WIDTH
-                                                      and cfg.task == task for cfg in cfgs)]
-    if full_wide:
-        parts.append(f"the fully trained width-{CPU_WIDTH} model takes lr " + ", ".join(f"{CPU_FULL_WIDE_LR[task]:g} on {task}" for task in full_wide))
+    full = [task for task in CPU_VARIANTS if any(cfg.task == task and cfg.arch != "lstm" and cfg.train == "full"
+                                                 and cfg.width >= CPU_FULL_LR_MIN_WIDTH for cfg in cfgs)]
+    if full:
+        parts.append(f"the fully trained model from width {CPU_FULL_LR_MIN_WIDTH} up takes lr "
+                     + ", ".join(f"{CPU_FULL_LR[task]:g} on {task}" for task in full))
     tasks = [task for task in CPU_VARIANTS if any(cfg.task == task for cfg in cfgs)]
     parts += [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
     return "; ".join(parts) + "."

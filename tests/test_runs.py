@@ -426,3 +426,10 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     assert "--digits 6" in full and "--lr 0.0003" in full  # the fully trained wide model's own lr
     assert train.slow_run_hint(cfg, 0.1, 9990) is None
     assert "fewer --steps" in train.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
+
+
+def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
+    lr = {(train_mode, width): train.cpu_variant(TrainConfig(task="needle", train=train_mode, width=width)).lr
+          for train_mode in ("full", "frozen") for width in (16, 128, None)}
+    assert lr == {("full", 16): 3e-3, ("full", 128): 3e-4, ("full", None): 3e-4,
+                  ("frozen", 16): 3e-3, ("frozen", 128): 3e-3, ("frozen", None): 3e-3}
