@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -52,6 +53,19 @@ def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeyp
     trained.clear()
     reproduce.sweep(table, runs, jobs=1)  # everything finished now
     assert trained == []
+
+
+def test_git_keeps_the_files_a_table_is_drawn_from_and_not_the_weights():
+    """A fresh clone redraws results/ from the committed runs/reproduce records and skips those runs;
+    modadd's train_split.json spares it the model.pt that git leaves out."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def ignored(path):
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=root).returncode == 0
+    run = "runs/reproduce/table2-cpu/modadd-u-only-s0/"
+    assert [name for name in ("config.json", "final.json", "train_split.json", "metrics.jsonl") if ignored(run + name)] == []
+    assert ignored(run + "model.pt") and ignored(run + "checkpoint.pt")
+    assert ignored("runs/needle-frozen-w16-s0/final.json")  # a run outside a sweep stays local
 
 
 def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
