@@ -2,6 +2,7 @@
 
     python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu
     python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu --pipeline authors
+    python bench.py --task parens --frozen --cpu-variant --device cpu   # a step of reproduce.py's cpu scale
 
 Serves the paper's experimental protocol (section 4, appendix D): thousands of
 small trainings and a few large ones, so the cost of a step decides what can be
@@ -195,10 +196,12 @@ def main(argv=None):
     parser.add_argument("--task", default="needle", help="task to time (any of train.py's)")
     parser.add_argument("--train", default="full", help=f"what trains: {', '.join(TRAINING_MODES)}")
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
-    parser.add_argument("--width", type=int, default=256, help="residual width n_embd")
+    parser.add_argument("--width", type=int, help="residual width n_embd (default 256; 512 with --cpu-variant)")
     parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
     parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
     parser.add_argument("--batch-size", type=int, default=256, help="examples per step")
+    parser.add_argument("--cpu-variant", action="store_true",
+                        help="time the task's laptop variant as reproduce.py --scale cpu trains it (train.cpu_variant: its sizes, batch and width)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", default="auto", help="fp32, bf16 or auto (train.py's default for the device)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="do not torch.compile on CUDA")
@@ -208,11 +211,15 @@ def main(argv=None):
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: measured with a large matmul)")
     args = parser.parse_args(argv)
-    cfg = train.TrainConfig(task=args.task, train="frozen" if args.frozen else args.train, width=args.width,
-                            layers=args.layers, heads=args.heads, batch_size=args.batch_size, device=args.device,
-                            dtype=args.dtype, compile=args.compile, out="unused")
+    cfg = train.TrainConfig(task=args.task, train="frozen" if args.frozen else args.train,
+                            width=args.width or (None if args.cpu_variant else 256), layers=args.layers, heads=args.heads,
+                            batch_size=args.batch_size, device=args.device, dtype=args.dtype, compile=args.compile, out="unused")
     try:
         check_timing(args)
+        if args.cpu_variant:
+            if cfg.task not in train.CPU_VARIANTS:
+                raise train.UsageError(f"--cpu-variant: {cfg.task} has none; tasks with one: {', '.join(train.CPU_VARIANTS)}")
+            cfg = train.cpu_variant(cfg)
         device = train.pick_device(cfg.device)
         bf16 = train.uses_bf16(device, cfg.dtype)
         label, task, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, device)

@@ -104,6 +104,7 @@ BAD_INPUTS = [
     ("bench.py", ["--train", "half"], "unknown training mode"),
     ("bench.py", ["--device", "tpu"], "unknown device"),
     ("bench.py", ["--dtype", "fp16"], "unknown dtype"),
+    ("bench.py", ["--task", "lm", "--cpu-variant"], "--cpu-variant: lm has none"),
     ("sample.py", ["RUN", "--prompt", ""], "--prompt must not be empty"),
     ("sample.py", ["RUN", "--temperature", "nan"], "--temperature must be a finite number > 0"),
     ("sample.py", ["RUN", "--temperature", "0"], "--temperature must be a finite number > 0"),

@@ -11,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import batched_seeds
+import bench
 import train
 from train import TrainConfig
 
@@ -124,3 +125,10 @@ def test_bench_prints_the_figure_table():
     header = [cell.strip() for cell in out[0].strip("|").split("|")]
     assert header[4:] == ["steps/s", "tokens/s", "TFLOP/s", "peak TFLOP/s", "MFU", "data share"]
     assert out[-1].split()[1] == "steps/s" and float(out[-1].split()[0]) > 0
+
+
+def test_bench_cpu_variant_times_the_step_reproduce_trains(capsys):
+    bench.main(["--task", "needle", "--frozen", "--cpu-variant", "--width", "16", "--device", "cpu", "--steps", "1",
+                "--repeats", "1", "--warmup-steps", "0", "--peak-tflops", "1"])
+    row = capsys.readouterr().out.splitlines()[2]
+    assert "| needle frozen w16 L2 b64 |" in row  # the variant's batch of 64, not bench's 256
