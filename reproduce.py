@@ -37,6 +37,7 @@ import torch
 
 import train
 from corpus import validation_path
+from tasks import make_task
 from train import CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
 
 SCALES = ("paper", "cpu")
@@ -269,9 +270,18 @@ def run_one(cfg: TrainConfig):
     return train_one(cfg), state, time.time() - start
 
 
+def run_cost(cfg: TrainConfig) -> float:
+    """A run's training time relative to others' (steps x examples x tokens x width^2, a trained body
+    counting 1.5x), enough to start the longest runs first so that --jobs workers finish together
+    rather than one of them running the last long run alone."""
+    tokens = cfg.context if cfg.task == "lm" else make_task(cfg.task, **asdict(cfg)).seq_len  # lm would read its corpus
+    body = 1.5 if cfg.train == "full" else 1.0
+    return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
+
+
 def sweep(table: Table, runs: dict, jobs: int):
-    """Train every run of the table not yet finished, printing one line per run."""
-    todo = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
+    """Train every run of the table not yet finished, longest first, printing one line per run."""
+    todo = sorted({cfg.out: cfg for cell in runs.values() for cfg in cell}.values(), key=run_cost, reverse=True)
     for cfg in todo:
         check_same_config(cfg)
     start = time.time()

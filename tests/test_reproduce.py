@@ -55,6 +55,25 @@ def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeyp
     assert trained == []
 
 
+def test_a_sweep_starts_the_longest_runs_first(tmp_path, monkeypatch):
+    """So that two workers end near together instead of one training the last long run alone."""
+    table = reproduce.table1("cpu")
+    runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=1)
+    trained = []
+    def fake_train(cfg, resume):
+        trained.append(cfg)
+        write_final(cfg.out, accuracy=1.0, loss=0.0)
+        train.write_json(os.path.join(cfg.out, "train_split.json"), {})  # modadd's, written after training
+
+    monkeypatch.setattr(reproduce.train, "train", fake_train)
+    reproduce.sweep(table, runs, jobs=1)
+    assert len(trained) == 20
+    assert [cfg.width for cfg in trained[:12]] == [train.CPU_WIDTH] * 12 and {cfg.width for cfg in trained[12:]} == {16}
+    assert trained[0].task == "parens" and trained[0].train == "full"  # the longest sequences, every weight trained
+    costs = [reproduce.run_cost(cfg) for cfg in trained]
+    assert costs == sorted(costs, reverse=True)
+
+
 def test_git_keeps_the_files_a_table_is_drawn_from_and_not_the_weights():
     """A fresh clone redraws results/ from the committed runs/reproduce records and skips those runs;
     modadd's train_split.json spares it the model.pt that git leaves out."""
