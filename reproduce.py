@@ -37,7 +37,6 @@ import torch
 
 import train
 from corpus import validation_path
-from tasks import make_task
 from train import CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
 
 SCALES = ("paper", "cpu")
@@ -274,7 +273,7 @@ def run_cost(cfg: TrainConfig) -> float:
     """A run's training time relative to others' (steps x examples x tokens x width^2, a trained body
     counting 1.5x), enough to start the longest runs first so that --jobs workers finish together
     rather than one of them running the last long run alone."""
-    tokens = cfg.context if cfg.task == "lm" else make_task(cfg.task, **asdict(cfg)).seq_len  # lm would read its corpus
+    tokens = cfg.context if cfg.task == "lm" else train.build_task(cfg).seq_len  # lm would read its corpus
     body = 1.5 if cfg.train == "full" else 1.0
     return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
 
