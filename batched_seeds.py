@@ -1,6 +1,6 @@
 """Train several seeds of one config at once: weights stacked, one vmapped model, one loop.
 
-    python train.py --task needle --frozen --width 64 --seeds 5 --batched-seeds
+    python batched_seeds.py --task needle --frozen --width 64 --seeds 5   # train.py's flags
 
 Serves the paper's many small trainings (section 4 reports medians over
 seeds): for small models, running N seeds as one stacked model replaces N
@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from tasks import Batch, join_batches
 from train import (Clock, UsageError, autocast, check_run_dir, clear_run_dir, compile_model, evaluate, length_chunks,
-                   log_eval, lr_at, make_optimizer, mean_loss, pick_device, print_eval, save_final, seed_configs, set_lr,
-                   task_and_model, write_config, write_seed_summary)
+                   log_eval, lr_at, make_optimizer, mean_loss, parse_args, pick_device, print_eval, save_final, seed_configs,
+                   set_lr, task_and_model, write_config, write_seed_summary)
 
 
 def stacked_forward(base, params):
@@ -66,7 +66,9 @@ def train_batched(cfg) -> list:
     run does not resume.
     """
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        raise UsageError("--batched-seeds runs in one process; use torchrun for single large runs")
+        raise UsageError("batched seeds run in one process; use torchrun with train.py for single large runs")
+    if cfg.seeds < 2:
+        raise UsageError("--seeds must be >= 2 (train.py trains a single run)")
     runs = seed_configs(cfg)
     device = pick_device(cfg.device)
     models, counts = [], []
@@ -122,3 +124,18 @@ def train_batched(cfg) -> list:
         save_final(run, task, state, base.cfg, results[i], cfg.steps, clock.elapsed(), counts[i])
     write_seed_summary(runs)
     return results
+
+
+def main(argv=None):
+    try:
+        cfg, resume = parse_args(argv)
+        if resume:
+            raise UsageError("a batched run writes no checkpoint, so there is nothing to resume; train.py --resume continues single runs")
+        train_batched(cfg)
+    except UsageError as e:
+        print(f"batched_seeds.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,7 @@ runs/<name>/: config.json, metrics.jsonl, final.json, model.pt, checkpoint.pt.
 Reading order: train() sets a run up and loops; train_step() is one step
 (draw a batch; per length chunk, forward under autocast and backward(); clip;
 optimizer.step()); evaluate_log_checkpoint() is what happens every eval_every
-steps. --batched-seeds runs batched_seeds.py; sample.py writes text from an lm run.
+steps. batched_seeds.py trains several seeds as one model; sample.py writes text from an lm run.
 """
 
 import argparse
@@ -113,7 +113,6 @@ class TrainConfig:
     compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
     dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
     seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
-    batched_seeds: bool = field(default=False, metadata={"help": "train the --seeds runs at once in one process, weights stacked and vmapped"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
     # task sizes; each task reads only its own
@@ -730,10 +729,10 @@ def seed_configs(cfg: TrainConfig) -> list:
     """One config per seed of --seeds, each a complete single run (its config.json reproduces it alone)."""
     if cfg.seeds < 1:
         raise UsageError("--seeds must be >= 1")
-    if cfg.seeds == 1 and not cfg.batched_seeds:
+    if cfg.seeds == 1:
         return [cfg]
     # cfg.out None: fill_paper_defaults names each run runs/<task>-<train>-w<width>-s<seed>
-    return [replace(cfg, seed=s, seeds=1, batched_seeds=False, out=cfg.out and f"{cfg.out}-s{s}")
+    return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")
             for s in range(cfg.seed, cfg.seed + cfg.seeds)]
 
 
@@ -849,16 +848,11 @@ def parse_args(argv=None):
 def main(argv=None):
     try:
         cfg, resume = parse_args(argv)
-        if cfg.batched_seeds:
-            from batched_seeds import train_batched  # batched_seeds imports this module, so not at the top
-
-            train_batched(cfg)
-        else:
-            runs = seed_configs(cfg)
-            for run in runs:
-                train(run, resume=resume)  # fills in run.out
-            if len(runs) > 1:
-                write_seed_summary(runs)
+        runs = seed_configs(cfg)
+        for run in runs:
+            train(run, resume=resume)  # fills in run.out
+        if len(runs) > 1:
+            write_seed_summary(runs)
     except UsageError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -63,7 +63,7 @@ def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
 
 
 def test_batched_seeds_match_separate_runs(tmp_path, capsys):
-    cfg = tiny(tmp_path, seeds=2, batched_seeds=True, out=str(tmp_path / "batched"))
+    cfg = tiny(tmp_path, seeds=2, out=str(tmp_path / "batched"))
     batched = batched_seeds.train_batched(cfg)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
     assert [line[:15] for line in printed] == ["seed 0: step 3/", "seed 1: step 3/", "seed 0: step 6/", "seed 1: step 6/"]
@@ -77,6 +77,13 @@ def test_batched_seeds_match_separate_runs(tmp_path, capsys):
         logged = [json.loads(line) for line in (tmp_path / f"batched-s{seed}" / "metrics.jsonl").read_text().splitlines()]
         assert [line["step"] for line in logged] == [3, 6]
         assert json.loads((tmp_path / f"batched-s{seed}" / "config.json").read_text())["seed"] == seed
+
+
+def test_batched_seeds_of_one_seed_is_a_one_line_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        batched_seeds.main(["--task", "parens", "--frozen", "--seeds", "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--seeds must be >= 2" in err
 
 
 @pytest.mark.parametrize("task", ["addition", "parens"])  # rows with unequal answer counts; length chunks
