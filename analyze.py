@@ -5,7 +5,9 @@
 
 Serves section 4.2 (Figure 2: attention patterns, Figure 3: circular embeddings
 and the Clock/Pizza metrics), section 5 (memorization capacity, language-model
-samples) and section 6 (Tables 4, 5, 7: explained variance) of the paper.
+samples) and section 6 (Tables 4, 5, 7: explained variance) of the paper, and
+splits parentheses accuracy by string length (what the test-set exclusion rule
+keeps out of training).
 Numbers go to <run>/analysis.json and a readable <run>/analysis.md, figures to
 <run>/*.png. Running a subset with --only keeps the other results already in
 analysis.json. Everything runs on the CPU; nothing here trains.
@@ -431,6 +433,59 @@ def samples_markdown(result):
 
 
 # ---------------------------------------------------------------------------
+# Parentheses: accuracy by string length
+# ---------------------------------------------------------------------------
+
+STREAM_SAMPLE = 20_000  # training strings drawn to see which (length, answer) pairs training ever shows
+SHORT_LENGTHS = 12  # lengths listed one by one; longer ones are pooled (misses, if any, cluster at the short end)
+
+
+@torch.no_grad()
+def parens_lengths(run: Run) -> dict:
+    """Test accuracy per string length and answer, beside how often training shows that pair.
+
+    The exclusion rule drops every training string that is also a test string, and a test set
+    of this size holds every short balanced string, so at some lengths training never asks for
+    the answer "balanced": this tells misses there apart from misses of the rule itself.
+    """
+    task, test = run.task, run.task.test_set()
+    correct = task.metrics(run.model(test.x, test.pos), test)["accuracy"]
+    stream = task.sample(STREAM_SAMPLE, torch.Generator().manual_seed(0))
+    keys = lambda batch: (batch.pos[:, 0] * 3 + batch.y[:, 0]).tolist()  # noqa: E731  (length, answer) as one int
+    trained = set(keys(stream))
+    test_keys = keys(test)
+    rows = []
+    for length in range(1, task.max_parens + 1):
+        for answer, name in ((tasks.CLOSE, "balanced"), (tasks.OPEN, "unbalanced")):
+            picked = [i for i, key in enumerate(test_keys) if key == length * 3 + answer]
+            if picked:
+                rows.append({"length": length, "answer": name, "test": len(picked),
+                             "accuracy": correct[picked].mean().item(), "in_training": length * 3 + answer in trained})
+    unseen = [r for r in rows if not r["in_training"]]
+    pooled = lambda rs: sum(r["accuracy"] * r["test"] for r in rs) / max(1, sum(r["test"] for r in rs))  # noqa: E731
+    return {"rows": rows, "accuracy": correct.mean().item(), "stream_sample": STREAM_SAMPLE,
+            "unseen": {"test": sum(r["test"] for r in unseen), "accuracy": pooled(unseen)},
+            "seen": {"test": sum(r["test"] for r in rows if r["in_training"]), "accuracy": pooled([r for r in rows if r["in_training"]])}}
+
+
+def parens_lengths_markdown(result):
+    unseen, seen = result["unseen"], result["seen"]
+    lines = [f"Test accuracy {100 * result['accuracy']:.1f}%. Test strings whose length and answer never occur in "
+             f"{result['stream_sample']:,} training strings: {unseen['test']}, {100 * unseen['accuracy']:.1f}% correct; "
+             f"the other {seen['test']}: {100 * seen['accuracy']:.1f}%.", "",
+             "| length | answer | test strings | accuracy | in training |", "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["length"] <= SHORT_LENGTHS:
+            lines.append(f"| {r['length']} | {r['answer']} | {r['test']} | {100 * r['accuracy']:.1f}% | {'yes' if r['in_training'] else 'never'} |")
+    longer = [r for r in result["rows"] if r["length"] > SHORT_LENGTHS]
+    if longer:
+        n = sum(r["test"] for r in longer)
+        lines.append(f"| {SHORT_LENGTHS + 1}+ | both | {n} | {100 * sum(r['accuracy'] * r['test'] for r in longer) / n:.1f}% | "
+                     f"{'yes' if all(r['in_training'] for r in longer) else 'not all'} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
 # Training curves
 # ---------------------------------------------------------------------------
 
@@ -482,6 +537,8 @@ ANALYSES = {
                   lambda run, args: attention_patterns(run, args.tokens), attention_markdown),
     "memorization": ("Memorization capacity (Table 3)", lambda run: run.cfg.task == "memorize",
                      lambda run, args: memorization(run), memorization_markdown),
+    "lengths": ("Accuracy by string length (parentheses)", lambda run: run.cfg.task == "parens",
+                lambda run, args: parens_lengths(run), parens_lengths_markdown),
     "samples": ("Samples (Figure 5)", lambda run: run.cfg.task == "lm",
                 lambda run, args: samples(run), samples_markdown),
 }

@@ -153,8 +153,18 @@ def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
     (runs / "parens" / "attention.png").unlink()
     result = analyzed(runs / "parens", "--only", "attention", "--tokens", "1", "2", "1", "3")
     assert result["attention"]["tokens"] == [1, 2, 1, 3]
-    assert set(result) == {"curves", "variance", "attention"}
+    assert set(result) == {"curves", "variance", "attention", "lengths"}
     assert_figure(runs / "parens" / "attention.png")
+
+
+def test_parens_lengths_split_the_test_set_by_what_training_shows(runs):
+    lengths = analyzed(runs / "parens", "--only", "lengths")["lengths"]
+    rows = {(r["length"], r["answer"]): r for r in lengths["rows"]}
+    assert not rows[(2, "balanced")]["in_training"]  # "()" is a test string, so the exclusion rule keeps it out of training
+    assert sum(r["test"] for r in rows.values()) == lengths["unseen"]["test"] + lengths["seen"]["test"] == 32
+    pooled = sum(r["accuracy"] * r["test"] for r in rows.values()) / 32
+    assert lengths["accuracy"] == pytest.approx(pooled)
+    assert "| 2 | balanced |" in (runs / "parens" / "analysis.md").read_text()
 
 
 def test_analysis_that_does_not_apply_is_a_one_line_error(runs, capsys):
