@@ -440,6 +440,12 @@ STREAM_SAMPLE = 20_000  # training strings drawn to see which (length, answer) p
 SHORT_LENGTHS = 12  # lengths listed one by one; longer ones are pooled (misses, if any, cluster at the short end)
 
 
+def pooled(rows) -> dict:
+    """Test strings and accuracy over a group of parens_lengths rows."""
+    n = sum(r["test"] for r in rows)
+    return {"test": n, "accuracy": sum(r["accuracy"] * r["test"] for r in rows) / max(1, n)}
+
+
 @torch.no_grad()
 def parens_lengths(run: Run) -> dict:
     """Test accuracy per string length and answer, beside how often training shows that pair.
@@ -451,21 +457,17 @@ def parens_lengths(run: Run) -> dict:
     task, test = run.task, run.task.test_set()
     correct = task.metrics(run.model(test.x, test.pos), test)["accuracy"]
     stream = task.sample(STREAM_SAMPLE, torch.Generator().manual_seed(0))
-    keys = lambda batch: (batch.pos[:, 0] * 3 + batch.y[:, 0]).tolist()  # noqa: E731  (length, answer) as one int
-    trained = set(keys(stream))
-    test_keys = keys(test)
+    trained = set(zip(stream.pos[:, 0].tolist(), stream.y[:, 0].tolist()))
+    test_pairs = list(zip(test.pos[:, 0].tolist(), test.y[:, 0].tolist()))  # (length, answer) of each test string
     rows = []
     for length in range(1, task.max_parens + 1):
         for answer, name in ((tasks.CLOSE, "balanced"), (tasks.OPEN, "unbalanced")):
-            picked = [i for i, key in enumerate(test_keys) if key == length * 3 + answer]
+            picked = [i for i, pair in enumerate(test_pairs) if pair == (length, answer)]
             if picked:
                 rows.append({"length": length, "answer": name, "test": len(picked),
-                             "accuracy": correct[picked].mean().item(), "in_training": length * 3 + answer in trained})
-    unseen = [r for r in rows if not r["in_training"]]
-    pooled = lambda rs: sum(r["accuracy"] * r["test"] for r in rs) / max(1, sum(r["test"] for r in rs))  # noqa: E731
+                             "accuracy": correct[picked].mean().item(), "in_training": (length, answer) in trained})
     return {"rows": rows, "accuracy": correct.mean().item(), "stream_sample": STREAM_SAMPLE,
-            "unseen": {"test": sum(r["test"] for r in unseen), "accuracy": pooled(unseen)},
-            "seen": {"test": sum(r["test"] for r in rows if r["in_training"]), "accuracy": pooled([r for r in rows if r["in_training"]])}}
+            "unseen": pooled([r for r in rows if not r["in_training"]]), "seen": pooled([r for r in rows if r["in_training"]])}
 
 
 def parens_lengths_markdown(result):
@@ -479,8 +481,8 @@ def parens_lengths_markdown(result):
             lines.append(f"| {r['length']} | {r['answer']} | {r['test']} | {100 * r['accuracy']:.1f}% | {'yes' if r['in_training'] else 'never'} |")
     longer = [r for r in result["rows"] if r["length"] > SHORT_LENGTHS]
     if longer:
-        n = sum(r["test"] for r in longer)
-        lines.append(f"| {SHORT_LENGTHS + 1}+ | both | {n} | {100 * sum(r['accuracy'] * r['test'] for r in longer) / n:.1f}% | "
+        group = pooled(longer)
+        lines.append(f"| {SHORT_LENGTHS + 1}+ | both | {group['test']} | {100 * group['accuracy']:.1f}% | "
                      f"{'yes' if all(r['in_training'] for r in longer) else 'not all'} |")
     return "\n".join(lines)
 
