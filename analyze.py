@@ -16,7 +16,6 @@ analysis.json. Everything runs on the CPU; nothing here trains.
 import json
 import math
 import os
-import sys
 
 import torch
 
@@ -24,7 +23,8 @@ import sample
 import tasks
 from model import GPT
 from tasks import Batch
-from train import OneLineParser, UsageError, load_run, write_atomic, write_json
+from config import OneLineParser, load_run, usage_errors
+from runs import UsageError, read_metrics, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -49,32 +49,19 @@ class Run:
         model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.train, self.cfg.train)
         return f"{self.cfg.task} {model} w{self.cfg.width}"
 
-    def metrics_log(self):
-        path = os.path.join(self.path, "metrics.jsonl")
-        if not os.path.isfile(path):
-            return []
-        with open(path) as f:
-            return [read_json_line(line, path, i + 1) for i, line in enumerate(f) if line.strip()]
-
     def figure_path(self, name):
         return os.path.join(self.path, f"{name}.png")
 
 
-def read_json_line(line, path, number):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        raise UsageError(f"{path} line {number} is not JSON (cut short?)") from None
-
-
-def save_figure(plt, fig, path):
+def save_figure(plt, fig, path, **savefig):
     """Write the figure as a PNG atomically (a kill never leaves half a picture) and free it."""
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, **savefig))
     plt.close(fig)
 
 
 def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend, imported only when a figure is drawn."""
+    """matplotlib's pyplot on the file-only Agg backend, imported only when a figure is drawn
+    (reproduce.py draws with it too)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -494,7 +481,7 @@ def parens_lengths_markdown(result):
 
 def training_curves(run: Run) -> dict:
     """Training loss and every test metric against step, from metrics.jsonl."""
-    log = run.metrics_log()
+    log = read_metrics(run.path)
     if not log:
         return {"skipped": "metrics.jsonl is missing or empty"}
     plt = pyplot()
@@ -562,7 +549,7 @@ def check_request(run: Run, args):
     cfg = run.model.cfg
     if args.tokens and (not all(0 <= t < cfg.vocab_size for t in args.tokens) or len(args.tokens) > cfg.n_positions):
         raise UsageError(f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for {run.path}")
-    run.metrics_log()  # a corrupt log fails here, not after other analyses have written their files
+    read_metrics(run.path)  # a corrupt log fails here, not after other analyses have written their files
     if args.only:
         earlier_results(run)
 
@@ -609,16 +596,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
+    with usage_errors("analyze.py"):
         runs = [Run(path) for path in args.runs]
         for run in runs:  # every run is checked before any is analyzed
             check_request(run, args)
         for run in runs:
             analyze(run, args)
             print(f"wrote {os.path.join(run.path, 'analysis.md')}")
-    except UsageError as e:
-        print(f"analyze.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -4,23 +4,25 @@
 
 Serves the paper's many small trainings (section 4 reports medians over
 seeds): for small models, running N seeds as one stacked model replaces N
-launches of every operation by one. The loop mirrors train.train and uses its
-helpers (lr schedule, length chunks, evaluation, logging, saving), so a seed
-trained here computes what train.train computes for it, up to float rounding.
+launches of every operation by one. Each step is train.train_step, given a
+loss and a clipping that act per seed, so a seed trained here computes what
+train.train computes for it, up to float rounding.
 """
 
 import os
 import sys
 import warnings
 from dataclasses import fields
+from functools import partial
 
 import torch
 from tqdm import tqdm
 
+import runs
+from config import build, parse_args, pick_device, run_record, seed_configs, usage_errors
+from runs import UsageError
 from tasks import Batch, join_batches
-from train import (Clock, UsageError, autocast, check_run_dir, clear_run_dir, compile_model, evaluate, length_chunks,
-                   log_eval, lr_at, make_optimizer, mean_loss, parse_args, pick_device, print_eval, save_final, seed_configs,
-                   set_lr, task_and_model, write_config, write_seed_summary)
+from train import Clock, compile_model, evaluate, lr_at, make_optimizer, mean_loss, train_step
 
 
 def stacked_forward(base, params):
@@ -69,19 +71,18 @@ def train_batched(cfg) -> list:
         raise UsageError("batched seeds run in one process; use torchrun with train.py for single large runs")
     if cfg.seeds < 2:
         raise UsageError("--seeds must be >= 2 (train.py trains a single run)")
-    runs = seed_configs(cfg)
     device = pick_device(cfg.device)
-    models, counts = [], []
-    for run in runs:
+    seeds, models, counts = [], [], []
+    for run in seed_configs(cfg):
         torch.manual_seed(run.seed)
-        task, model, n = task_and_model(run)
-        check_run_dir(run)
+        run, task, model, n = build(run)
+        runs.check_run_dir(run)
+        seeds.append(run)
         models.append(model.to(device))
         counts.append(n)
-    for run, n in zip(runs, counts):  # every seed checked and built: only now are old run directories emptied
-        clear_run_dir(run)
-        write_config(run, n, device)
-    cfg = runs[0]  # settings filled in by task_and_model, shared by every seed
+    for run, model, n in zip(seeds, models, counts):  # every seed checked and built: only now are old runs replaced
+        runs.start_or_resume(run, False, model, None, None, run_record(run, n, device))
+    cfg = seeds[0]  # settings filled in by build, shared by every seed
     params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
     net = compile_model(stacked_forward(base, params), device, cfg.compile)
@@ -89,52 +90,41 @@ def train_batched(cfg) -> list:
     warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
     trainable = [p for p in params.values() if p.requires_grad]
     optimizer = make_optimizer(trainable, cfg, device, matrix_dim=3)
-    generators = [torch.Generator(device=device).manual_seed(run.seed) for run in runs]
+    generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
-    print(f"{cfg.task}: {len(runs)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
+    print(f"{cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
     losses, clock = [], Clock()
     for step in tqdm(range(cfg.steps + 1), dynamic_ncols=True, disable=None):
         if step == cfg.steps or (step % cfg.eval_every == 0 and step > 0):
-            loss = mean_loss(losses) or [None] * len(runs)
+            loss = mean_loss(losses) or [None] * len(seeds)
             steps_per_s = len(losses) / clock.lap() if losses else None
-            results = []
-            for i, run in enumerate(runs):
-                results.append(evaluate(seed_model(base, params, i), task, test, device, cfg.dtype))
-                log_eval(run, step, loss[i], results[i], clock.elapsed(), steps_per_s)
+            results = [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))]
+            for run, seed_loss, metrics in zip(seeds, loss, results):
+                runs.log_eval(run.out, step, seed_loss, lr_at(step, cfg), metrics, clock.elapsed(), steps_per_s)
                 if not sys.stderr.isatty():
-                    print_eval(run, step, loss[i], results[i], steps_per_s, prefix=f"seed {run.seed}: ")
+                    runs.print_eval(step, cfg.steps, seed_loss, metrics, steps_per_s, prefix=f"seed {run.seed}: ")
             losses = []
             clock.lap()
         if step == cfg.steps:
             break
-        set_lr(optimizer, lr_at(step, cfg))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
         batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
-        batch_loss = 0.0
-        for chunk, weight in length_chunks(batch, (batch.y >= 0).sum((-2, -1))):
-            with autocast(device, cfg.dtype):
-                loss = seed_losses(task, net(chunk.x, chunk.pos), chunk) * weight  # (N,)
-            loss.sum().backward()
-            batch_loss = batch_loss + loss.detach()
-        clip_per_seed(trainable, cfg.clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(batch_loss)
-    for i, run in enumerate(runs):
+        losses.append(train_step(net, partial(seed_losses, task), partial(clip_per_seed, trainable), batch, optimizer, cfg))
+    for i, (run, metrics, n) in enumerate(zip(seeds, results, counts)):
         state = {k: v[i].detach().clone() for k, v in params.items()}
-        save_final(run, task, state, base.cfg, results[i], cfg.steps, clock.elapsed(), counts[i])
-    write_seed_summary(runs)
+        final = {"step": cfg.steps, "elapsed": clock.elapsed(), "parameters": n, **task.summary(metrics, n["trainable"])}
+        runs.save_final(run, state, base.cfg, metrics, final)
+    runs.write_seed_summary(seeds)
     return results
 
 
 def main(argv=None):
-    try:
-        cfg, resume = parse_args(argv)
+    with usage_errors("batched_seeds.py"):
+        cfg, resume = parse_args(argv, __doc__.split("\n")[0])
         if resume:
             raise UsageError("a batched run writes no checkpoint, so there is nothing to resume; train.py --resume continues single runs")
         train_batched(cfg)
-    except UsageError as e:
-        print(f"batched_seeds.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

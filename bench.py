@@ -4,6 +4,8 @@
     python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu --pipeline authors
     python bench.py --task parens --frozen --cpu-variant --device cpu   # a step of reproduce.py's cpu scale
 
+Takes train.py's flags (config.py), unset ones at the paper's settings for the task.
+
 Serves the paper's experimental protocol (section 4, appendix D): thousands of
 small trainings and a few large ones, so the cost of a step decides what can be
 reproduced. `--pipeline ours` times train.train_step, the training loop's own
@@ -31,16 +33,21 @@ MFU = achieved / peak, the peak given by --peak-tflops or measured with a large
 matmul in the step's dtype.
 """
 
+import argparse
 import math
 import random
 import time
+from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-import train
+from config import build, config_from_args, cpu_variant, make_parser, pick_device, usage_errors, uses_bf16
 from model import TRAINING_MODES
+from runs import UsageError
 from tasks import Needle
+from train import compile_model, make_optimizer, train_step
 
 
 def sync(device):
@@ -93,19 +100,18 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 # ---------------------------------------------------------------------------
 
 
-def ours(cfg, device):
-    torch.manual_seed(cfg.seed)
-    task, model, _ = train.task_and_model(cfg)
+def ours(cfg, task, model, device):
     model.to(device)
-    optimizer = train.make_optimizer(model.parameters(), cfg, device)
+    optimizer = make_optimizer(model.parameters(), cfg, device)
+    clip = partial(torch.nn.utils.clip_grad_norm_, [p for p in model.parameters() if p.requires_grad])
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    net = train.compile_model(model, device, cfg.compile)
+    net = compile_model(model, device, cfg.compile)
 
     def make_data():
         return task.sample(cfg.batch_size, generator).to(device)
 
     def step():
-        train.train_step(net, task, optimizer, generator, cfg)
+        train_step(net, task.loss, clip, make_data(), optimizer, cfg)
 
     def rows():
         batch = make_data()
@@ -124,13 +130,11 @@ def needle_example(rng, max_pairs):
     return tokens, values[queried]
 
 
-def authors(cfg, device):
+def authors(cfg, task, model, device):
     if cfg.task != "needle":
-        raise train.UsageError("--pipeline authors is implemented for needle only")
+        raise UsageError("--pipeline authors is implemented for needle only")
     if cfg.train not in ("frozen", "full"):
-        raise train.UsageError("--pipeline authors times the frozen and full modes")
-    torch.manual_seed(cfg.seed)
-    task, model, _ = train.task_and_model(cfg)  # also fills the task's defaults into cfg
+        raise UsageError("--pipeline authors times the frozen and full modes")
     n_positions = task.n_positions
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -150,7 +154,7 @@ def authors(cfg, device):
             logits = model(x)
             return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
-    optimizer = train.make_optimizer(model.parameters(), cfg, device)
+    optimizer = make_optimizer(model.parameters(), cfg, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     rng = random.Random(cfg.seed)
     test = {tuple(row[: int(p) + 1]) for row, p in zip(task.test_set().x.tolist(), task.test_set().pos[:, 0].tolist())}
@@ -168,7 +172,7 @@ def authors(cfg, device):
 
     def step():
         x, labels = make_data()
-        with train.autocast(device, cfg.dtype):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, cfg.dtype)):
             loss = forward(x, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
@@ -183,53 +187,38 @@ def authors(cfg, device):
     return label, task, step, make_data, rows
 
 
-def check_timing(args):
-    """UsageError for timing settings that measure nothing."""
-    if args.steps < 1 or args.repeats < 1 or args.warmup_steps < 0:
-        raise train.UsageError("--steps and --repeats must be >= 1, --warmup-steps >= 0")
-    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
-        raise train.UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
+BENCH_FLAGS = ("cpu_variant", "pipeline", "steps_timed", "repeats", "warmup_steps", "peak_tflops")
 
 
 def main(argv=None):
-    parser = train.OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", default="needle", help="task to time (any of train.py's)")
-    parser.add_argument("--train", default="full", help=f"what trains: {', '.join(TRAINING_MODES)}")
-    parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
-    parser.add_argument("--width", type=int, help="residual width n_embd (default 256; 512 with --cpu-variant)")
-    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
-    parser.add_argument("--batch-size", type=int, default=256, help="examples per step")
+    parser = make_parser(__doc__.split("\n")[0], skip=("seeds", "out", "overwrite", "eval_every", "resume"))
     parser.add_argument("--cpu-variant", action="store_true",
-                        help="time the task's laptop variant as reproduce.py --scale cpu trains it (train.cpu_variant: its sizes, batch and width)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    parser.add_argument("--dtype", default="auto", help="fp32, bf16 or auto (train.py's default for the device)")
-    parser.add_argument("--no-compile", dest="compile", action="store_false", help="do not torch.compile on CUDA")
+                        help="time the task's laptop variant as reproduce.py --scale cpu trains it (config.cpu_variant)")
     parser.add_argument("--pipeline", choices=("ours", "authors"), default="ours", help="our training step or the authors' stand-in")
-    parser.add_argument("--steps", type=int, default=10, help="steps per timing")
+    parser.add_argument("--steps-timed", type=int, default=10, help="steps per timing")
     parser.add_argument("--repeats", type=int, default=3, help="timings; the best one counts")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: measured with a large matmul)")
-    args = parser.parse_args(argv)
-    cfg = train.TrainConfig(task=args.task, train="frozen" if args.frozen else args.train,
-                            width=args.width or (None if args.cpu_variant else 256), layers=args.layers, heads=args.heads,
-                            batch_size=args.batch_size, device=args.device, dtype=args.dtype, compile=args.compile, out="unused")
-    try:
-        check_timing(args)
+    given = vars(parser.parse_args(argv))
+    args = argparse.Namespace(**{name: given.pop(name, None) for name in BENCH_FLAGS})
+    with usage_errors("bench.py"):
+        cfg, _ = config_from_args(argparse.Namespace(**given))
+        if args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0:  # timings that measure nothing
+            raise UsageError("--steps-timed and --repeats must be >= 1, --warmup-steps >= 0")
+        if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+            raise UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
         if args.cpu_variant:
-            if cfg.task not in train.CPU_VARIANTS:
-                raise train.UsageError(f"--cpu-variant: {cfg.task} has none; tasks with one: {', '.join(train.CPU_VARIANTS)}")
-            cfg = train.cpu_variant(cfg)
-        device = train.pick_device(cfg.device)
-        bf16 = train.uses_bf16(device, cfg.dtype)
-        label, task, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, device)
-    except train.UsageError as e:
-        parser.exit(2, f"bench.py: error: {e}\n")
+            cfg = cpu_variant(cfg)
+        device = pick_device(cfg.device)
+        bf16 = uses_bf16(device, cfg.dtype)
+        torch.manual_seed(cfg.seed)
+        cfg, task, model, _ = build(replace(cfg, out="unused"))
+        label, task, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, task, model, device)
 
     for _ in range(args.warmup_steps):
         step()
-    seconds = best_seconds(step, args.steps, args.repeats, device)
-    data_seconds = best_seconds(make_data, args.steps, args.repeats, device)
+    seconds = best_seconds(step, args.steps_timed, args.repeats, device)
+    data_seconds = best_seconds(make_data, args.steps_timed, args.repeats, device)
     lengths, answer_pos = rows()
     flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
@@ -244,7 +233,7 @@ def main(argv=None):
     print("| " + " | ".join(figures) + " |")
     print("|" + "---|" * len(figures))
     print("| " + " | ".join(figures.values()) + " |")
-    print(f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps} steps)")
+    print(f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)")
 
 
 if __name__ == "__main__":

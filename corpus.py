@@ -18,6 +18,8 @@ import random
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from runs import write_atomic
+
 
 END_OF_TEXT = "<|endoftext|>"  # TinyStories' story separator; one token between stories
 STORY_DIR = os.path.join("data", "stories")  # where the shipped corpus is written (git-ignored)
@@ -66,17 +68,6 @@ def has_stories(path: str) -> bool:
     return next(read_stories(path), None) is not None
 
 
-def write_cache(cache: str, write):
-    """Write a cache through write(temp_path) and move it into place; a failure leaves no file behind."""
-    temp = cache + ".tmp"
-    try:
-        write(temp)
-        os.replace(temp, cache)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
-
-
 def is_fresh(cache: str, source: str) -> bool:
     """A cache file is reused unless its source text changed after it was written."""
     return os.path.exists(cache) and os.path.getmtime(cache) >= os.path.getmtime(source)
@@ -96,7 +87,7 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[END_OF_TEXT],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(read_stories(train_path), trainer)
-    write_cache(cache, tokenizer.save)
+    write_atomic(cache, lambda f: f.write(tokenizer.to_str().encode()))
     return cache
 
 
@@ -111,13 +102,12 @@ def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
         tokenizer = Tokenizer.from_file(tokenizer_path)
         end = tokenizer.token_to_id(END_OF_TEXT)
 
-        def write(temp):
-            with open(temp, "wb") as f:
-                for chunk in batched(read_stories(path), 10_000):
-                    for encoding in tokenizer.encode_batch(chunk):
-                        f.write(np.array(encoding.ids + [end], dtype=np.uint16).tobytes())
+        def write(f):
+            for chunk in batched(read_stories(path), 10_000):
+                for encoding in tokenizer.encode_batch(chunk):
+                    f.write(np.array(encoding.ids + [end], dtype=np.uint16).tobytes())
 
-        write_cache(cache, write)
+        write_atomic(cache, write)
     return np.memmap(cache, dtype=np.uint16, mode="r")
 
 
@@ -218,8 +208,6 @@ def write_story_corpus(directory: str, n_train: int = 5000, n_valid: int = 500) 
     os.makedirs(directory, exist_ok=True)
     rng = random.Random(0)
     for split, n in (("valid", n_valid), ("train", n_train)):  # train last: its presence marks the corpus complete
-        path = os.path.join(directory, f"stories-{split}.txt")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(f"{story(rng)}\n{END_OF_TEXT}\n" for _ in range(n))
-        os.replace(path + ".tmp", path)
+        text = "".join(f"{story(rng)}\n{END_OF_TEXT}\n" for _ in range(n))
+        write_atomic(os.path.join(directory, f"stories-{split}.txt"), lambda f: f.write(text.encode("utf-8")))
     return train_path

@@ -4,21 +4,15 @@
     python reproduce.py all --scale cpu --jobs 2                        # every table and figure, one after another
     python reproduce.py table2 --scale paper                            # the paper's configurations (GPU)
 
-Tables 1, 2, 3 and 9 and Figures 4, 6 and 7 of the paper. Each cell of a table
-is one TrainConfig trained for several seeds (train.train, in this process or
-a pool of --jobs processes), each in runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>.
-A run whose final.json exists is skipped, one with a checkpoint resumes, so an
-interrupted sweep picks up where it stopped. The result is
-results/<table>-<scale>.md: our median [min, max] over seeds beside the
-paper's number, the protocol, and the `python train.py` command of every cell;
-beside it results/<table>-<scale>.png, the same per-seed numbers drawn in the
-paper's form (seeds as points or box plots for the tables, lines over width
-for the figures), which the .md embeds. `all` runs table1, table2, table9,
-table3, fig4, fig6 and fig7 in that order, writing each one's files as it finishes.
-`--scale paper` is the paper's protocol (docs/protocol.md §3: 10 seeds, width
-1024, batch 1,000 for 10,000 steps, ...); `--scale cpu` trains each task's laptop
-variant (train.CPU_VARIANTS, stated in the output by cpu_note below): minutes
-to an hour per run on one CPU core, so many hours per table (RESULTS.md has the costs).
+Tables 1, 2, 3 and 9 and Figures 4, 6 and 7 of the paper. Each cell is one
+TrainConfig trained for several seeds (train.train, in this process or a pool of
+--jobs processes) into runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a
+finished run is skipped and a checkpointed one resumes, so an interrupted sweep
+picks up where it stopped. Writes results/<table>-<scale>.md (our median [min, max]
+over seeds beside the paper's number, the protocol, each cell's train.py command)
+and the same numbers drawn in the paper's form as .png. `--scale paper` is the
+paper's protocol (docs/protocol.md §3); `--scale cpu` each task's laptop variant
+(config.CPU_VARIANTS): minutes to an hour per run on one core (RESULTS.md has the costs).
 """
 
 import json
@@ -36,29 +30,23 @@ from datetime import date
 import torch
 
 import train
+from analyze import pyplot, save_figure
+from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, OneLineParser, TrainConfig,
+                    build_task, command_line, cpu_variant, load_run, usage_errors)
 from corpus import validation_path
-from train import CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, TrainConfig, UsageError
+from runs import UsageError, read_metrics, write_atomic, write_json
 
 SCALES = ("paper", "cpu")
 SEEDS = {"paper": 10, "cpu": 3}
 
-# The cpu scale: train.CPU_VARIANTS, a smaller variant of each task that shows the paper's
-# claims on a 2-core CPU. "Wide" (the paper's 1024, and 512 in Table 9) is train.CPU_WIDTH;
-# the width-16 columns stay 16; the LSTM keeps its lr 5e-3 (train.cpu_variant).
 def cpu_note(cfgs, seeds: int) -> str:
-    """What the cpu scale changed for these configs: only the tasks, models and widths they contain."""
-    parts = [f"cpu scale: {seeds} seeds"]
-    if any(cfg.width == CPU_WIDTH and cfg.task in CPU_VARIANTS for cfg in cfgs):
-        parts.append(f"width {CPU_WIDTH} stands for 1024 and 512")
-    if any(cfg.arch == "lstm" for cfg in cfgs):
-        parts.append("the lstm keeps lr 5e-3")
-    full = [task for task in CPU_VARIANTS if any(cfg.task == task and cfg.arch != "lstm" and cfg.train == "full"
-                                                 and cfg.width >= CPU_FULL_LR_MIN_WIDTH for cfg in cfgs)]
+    """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
+    tasks = dict.fromkeys(cfg.task for cfg in cfgs)
+    full = [task for task in tasks if task in CPU_FULL_LR]
+    parts = [f"cpu scale: {seeds} seeds"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
     if full:
         parts.append(f"the fully trained model from width {CPU_FULL_LR_MIN_WIDTH} up takes lr "
-                     + ", ".join(f"{CPU_FULL_LR[task]:g} on {task}" for task in full))
-    tasks = [task for task in CPU_VARIANTS if any(cfg.task == task for cfg in cfgs)]
-    parts += [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
+                     + ", ".join(f"{CPU_FULL_LR[task]:g} on {task}" for task in full) + f"; the lstm keeps {LSTM_LR:g}")
     return "; ".join(parts) + "."
 
 
@@ -67,7 +55,7 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
     cfg = TrainConfig(task=task, **settings)
     if scale == "paper":
         return cfg
-    return train.cpu_variant(cfg)
+    return cpu_variant(cfg)
 
 
 # ---------------------------------------------------------------------------
@@ -87,11 +75,6 @@ class Table:
     configs: dict
     paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
     note: str = ""
-
-    @property
-    def label(self) -> str:
-        """The title's name part, "Table 1" of "Table 1: ...", for captions."""
-        return self.title.split(":")[0]
 
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
@@ -138,9 +121,8 @@ def table2(scale):
 
 
 def table3(scale):
-    keys = {"paper": {}, "cpu": {"keys": 128, "epochs": 100, "batch_size": 1024}}[scale]
     cols = ["accuracy", "bits", "bits_per_parameter"]
-    configs = {(row, col): TrainConfig(task="memorize", train=mode, **keys)
+    configs = {(row, col): task_config("memorize", scale, train=mode)
                for row, mode in (("Normal", "full"), ("Random", "frozen")) for col in cols}
     paper = {("Normal", "accuracy"): 80.54, ("Normal", "bits"): 1_900_177, ("Normal", "bits_per_parameter"): 2.88,
              ("Random", "accuracy"): 4.53, ("Random", "bits"): 106_876, ("Random", "bits_per_parameter"): 0.41}
@@ -170,11 +152,11 @@ def fig7(scale):
 
 
 def fig4(scale):
-    widths, extra = {"paper": (FIG4_WIDTHS, {}), "cpu": ([32, 64, 128], {"epochs": 1, "context": 128})}[scale]
+    widths = {"paper": FIG4_WIDTHS, "cpu": [32, 64, 128]}[scale]
     rows = ["Normal", "Random"]
     cols = [f"{layers} layers, width {w}" for layers in (2, 4) for w in widths]
-    configs = {(row, col): TrainConfig(task="lm", train="full" if row == "Normal" else "frozen", layers=int(col[0]),
-                                       width=int(col.split()[-1]), **extra)
+    configs = {(row, col): task_config("lm", scale, train="full" if row == "Normal" else "frozen", layers=int(col[0]),
+                                       width=int(col.split()[-1]))
                for row in rows for col in cols}
     paper = {("Normal", "4 layers, width 1024"): 1.35, ("Random", "2 layers, width 512"): 2.64}
     note = ("Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random 512-wide 2-layer ~2.64 (read off Figure 4). "
@@ -184,12 +166,11 @@ def fig4(scale):
 
 
 def fig6(scale):
-    targets, extra = {"paper": (FIG6_TARGET_WIDTHS, {}),
-                      "cpu": ([4, 8, 12, 16, 32], {"width": 64, "steps": 500, "batch_size": 128, "warmup": 50, "test_size": 1000})}[scale]
+    targets = {"paper": FIG6_TARGET_WIDTHS, "cpu": [4, 8, 12, 16, 32]}[scale]
     rows = ["Normal", "Random"]
     cols = [f"target {w}" for w in targets]
-    configs = {(row, col): TrainConfig(task="imitate", train="full" if row == "Normal" else "frozen", layers=3,
-                                       target_width=int(col.split()[1]), **extra)
+    configs = {(row, col): task_config("imitate", scale, train="full" if row == "Normal" else "frozen", layers=3,
+                                       target_width=int(col.split()[1]))
                for row in rows for col in cols}
     return Table("fig6", "Figure 6: circuit imitation test KL across target widths (lower is better)", "kl", rows, cols, configs,
                  note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact numbers).")
@@ -245,35 +226,30 @@ def check_same_config(cfg: TrainConfig):
         raise UsageError(f"{cfg.out} was trained with other settings ({', '.join(changed)}); delete it to rerun")
 
 
-def train_one(cfg: TrainConfig) -> dict:
-    """Finish one run (fresh, or resumed from its checkpoint) and return its final.json."""
-    state = run_state(cfg.out)
+def train_one(cfg: TrainConfig):
+    """Finish one run (fresh, or resumed from its checkpoint): (its final.json, what was done, seconds).
+    The unit of work of a sweep's pool."""
+    state, start = run_state(cfg.out), time.time()
     if state != "finished":
         train.train(replace(cfg, overwrite=True), resume=state == "resume")
     if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
-        train.write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
+        write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
     with open(os.path.join(cfg.out, "final.json")) as f:
-        return json.load(f)
+        return json.load(f), state, time.time() - start
 
 
 @torch.no_grad()
 def train_split_metrics(run_dir: str) -> dict:
     """A finished modadd run scored on its training split (Table 2's train accuracy)."""
-    cfg, task, model, _ = train.load_run(run_dir)
+    cfg, task, model, _ = load_run(run_dir)
     return train.evaluate(model, task, task.train, torch.device("cpu"), dtype=cfg.dtype)
-
-
-def run_one(cfg: TrainConfig):
-    """(final.json, what was done, seconds) for one run; the pool's unit of work."""
-    state, start = run_state(cfg.out), time.time()
-    return train_one(cfg), state, time.time() - start
 
 
 def run_cost(cfg: TrainConfig) -> float:
     """A run's training time relative to others' (steps x examples x tokens x width^2, a trained body
     counting 1.5x), enough to start the longest runs first so that --jobs workers finish together
     rather than one of them running the last long run alone."""
-    tokens = cfg.context if cfg.task == "lm" else train.build_task(cfg).seq_len  # lm would read its corpus
+    tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
     body = 1.5 if cfg.train == "full" else 1.0
     return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
 
@@ -285,7 +261,7 @@ def sweep(table: Table, runs: dict, jobs: int):
         check_same_config(cfg)
     start = time.time()
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        results = (pool.map if pool else map)(run_one, todo)
+        results = (pool.map if pool else map)(train_one, todo)
         for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
             done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
             metrics = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final)
@@ -327,7 +303,7 @@ def number(value) -> str:
 
 def train_command(cfg: TrainConfig, seeds: int) -> str:
     """The train.py command that trains this cell's seeds into the same run directories."""
-    return train.command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
+    return command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
 
 
 def render(table: Table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
@@ -360,7 +336,7 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
     if table.name in CURVE_TABLES:
-        lines += ["", f"![{table.label}: test accuracy during training]({table.name}-{scale}-curves.png)"]
+        lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
     lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
               "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
     seen = set()
@@ -419,10 +395,7 @@ def y_label(table: Table, panel: str) -> str:
 
 def new_figure(panels: list, title: str):
     """A figure with one panel per name, side by side (up to 5 a row), and a shared title (wrapped)."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ncols = min(len(panels), 5)
     nrows = -(-len(panels) // ncols)
     width = max(3.6 * ncols + 0.6, 7.0)  # room for the title and the legend under a single panel
@@ -433,11 +406,10 @@ def new_figure(panels: list, title: str):
     return plt, fig, dict(zip(panels, axes.flat))
 
 
-def save_figure(plt, fig, handles: list, path: str):
+def save_with_legend(plt, fig, handles: list, path: str):
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    train.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
-    plt.close(fig)
+    save_figure(plt, fig, path, bbox_inches="tight")
 
 
 def plot_seeds(table: Table, cells: dict, title: str, path: str):
@@ -473,7 +445,7 @@ def plot_seeds(table: Table, cells: dict, title: str, path: str):
     handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
                Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
                Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label="paper")]
-    save_figure(plt, fig, handles, path)
+    save_with_legend(plt, fig, handles, path)
 
 
 def plot_lines(table: Table, cells: dict, title: str, path: str):
@@ -514,12 +486,12 @@ def plot_lines(table: Table, cells: dict, title: str, path: str):
     handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds"))
     if any(paper is not None for _, paper in cells.values()):
         handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
-    save_figure(plt, fig, handles, path)
+    save_with_legend(plt, fig, handles, path)
 
 
 def accuracy_curve(run_dir: str) -> list:
     """(step, test accuracy in %) from a run's metrics.jsonl, finished or not; [] before its first evaluation."""
-    return [(r["step"], 100 * r["test_accuracy"]) for r in train.read_metrics(run_dir) if r.get("test_accuracy") is not None]
+    return [(r["step"], 100 * r["test_accuracy"]) for r in read_metrics(run_dir) if r.get("test_accuracy") is not None]
 
 
 def plot_curves(table: Table, runs: dict, title: str, path: str):
@@ -541,7 +513,7 @@ def plot_curves(table: Table, runs: dict, title: str, path: str):
         ax.set_xlabel("step")
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-    save_figure(plt, fig, [Line2D([], [], color=colors[col], label=col) for col in table.cols], path)
+    save_with_legend(plt, fig, [Line2D([], [], color=colors[col], label=col) for col in table.cols], path)
 
 
 def render_picture(table: Table, scale: str, runs: dict, path: str):
@@ -553,19 +525,13 @@ def render_picture(table: Table, scale: str, runs: dict, path: str):
         title += "; stars: the paper's numbers"
     (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
     if table.name in CURVE_TABLES:
-        plot_curves(table, runs, f"{table.label}: test accuracy during training, one line per seed",
+        plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
                     path.removesuffix(".png") + "-curves.png")
 
 
 # ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
-
-
-def device_name() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def reproduce(name: str, args, command: str) -> str:
@@ -575,13 +541,36 @@ def reproduce(name: str, args, command: str) -> str:
         table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
     runs = cell_runs(table, args.scale, args.runs, args.seeds)
     sweep(table, runs, args.jobs)
-    text = render(table, args.scale, runs, args.seeds, command, device_name())
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else \
+        f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    text = render(table, args.scale, runs, args.seeds, command, device)
     os.makedirs(args.results, exist_ok=True)
     base = os.path.join(args.results, f"{table.name}-{args.scale}")
     render_picture(table, args.scale, runs, base + ".png")
-    train.write_atomic(base + ".md", lambda f: f.write(text.encode()))
+    write_atomic(base + ".md", lambda f: f.write(text.encode()))
     print(text + f"-> {base}.md, {base}.png", flush=True)
     return base + ".md"
+
+
+def claims(args, path="RESULTS.md") -> str:
+    """The table RESULTS.md opens with, between its claims markers: each claim of results/claims.json
+    (a table's cell and a verdict) with the paper's number and ours, read from the cell's runs."""
+    with open(os.path.join(args.results, "claims.json")) as f:
+        listed = json.load(f)
+    lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
+    for claim in listed:
+        table, cell = TABLES[claim["table"]](args.scale), (claim["row"], claim["col"])
+        summary = cell_summary(table, *cell, cell_runs(table, args.scale, args.runs, args.seeds)[cell])
+        ours = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}]"
+        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
+        lines.append(f"| {claim['claim']} | {paper} | {ours} | {claim['verdict']} |")
+    with open(path) as f:
+        head, marker, rest = f.read().partition("<!-- claims:begin -->\n")
+    if not marker or "<!-- claims:end -->" not in rest:
+        raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
+    text = head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):]
+    write_atomic(path, lambda f: f.write(text.encode()))
+    return "\n".join(lines)
 
 
 def check_args(args):
@@ -601,11 +590,12 @@ def check_args(args):
 
 
 def main(argv=None):
-    parser = train.OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument("table", choices=list(TABLES) + ["all"],
-                        help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order")
+    parser = OneLineParser(description=__doc__.split("\n")[0])
+    parser.add_argument("table", choices=list(TABLES) + ["all", "claims"],
+                        help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order; "
+                        "claims: RESULTS.md's table of claims from the runs (trains nothing)")
     parser.add_argument("--scale", choices=SCALES, default="cpu",
-                        help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: each task's laptop variant (train.CPU_VARIANTS)")
+                        help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: each task's laptop variant (config.CPU_VARIANTS)")
     parser.add_argument("--seeds", type=int, help=f"restarts per cell (default: {SEEDS['paper']} at paper scale, {SEEDS['cpu']} at cpu scale)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, one process each (set OMP_NUM_THREADS so they share the cores)")
     parser.add_argument("--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go")
@@ -614,13 +604,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
-        args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
-        check_args(args)
-        for name in TABLES if args.table == "all" else [args.table]:
-            reproduce(name, args, command)
-    except UsageError as e:
-        print(f"reproduce.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        with usage_errors("reproduce.py"):
+            args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
+            check_args(args)
+            if args.table == "claims":
+                print(claims(args))
+            for name in TABLES if args.table == "all" else [] if args.table == "claims" else [args.table]:
+                reproduce(name, args, command)
     except KeyboardInterrupt:
         print("reproduce.py: interrupted; the same command continues from each run's last checkpoint", file=sys.stderr)
         sys.exit(130)

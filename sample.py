@@ -9,12 +9,12 @@ embeddings. Reads the run's model.pt; never trains.
 """
 
 import math
-import sys
 
 import torch
 
 from tasks import LanguageModeling
-from train import OneLineParser, UsageError, load_run, pick_device
+from config import OneLineParser, load_run, pick_device, usage_errors
+from runs import UsageError
 
 
 @torch.no_grad()
@@ -65,11 +65,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling")
     parser.add_argument("--device", default="auto", help="auto picks cuda, then mps, then cpu")
     args = parser.parse_args(argv)
-    try:
+    with usage_errors("sample.py"):
         print(generate(args.run, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, args.device))
-    except UsageError as e:
-        print(f"sample.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,10 @@ class Task:
         correct = logits.argmax(-1) == batch.y
         return {"loss": per_token_loss[answered.flatten()], "accuracy": correct[answered].float()}
 
+    def summary(self, metrics: dict, trainable: int) -> dict:
+        """Numbers a finished run adds to its final.json beside the test metrics (Table 3's, for memorize)."""
+        return {}
+
 
 class StreamTask(Task):
     """A task with unlimited fresh training data and a fixed test set of `test_size` examples.
@@ -440,6 +444,9 @@ class Memorization(FiniteTask):
 
     def test_set(self):
         return self.train
+
+    def summary(self, metrics, trainable):
+        return memorization_capacity(metrics["accuracy"], metrics["loss"], len(self.train), self.VALUES, trainable)
 
 
 def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:

@@ -9,8 +9,10 @@ import torch
 import analyze
 import corpus
 import tasks
+import config
+import runs
 import train
-from train import TrainConfig
+from config import TrainConfig
 
 
 # ---------------------------------------------------------------------------

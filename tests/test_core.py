@@ -10,10 +10,11 @@ import shutil
 import pytest
 import torch
 
+import config
 import train
 from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
 from tasks import ADD_PAD, CLOSE, EQUALS, OPEN, PLUS, QUERY, SUM_DIGIT0, SUM_END, make_task
-from train import TrainConfig
+from config import TrainConfig
 
 
 def gen(seed=0):
@@ -220,8 +221,7 @@ def test_memorization_counts_match_table_3():
 def test_epochs_count_passes_at_the_batch_size_used():
     for settings, steps in (({}, 47_024), ({"batch_size": 400}, 470_238), ({"epochs": 3, "batch_size": 100}, 1_129)):
         cfg = TrainConfig(task="modadd", **settings)
-        task = train.build_task(cfg)
-        train.fill_paper_defaults(cfg, task)
+        cfg = config.with_paper_defaults(cfg, config.build_task(cfg))
         assert cfg.steps == steps  # 37,619 training pairs; the paper's 5,000 epochs of batch 4,000 = 47,024 steps
 
 
@@ -283,7 +283,7 @@ def test_analysis_cache_matches_the_fused_path():
 def test_one_step_changes_exactly_the_trained_tensors(mode):
     cfg = TrainConfig(task="needle", train=mode, width=16, batch_size=8, steps=1, warmup=0, device="cpu")
     torch.manual_seed(0)
-    task, model, counts = train.task_and_model(cfg)
+    cfg, task, model, counts = config.build(cfg)
     assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     optimizer = train.make_optimizer(model.parameters(), cfg, torch.device("cpu"))
@@ -298,7 +298,7 @@ def test_one_step_changes_exactly_the_trained_tensors(mode):
 
 def test_optimizer_decays_matrices_not_biases_or_layernorms():
     cfg = TrainConfig(task="parens", train="full", width=16, lr=1e-3, weight_decay=0.1)
-    _, model, _ = train.task_and_model(cfg)
+    cfg, _, model, _ = config.build(cfg)
     decay, no_decay = train.make_optimizer(model.parameters(), cfg, torch.device("cpu")).param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
@@ -339,7 +339,7 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path, out=str(tmp_path / "cut")), stop_after=4)
     assert not (tmp_path / "cut" / "final.json").exists()
-    cfg, resume = train.parse_args(["--resume", str(tmp_path / "cut")])
+    cfg, resume = config.parse_args(["--resume", str(tmp_path / "cut")])
     resumed = train.train(cfg, resume=resume)
     assert resumed == whole
     a = torch.load(tmp_path / "whole" / "model.pt")["model"]

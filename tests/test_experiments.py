@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import sample
+import config
 import train
 from model import GPT, LSTM, GPTConfig, apply_training_mode
 from corpus import write_story_corpus
 from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity
-from train import TrainConfig
+from config import TrainConfig
 
 
 def tiny(tmp_path, **overrides):
@@ -45,7 +46,7 @@ def test_memorization_bits_match_table_3(accuracy, bits, trainable, per_paramete
 
 def test_memorization_trainable_counts_match_table_3():
     for mode, trainable in (("frozen", 262_784), ("full", 659_584)):
-        _, _, counts = train.task_and_model(TrainConfig(task="memorize", train=mode))
+        _, _, _, counts = config.build(TrainConfig(task="memorize", train=mode))
         assert counts["trainable"] == trainable
 
 
@@ -109,7 +110,7 @@ def test_kl_of_the_target_against_itself_is_zero():
 
 def test_frozen_student_imitates_a_narrow_target(tmp_path):
     cfg = tiny(tmp_path, task="imitate", train="frozen", target_width=4, layers=2, steps=150, lr=1e-2)
-    task, untrained, _ = train.task_and_model(replace(cfg))
+    _, task, untrained, _ = config.build(cfg)
     start = train.evaluate(untrained, task, task.test_set(), torch.device("cpu"))["kl"]
     assert train.train(cfg)["kl"] < 0.7 * start
 
@@ -163,7 +164,7 @@ def test_missing_validation_file_is_a_one_line_error(tmp_path, capsys):
 
 def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
     cfg = tiny(tmp_path, task="lm", data=corpus, vocab=600, context=64, batch_size=16, steps=80, lr=3e-3)
-    task, model, _ = train.task_and_model(replace(cfg))
+    _, task, model, _ = config.build(cfg)
     start = train.evaluate(model, task, task.test_set(), torch.device("cpu"))["loss"]
     end = train.train(cfg)["loss"]
     assert end < start - 2.0  # about 6.3 nats at init
@@ -229,7 +230,7 @@ def test_sinusoidal_positions_are_fixed_and_uncounted():
 @pytest.mark.parametrize("arch", ["gpt", "lstm", "linear"])
 def test_every_training_mode_builds_for_every_arch(arch):
     for mode in ("full", "frozen", "unembed", "embed", "token+unembed"):
-        _, model, counts = train.task_and_model(TrainConfig(task="modadd", arch=arch, train=mode, width=16))
+        _, _, model, counts = config.build(TrainConfig(task="modadd", arch=arch, train=mode, width=16))
         trainable = {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
         assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
         if mode == "unembed":
@@ -240,5 +241,5 @@ def test_every_training_mode_builds_for_every_arch(arch):
 
 def test_lstm_defaults_to_the_papers_learning_rate():
     cfg = TrainConfig(task="modadd", arch="lstm", width=16)
-    train.task_and_model(cfg)
+    cfg, _ = config.resolve(cfg)
     assert cfg.lr == 5e-3 and cfg.out.endswith("modadd-lstm-full-w16-s0")

@@ -6,14 +6,17 @@ import subprocess
 
 import pytest
 
+import config
+import dataclasses
 import reproduce
 import train
-from train import TrainConfig
+from config import TrainConfig
+from runs import UsageError, aggregate, write_json
 
 
 def write_final(run_dir, **metrics):
     os.makedirs(run_dir, exist_ok=True)
-    train.write_json(os.path.join(run_dir, "final.json"), {**metrics, "parameters": {"trainable": 1}})
+    write_json(os.path.join(run_dir, "final.json"), {**metrics, "parameters": {"trainable": 1}})
 
 
 def test_aggregate_gives_median_min_max_of_known_values(tmp_path):
@@ -21,12 +24,12 @@ def test_aggregate_gives_median_min_max_of_known_values(tmp_path):
     for i, acc in enumerate([0.9, 0.1, 0.5, 0.7]):
         dirs.append(str(tmp_path / f"r{i}"))
         write_final(dirs[-1], accuracy=acc, loss=float(i))
-    summary = train.aggregate(dirs)
+    summary = aggregate(dirs)
     assert summary["runs"] == dirs
     assert summary["metrics"]["accuracy"] == pytest.approx({"median": 0.6, "min": 0.1, "max": 0.9})
     assert summary["metrics"]["loss"] == {"median": 1.5, "min": 0.0, "max": 3.0}
     assert "parameters" not in summary["metrics"]  # not a number
-    assert train.aggregate(dirs[:3])["metrics"]["accuracy"]["median"] == 0.5  # odd count: the middle value
+    assert aggregate(dirs[:3])["metrics"]["accuracy"]["median"] == 0.5  # odd count: the middle value
 
 
 def test_seeds_flag_writes_the_aggregate_beside_the_seed_runs(tmp_path):
@@ -63,12 +66,12 @@ def test_a_sweep_starts_the_longest_runs_first(tmp_path, monkeypatch):
     def fake_train(cfg, resume):
         trained.append(cfg)
         write_final(cfg.out, accuracy=1.0, loss=0.0)
-        train.write_json(os.path.join(cfg.out, "train_split.json"), {})  # modadd's, written after training
+        write_json(os.path.join(cfg.out, "train_split.json"), {})  # modadd's, written after training
 
     monkeypatch.setattr(reproduce.train, "train", fake_train)
     reproduce.sweep(table, runs, jobs=1)
     assert len(trained) == 20
-    assert [cfg.width for cfg in trained[:12]] == [train.CPU_WIDTH] * 12 and {cfg.width for cfg in trained[12:]} == {16}
+    assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12 and {cfg.width for cfg in trained[12:]} == {16}
     assert trained[0].task == "parens" and trained[0].train == "full"  # the longest sequences, every weight trained
     costs = [reproduce.run_cost(cfg) for cfg in trained]
     assert costs == sorted(costs, reverse=True)
@@ -102,8 +105,8 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
 def test_a_run_dir_from_other_settings_is_refused(tmp_path):
     cfg = TrainConfig(task="needle", width=16, out=str(tmp_path / "run"))
     os.makedirs(cfg.out)
-    train.write_json(os.path.join(cfg.out, "config.json"), {**train.asdict(cfg), "width": 32})
-    with pytest.raises(train.UsageError, match="width"):
+    write_json(os.path.join(cfg.out, "config.json"), {**dataclasses.asdict(cfg), "width": 32})
+    with pytest.raises(UsageError, match="width"):
         reproduce.check_same_config(cfg)
 
 
@@ -126,9 +129,9 @@ def test_cell_commands_parse_back_to_the_cells_configs():
     for name, make in reproduce.TABLES.items():
         for scale in reproduce.SCALES:
             for cell in reproduce.cell_runs(make(scale), scale, "runs/reproduce", seeds=2).values():
-                cfg, resume = train.parse_args(reproduce.train_command(cell[0], 2).split()[2:])
+                cfg, resume = config.parse_args(reproduce.train_command(cell[0], 2).split()[2:])
                 assert not resume
-                assert train.seed_configs(cfg) == cell, (name, scale)
+                assert config.seed_configs(cfg) == cell, (name, scale)
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
@@ -146,7 +149,7 @@ def write_fake_runs(table, runs):
             write_final(cfg.out, accuracy=value, loss=1 + value, kl=value / 10, bits=1000 * value,
                         bits_per_parameter=3 * value, elapsed=1.0)
             if cfg.task == "modadd":
-                train.write_json(os.path.join(cfg.out, "train_split.json"), {"accuracy": value / 2})
+                write_json(os.path.join(cfg.out, "train_split.json"), {"accuracy": value / 2})
 
 
 def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
@@ -196,7 +199,7 @@ def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_p
     assert reproduce.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
     assert reproduce.accuracy_curve(str(tmp_path / "not-started")) == []
     (tmp_path / "metrics.jsonl").write_text('{"step": 100, "test_accuracy": 0.5}\nnot json\n{"step": 200, "test_accuracy": 0.75}\n')
-    with pytest.raises(train.UsageError, match="line 2 is not JSON"):
+    with pytest.raises(UsageError, match="line 2 is not JSON"):
         reproduce.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
 
 

@@ -16,9 +16,11 @@ import analyze
 import bench
 import reproduce
 import sample
+import config
+import runs
 import train
 from test_core import tiny
-from train import TrainConfig
+from config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,14 +99,13 @@ BAD_INPUTS = [
     ("reproduce.py", ["table1", "--data", "EMPTY/text-train.txt"], "--data applies to fig4"),
     ("reproduce.py", ["fig4", "--data", "NEW/text-train.txt"], "no training text at"),
     ("reproduce.py", ["table9", "--runs", "OTHERS"], "was trained with other settings"),
-    ("bench.py", ["--steps", "0"], "--steps and --repeats must be >= 1"),
-    ("bench.py", ["--repeats", "0"], "--steps and --repeats must be >= 1"),
+    ("bench.py", ["--steps-timed", "0"], "--steps-timed and --repeats must be >= 1"),
+    ("bench.py", ["--repeats", "0"], "--steps-timed and --repeats must be >= 1"),
     ("bench.py", ["--peak-tflops", "nan"], "--peak-tflops must be a finite number > 0"),
     ("bench.py", ["--task", "sorting"], "unknown task"),
     ("bench.py", ["--train", "half"], "unknown training mode"),
     ("bench.py", ["--device", "tpu"], "unknown device"),
     ("bench.py", ["--dtype", "fp16"], "unknown dtype"),
-    ("bench.py", ["--task", "lm", "--cpu-variant"], "--cpu-variant: lm has none"),
     ("sample.py", ["RUN", "--prompt", ""], "--prompt must not be empty"),
     ("sample.py", ["RUN", "--temperature", "nan"], "--temperature must be a finite number > 0"),
     ("sample.py", ["RUN", "--temperature", "0"], "--temperature must be a finite number > 0"),
@@ -130,7 +131,7 @@ def world(tmp_path_factory):
     (root / "BADCHECKPOINT" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     shutil.copytree(root / "RUN", root / "CUTLOG")
     with open(root / "CUTLOG" / "metrics.jsonl", "a") as f:
-        f.write('{"step": 12, "lo')
+        f.write('{"step": 12, "lo\n{"step": 13}\n')  # a line that is not JSON, not the last (a cut last line is dropped)
     shutil.copytree(root / "RUN", root / "BADANALYSIS")
     (root / "BADANALYSIS" / "analysis.json").write_text("{")
     for name, text in (("EMPTY", b""), ("BINARY", b"\xff\xfe\x00 not text")):
@@ -189,11 +190,11 @@ def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
 
 
 def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path):
-    assert not train.uses_bf16(torch.device("cpu"), "auto") and train.uses_bf16(torch.device("cpu"), "bf16")
-    assert train.uses_bf16(torch.device("cuda"), "auto") and not train.uses_bf16(torch.device("cuda"), "fp32")
+    assert not config.uses_bf16(torch.device("cpu"), "auto") and config.uses_bf16(torch.device("cpu"), "bf16")
+    assert config.uses_bf16(torch.device("cuda"), "auto") and not config.uses_bf16(torch.device("cuda"), "fp32")
     train.train(tiny(tmp_path, steps=0))
-    config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["dtype"] == "auto" and config["resolved_dtype"] == "fp32"
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["dtype"] == "auto" and saved["resolved_dtype"] == "fp32"
     train.train(tiny(tmp_path, steps=0, dtype="bf16", overwrite=True))
     assert json.loads((tmp_path / "run" / "config.json").read_text())["resolved_dtype"] == "bf16"
 
@@ -205,7 +206,7 @@ class Killed(BaseException):
 def kill_at(monkeypatch, name, step=None, partial=False):
     """Make the run die when it writes file `name` (at checkpoint `step`, if given): before a byte
     is written, or with partial=True after the first 100 bytes of it."""
-    save_torch, write_json = train.save_torch, train.write_json
+    save_torch, write_json = runs.save_torch, runs.write_json
 
     def write_100_bytes_and_die(f):
         f.write(b"x" * 100)
@@ -214,11 +215,11 @@ def kill_at(monkeypatch, name, step=None, partial=False):
     def dies(path, obj):
         if os.path.basename(path) == name and (step is None or obj["step"] == step):
             if partial:
-                train.write_atomic(path, write_100_bytes_and_die)
+                runs.write_atomic(path, write_100_bytes_and_die)
             raise Killed()
         (save_torch if name.endswith(".pt") else write_json)(path, obj)
 
-    monkeypatch.setattr(train, "save_torch" if name.endswith(".pt") else "write_json", dies)
+    monkeypatch.setattr(runs, "save_torch" if name.endswith(".pt") else "write_json", dies)
 
 
 def metric_steps(run):
@@ -244,7 +245,7 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(name, step, par
         assert not (cut / "checkpoint.pt").exists()
     else:
         assert torch.load(cut / "checkpoint.pt")["step"] in (4, 8)  # a whole checkpoint, never a part
-    resumed = train.train(*train.parse_args(["--resume", str(cut)]))
+    resumed = train.train(*config.parse_args(["--resume", str(cut)]))
     assert resumed == whole and metric_steps(cut) == [4, 8]
     assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
     a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
@@ -257,7 +258,7 @@ def test_resume_drops_a_metrics_line_cut_short(tmp_path):
     train.train(tiny(tmp_path), stop_after=4)
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "lo')
-    assert train.train(*train.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert train.train(*config.parse_args(["--resume", str(tmp_path / "run")])) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -267,8 +268,8 @@ def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     (tmp_path / "run").rename(tmp_path / "moved")
-    assert train.train(*train.parse_args(["--resume", str(tmp_path / "copy")])) == whole
-    assert train.train(*train.parse_args(["--resume", str(tmp_path / "moved")])) == whole
+    assert train.train(*config.parse_args(["--resume", str(tmp_path / "copy")])) == whole
+    assert train.train(*config.parse_args(["--resume", str(tmp_path / "moved")])) == whole
     assert not (tmp_path / "run").exists()  # the directory named in config.json is never recreated
     assert (tmp_path / "copy" / "final.json").exists() and (tmp_path / "moved" / "final.json").exists()
     assert before["config.json"] == (tmp_path / "moved" / "config.json").read_bytes()
@@ -278,12 +279,12 @@ def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
     train.train(tiny(tmp_path), stop_after=4)
     code, err = run_cli(["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "drop --steps, --lr, --frozen" in err
-    train.train(*train.parse_args(["--resume", str(tmp_path / "run")]))
+    train.train(*config.parse_args(["--resume", str(tmp_path / "run")]))
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
-    with pytest.raises(train.UsageError, match="has finished"):
-        train.train(train.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
+    with pytest.raises(runs.UsageError, match="has finished"):
+        train.train(config.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
 
 
@@ -306,11 +307,10 @@ def test_overwrite_touches_nothing_until_the_new_run_is_valid_then_clears_everyt
 def test_warmup_defaults_to_500_but_at_most_a_tenth_of_the_steps():
     def warmup(**settings):
         cfg = TrainConfig(task="parens", width=16, **settings)
-        train.task_and_model(cfg)
-        return cfg.warmup
+        return config.resolve(cfg)[0].warmup
     assert warmup(steps=300) == 30 and warmup(steps=10_000) == 500 and warmup(steps=0) == 0
     assert warmup(steps=300, warmup=200) == 200
-    assert "at most a tenth of --steps" in train.make_parser().format_help()
+    assert "at most a tenth of --steps" in config.make_parser().format_help()
 
 
 def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path, capsys):
@@ -324,7 +324,7 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_pa
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path), stop_after=4)
     os.remove(tmp_path / "run" / "checkpoint.pt")
-    assert train.train(*train.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert train.train(*config.parse_args(["--resume", str(tmp_path / "run")])) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -334,9 +334,10 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_pa
 KILLER = """
 import io, os, signal, sys
 sys.path.insert(0, sys.argv[1])
+import runs
 import train
 name, nth, where = sys.argv[2], int(sys.argv[3]), sys.argv[4]
-write_atomic, writes = train.write_atomic, []
+write_atomic, writes = runs.write_atomic, []
 
 def die(*args):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -352,7 +353,7 @@ def dying_write_atomic(path, write):
             write_atomic(path, lambda f: (f.write(data[:cut]), f.flush(), die()))
     write_atomic(path, write)
 
-train.write_atomic = dying_write_atomic
+runs.write_atomic = dying_write_atomic
 train.main(sys.argv[5:])
 """
 
@@ -374,13 +375,13 @@ def records(run):
     ("final.json", 1, "unmoved"),  # model.pt written, final.json not
 ])
 def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(name, nth, where, tmp_path):
-    whole = train.train(train.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    whole = train.train(config.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     cut = tmp_path / "cut"
     killed = subprocess.run([sys.executable, "-c", KILLER, REPO, name, str(nth), where] + TINY_ARGS + ["--out", str(cut)],
                             cwd=tmp_path, capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (cut / "final.json").exists()
-    assert train.train(*train.parse_args(["--resume", str(cut)])) == whole
+    assert train.train(*config.parse_args(["--resume", str(cut)])) == whole
     assert not [f for f in os.listdir(cut) if f.endswith(".tmp")]  # the kill's temp file is cleared
     assert records(cut) == records(tmp_path / "whole")  # each step once, the same numbers
     a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
@@ -406,31 +407,31 @@ train.main(sys.argv[3:])
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(tmp_path):
-    whole = train.train(train.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    whole = train.train(config.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
     stopped = subprocess.run([sys.executable, "-c", INTERRUPTER, REPO, "6"] + TINY_ARGS + ["--out", str(run)],
                              cwd=tmp_path, capture_output=True, text=True)
     assert stopped.returncode == 130, stopped.stderr
     assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
-    assert train.train(*train.parse_args(["--resume", str(run)])) == whole
+    assert train.train(*config.parse_args(["--resume", str(run)])) == whole
     assert records(run) == records(tmp_path / "whole")  # the step-8 loss averages steps 4-7, as uninterrupted
 
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", train="frozen")
-    hint = train.slow_run_hint(cfg, 9.3, 9990)
+    hint = config.slow_run_hint(cfg, 9.3, 9990)
     assert "about 25.8 h" in hint
-    suggested, _ = train.parse_args(hint.split("python train.py ")[1].split())
-    assert suggested == train.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
-    full = train.slow_run_hint(TrainConfig(task="addition", train="full"), 9.3, 9990)
+    suggested, _ = config.parse_args(hint.split("python train.py ")[1].split())
+    assert suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
+    full = config.slow_run_hint(TrainConfig(task="addition", train="full"), 9.3, 9990)
     assert "--digits 6" in full and "--lr 0.0003" in full  # the fully trained wide model's own lr
-    assert train.slow_run_hint(cfg, 0.1, 9990) is None
-    assert "fewer --steps" in train.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
+    assert config.slow_run_hint(cfg, 0.1, 9990) is None
+    assert "--context 128" in config.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
-    lr = {(train_mode, width): train.cpu_variant(TrainConfig(task="needle", train=train_mode, width=width)).lr
+    lr = {(train_mode, width): config.cpu_variant(TrainConfig(task="needle", train=train_mode, width=width)).lr
           for train_mode in ("full", "frozen") for width in (16, 128, None)}
     assert lr == {("full", 16): 3e-3, ("full", 128): 3e-4, ("full", None): 3e-4,
                   ("frozen", 16): 3e-3, ("frozen", 128): 3e-3, ("frozen", None): 3e-3}

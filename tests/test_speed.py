@@ -12,8 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import batched_seeds
 import bench
+import config
+import tasks
 import train
-from train import TrainConfig
+from config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +34,7 @@ def gradients(model):
 def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path):
     cfg = tiny(tmp_path, task=task, train="full")
     torch.manual_seed(0)
-    task, model, _ = train.task_and_model(cfg)
+    cfg, task, model, _ = config.build(cfg)
     batch = task.sample(64, torch.Generator().manual_seed(1))
 
     def backward(part, weight=1.0):  # the forward and backward of train.train_step (fp32: no autocast)
@@ -52,7 +54,7 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
 
 
 def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
-    task, _, _ = train.task_and_model(tiny(tmp_path, task="needle"))
+    _, task, _, _ = config.build(tiny(tmp_path, task="needle"))
     batch = task.sample(64, torch.Generator().manual_seed(1))
     seen = list(train.length_chunks(batch, (batch.y >= 0).sum()))
     assert len(seen) == train.LENGTH_CHUNKS and sum(len(chunk) for chunk, _ in seen) == 64
@@ -115,7 +117,7 @@ class OpCounter(TorchDispatchMode):
 @pytest.mark.parametrize("name", ["needle", "addition", "parens", "modadd"])
 def test_data_generation_is_vectorized_over_the_batch(name):
     """A per-example Python loop would make the tensor-op count grow with the batch; it must not."""
-    task = train.make_task(name, test_size=200)
+    task = tasks.make_task(name, test_size=200)
     task.test_set()
     counts = []
     for n in (16, 4096):
@@ -127,7 +129,7 @@ def test_data_generation_is_vectorized_over_the_batch(name):
 
 def test_bench_prints_the_figure_table():
     argv = [sys.executable, os.path.join(ROOT, "bench.py"), "--task", "needle", "--frozen", "--width", "16",
-            "--batch-size", "8", "--device", "cpu", "--steps", "1", "--repeats", "1", "--warmup-steps", "1", "--peak-tflops", "1"]
+            "--batch-size", "8", "--device", "cpu", "--steps-timed", "1", "--repeats", "1", "--warmup-steps", "1", "--peak-tflops", "1"]
     out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120).stdout.splitlines()
     header = [cell.strip() for cell in out[0].strip("|").split("|")]
     assert header[4:] == ["steps/s", "tokens/s", "TFLOP/s", "peak TFLOP/s", "MFU", "data share"]
@@ -135,7 +137,7 @@ def test_bench_prints_the_figure_table():
 
 
 def test_bench_cpu_variant_times_the_step_reproduce_trains(capsys):
-    bench.main(["--task", "needle", "--frozen", "--cpu-variant", "--width", "16", "--device", "cpu", "--steps", "1",
+    bench.main(["--task", "needle", "--frozen", "--cpu-variant", "--width", "16", "--device", "cpu", "--steps-timed", "1",
                 "--repeats", "1", "--warmup-steps", "0", "--peak-tflops", "1"])
     row = capsys.readouterr().out.splitlines()[2]
     assert "| needle frozen w16 L2 b64 |" in row  # the variant's batch of 64, not bench's 256

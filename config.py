@@ -1,0 +1,345 @@
+"""A run's settings: the TrainConfig dataclass, its flags, the paper's defaults, checks, and the cpu scale.
+
+    from config import TrainConfig, build
+    cfg, task, model, counts = build(TrainConfig(task="needle", train="frozen"))  # the paper's settings filled in
+
+Every command reads its settings here. Flags are generated from TrainConfig; a
+setting left unset takes the paper's protocol for the task (docs/protocol.md §3);
+the cpu scale (each task's laptop variant, docs/protocol.md §8) is defined once,
+at the end, for train.py's slow-run hint, bench.py and reproduce.py alike.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields, replace
+
+import torch
+
+from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
+from runs import UsageError, load_checkpoint
+from tasks import TASKS, make_task
+
+ARCHS = ("gpt", "lstm", "linear")
+DTYPES = ("auto", "fp32", "bf16")
+LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
+PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
+
+
+@dataclass
+class TrainConfig:
+    task: str = field(default="parens", metadata={"help": f"task to train on: {', '.join(TASKS)}"})
+    train: str = field(default="full", metadata={"help": f"what trains: {', '.join(TRAINING_MODES)} (frozen = the paper's random transformer)"})
+    arch: str = field(default="gpt", metadata={"help": f"model: {', '.join(ARCHS)} (lstm and linear are the paper's baselines)"})
+    pos: str = field(default="learned", metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"})
+    width: int = field(default=None, metadata={"help": "residual width n_embd (default: the task's, 1024 mostly)"})
+    layers: int = field(default=None, metadata={"help": "transformer blocks or LSTM layers (default: the task's, 2 mostly)"})
+    heads: int = field(default=None, metadata={"help": "attention heads per block (default: the task's, 4 mostly)"})
+    steps: int = field(default=None, metadata={"help": "optimizer steps (default: the paper's for the task)"})
+    batch_size: int = field(default=None, metadata={"help": "examples per step (default: the paper's for the task)"})
+    lr: float = field(default=None, metadata={"help": f"peak learning rate (default: the paper's for the task, 1e-3 mostly; {LSTM_LR:g} for lstm)"})
+    weight_decay: float = field(default=None, metadata={"help": "AdamW decay on matrices and embeddings (default: the task's)"})
+    warmup: int = field(default=None, metadata={"help": f"linear warmup steps before the cosine decay (default: the paper's {PAPER_WARMUP}, but at most a tenth of --steps)"})
+    clip: float = field(default=1.0, metadata={"help": "gradient-norm clipping threshold"})
+    seed: int = field(default=0, metadata={"help": "seeds the model init and the training data"})
+    eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
+    device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
+    compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
+    dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
+    seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
+    out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
+    # task sizes; each task reads only its own
+    p: int = field(default=199, metadata={"help": "modadd: the modulus"})
+    max_pairs: int = field(default=30, metadata={"help": "needle: most marker/value pairs in a sequence"})
+    digits: int = field(default=10, metadata={"help": "addition: digits of each summand"})
+    max_parens: int = field(default=60, metadata={"help": "parens: longest string"})
+    test_size: int = field(default=4000, metadata={"help": "examples in a stream task's fixed test set"})
+    epochs: int = field(default=None, metadata={"help": "modadd, memorize, lm: passes over the training data that set the steps (default: the paper's)"})
+    keys: int = field(default=512, metadata={"help": "memorize: keys per side, keys^2 pairs"})
+    target_width: int = field(default=16, metadata={"help": "imitate: width of the random target transformer"})
+    target_seed: int = field(default=0, metadata={"help": "imitate: seed the target transformer is drawn from"})
+    data: str = field(default=None, metadata={"help": "lm: TinyStories-style train file, e.g. TinyStories-train.txt with TinyStories-valid.txt beside it (default: the shipped story corpus)"})
+    vocab: int = field(default=10_000, metadata={"help": "lm: BPE vocabulary size"})
+    context: int = field(default=512, metadata={"help": "lm: tokens per training window"})
+
+
+@contextmanager
+def usage_errors(prog: str):
+    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2."""
+    try:
+        yield
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+# ---------------------------------------------------------------------------
+# Flags
+# ---------------------------------------------------------------------------
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def make_parser(description="Train one model on one task.", skip=()):
+    """Flags generated from TrainConfig (but those named in skip), plus --frozen and --resume. A flag not
+    given is left out of the parsed namespace (TrainConfig supplies its default), so --resume can tell
+    which were given."""
+    parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in skip:
+            continue
+        if f.type is bool and f.default:
+            parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
+        elif f.type is bool:
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, type=f.type, help=f.metadata["help"])
+    parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
+    if "resume" not in skip:
+        parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config "
+                            "(DIR's own, wherever it was moved; no other flag applies)")
+    return parser
+
+
+def config_from_args(args):
+    """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config and writes to its own directory."""
+    given = vars(args)
+    run_dir = given.pop("resume", None)
+    if run_dir is None:
+        if given.pop("frozen", False):
+            given["train"] = "frozen"
+        return TrainConfig(**given), False
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
+    config_path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(config_path):
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    try:
+        with open(config_path) as f:
+            saved = json.load(f)
+        return replace(config_from_dict(saved), out=run_dir), True
+    except (ValueError, TypeError, AttributeError) as e:
+        raise UsageError(f"{config_path} is not a run's config ({type(e).__name__})") from None
+
+
+def parse_args(argv=None, description="Train one model on one task."):
+    return config_from_args(make_parser(description).parse_args(argv))
+
+
+def config_from_dict(saved: dict) -> TrainConfig:
+    """The TrainConfig a run saved; settings newer than the run keep their defaults."""
+    return TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
+
+
+def command_line(cfg) -> str:
+    """The train.py command for cfg: --task, then every setting that differs from its default."""
+    parts = ["python train.py"]
+    for f in fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        if value == f.default and f.name != "task":  # the task always, for the reader
+            continue
+        if f.type is bool:
+            parts.append(f"--{f.name.replace('_', '-')}" if value else f"--no-{f.name}")
+        else:
+            parts.append(f"--{f.name.replace('_', '-')} {value}")
+    return " ".join(parts)
+
+
+def seed_configs(cfg: TrainConfig) -> list:
+    """One config per seed of --seeds, each a complete single run (its config.json reproduces it alone)."""
+    if cfg.seeds < 1:
+        raise UsageError("--seeds must be >= 1")
+    if cfg.seeds == 1:
+        return [cfg]
+    # cfg.out None: with_paper_defaults names each run runs/<task>-<train>-w<width>-s<seed>
+    return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")
+            for s in range(cfg.seed, cfg.seed + cfg.seeds)]
+
+
+# ---------------------------------------------------------------------------
+# Building a run: task, settings, model
+# ---------------------------------------------------------------------------
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
+    if name == "cuda" and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"device {name} is not available on this machine")
+    return torch.device(name)
+
+
+def uses_bf16(device, dtype="auto") -> bool:
+    """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA. Auto stays fp32 on
+    CPU because bf16 is slower there unless the CPU has native bf16 matmuls (docs/protocol.md §8)."""
+    if dtype != "auto":
+        return dtype == "bf16"
+    return device.type == "cuda"
+
+
+def build_task(cfg: TrainConfig):
+    """The task cfg names, with cfg's sizes for it (the lm task reads or writes its corpus here)."""
+    try:
+        return make_task(cfg.task, **asdict(cfg))
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+
+
+def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
+    """cfg with every setting it leaves as None set to the paper's protocol for the task, and its run directory named."""
+    filled = {name: getattr(task, name) for name in ("batch_size", "lr", "weight_decay", "width", "layers", "heads")
+              if getattr(cfg, name) is None}
+    if cfg.lr is None and cfg.arch == "lstm":
+        filled["lr"] = LSTM_LR
+    cfg = replace(cfg, **filled)
+    if cfg.steps is None:
+        cfg = replace(cfg, steps=task.steps_for(cfg.batch_size))  # epochs count passes over the data at the batch size used
+    if cfg.warmup is None:
+        cfg = replace(cfg, warmup=min(PAPER_WARMUP, cfg.steps // 10))
+    if cfg.eval_every is None:  # 20 evaluations, none closer than 100 steps
+        cfg = replace(cfg, eval_every=max(1, min(cfg.steps, max(100, cfg.steps // 20))))
+    if cfg.out is None:
+        variant = "".join(f"-{v}" for v in (cfg.arch, cfg.pos) if v not in ("gpt", "learned"))
+        cfg = replace(cfg, out=os.path.join("runs", f"{cfg.task}{variant}-{cfg.train}-w{cfg.width}-s{cfg.seed}"))
+    return cfg
+
+
+def check_config(cfg: TrainConfig, task) -> None:
+    """UsageError for a setting no run can use. Task sizes are checked by the task, the model's
+    shape and the training mode by model.py (build_model reports those)."""
+    for name in ("steps", "warmup"):
+        if getattr(cfg, name) < 0:
+            raise UsageError(f"--{name} must be >= 0")
+    for name in ("batch_size", "eval_every", "width", "layers", "heads"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    if cfg.epochs is not None and cfg.epochs < 1:
+        raise UsageError("--epochs must be >= 1")
+    if cfg.test_size < 1:
+        raise UsageError("--test-size must be >= 1")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UsageError(f"--lr must be a finite number > 0, got {cfg.lr}")
+    if not (math.isfinite(cfg.clip) and cfg.clip > 0):  # clip <= 0 would flip or zero every gradient
+        raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
+    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
+        raise UsageError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
+    if cfg.dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
+    if cfg.arch not in ARCHS:
+        raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
+    if cfg.arch == "lstm" and cfg.pos != "learned":
+        raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
+    if task.seq_len > task.n_positions:
+        raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
+
+
+def resolve(cfg: TrainConfig):
+    """(cfg with the paper's defaults filled in and checked, its task)."""
+    task = build_task(cfg)
+    cfg = with_paper_defaults(cfg, task)
+    check_config(cfg, task)
+    return cfg, task
+
+
+def build_model(cfg: TrainConfig, task):
+    """(model, parameter counts): a freshly initialized model for the task, frozen per cfg.train."""
+    attention = "linear" if cfg.arch == "linear" else "softmax"
+    try:
+        model_cfg = GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, attention, cfg.pos)
+        model = LSTM(model_cfg) if cfg.arch == "lstm" else GPT(model_cfg)
+        counts = apply_training_mode(model, cfg.train)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return model, counts
+
+
+def run_record(cfg: TrainConfig, counts: dict, device) -> dict:
+    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
+    return {**asdict(cfg), "parameters": counts, "device": str(device),
+            "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "torch": torch.__version__}
+
+
+def build(cfg: TrainConfig):
+    """(cfg resolved, task, model, parameter counts): everything a run of cfg needs, freshly initialized."""
+    cfg, task = resolve(cfg)
+    model, counts = build_model(cfg, task)
+    return cfg, task, model, counts
+
+
+def load_run(run_dir):
+    """(cfg, task, model, counts) of the finished run in run_dir: its trained weights, on CPU, in eval mode."""
+    path = os.path.join(run_dir, "model.pt")
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
+    saved = load_checkpoint(path)
+    cfg, task, model, counts = build(config_from_dict(saved["config"]))
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as e:
+        raise UsageError(f"{path} does not load into a {cfg.task} model ({type(e).__name__})") from None
+    return cfg, task, model.eval(), counts
+
+
+# ---------------------------------------------------------------------------
+# The cpu scale: each task's laptop variant (docs/protocol.md §8; RESULTS.md has
+# the probes that chose each setting). reproduce.py --scale cpu trains these,
+# bench.py --cpu-variant times them, and a CPU run that would take hours names
+# its task's variant.
+# ---------------------------------------------------------------------------
+
+CPU_WIDTH = 512  # the cpu scale's wide model, standing in for the paper's 1024 (and 512 in Table 9)
+CPU_VARIANTS = {  # task -> TrainConfig settings
+    "modadd": {"p": 97, "width": CPU_WIDTH, "steps": 3000, "batch_size": 256, "lr": 1e-2, "weight_decay": 0.1, "warmup": 200},
+    "needle": {"max_pairs": 4, "test_size": 1000, "width": CPU_WIDTH, "steps": 6000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
+    "addition": {"digits": 6, "test_size": 1000, "width": CPU_WIDTH, "steps": 1500, "batch_size": 64, "lr": 3e-3, "warmup": 150},
+    "parens": {"max_parens": 40, "test_size": 1000, "width": CPU_WIDTH, "steps": 2000, "batch_size": 64, "lr": 3e-3, "warmup": 200},
+    "memorize": {"keys": 128, "width": 128, "epochs": 100, "batch_size": 1024},
+    "lm": {"width": 128, "epochs": 1, "context": 128},
+    "imitate": {"width": 64, "steps": 500, "batch_size": 128, "warmup": 50, "test_size": 1000},
+}
+# The variants' lr suits the frozen model; the fully trained model from width 128 up needs a
+# lower one at batch 64 (docs/protocol.md §8). The LSTM keeps the paper's LSTM_LR.
+CPU_FULL_LR = {"modadd": 1e-3, "needle": 3e-4, "addition": 3e-4, "parens": 3e-4}
+CPU_FULL_LR_MIN_WIDTH = 128
+SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's variant
+
+
+def cpu_variant(cfg: TrainConfig) -> TrainConfig:
+    """cfg on its task's laptop variant: CPU_VARIANTS' settings, its width unless cfg asks for a
+    narrower one; the LSTM keeps its own lr, the fully trained model from width 128 up takes CPU_FULL_LR."""
+    if cfg.task not in CPU_VARIANTS:
+        raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
+    settings = CPU_VARIANTS[cfg.task]
+    width = settings["width"] if cfg.width is None else min(cfg.width, settings["width"])
+    cfg = replace(cfg, **{**settings, "width": width})
+    if cfg.arch == "lstm":
+        return replace(cfg, lr=None)
+    if cfg.train == "full" and cfg.task in CPU_FULL_LR and cfg.width >= CPU_FULL_LR_MIN_WIDTH:
+        return replace(cfg, lr=CPU_FULL_LR[cfg.task])
+    return cfg
+
+
+def slow_run_hint(cfg, seconds_per_step, steps_left):
+    """On CPU, the line that warns of a run longer than SLOW_RUN_SECONDS and names a smaller one; else None."""
+    seconds = seconds_per_step * steps_left
+    if seconds <= SLOW_RUN_SECONDS:
+        return None
+    hint = (f"note: at {seconds_per_step:.2g} s per step, the {steps_left:,} steps left take about "
+            f"{seconds / 3600:.1f} h on this CPU")
+    variant = cpu_variant(TrainConfig(task=cfg.task, train=cfg.train, arch=cfg.arch))
+    return hint + f"; the task's laptop variant shows its result in under an hour: {command_line(variant)}"
