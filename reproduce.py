@@ -42,11 +42,13 @@ SEEDS = {"paper": 10, "cpu": 3}
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
     tasks = dict.fromkeys(cfg.task for cfg in cfgs)
-    full = [task for task in tasks if task in CPU_FULL_LR]
+    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.lr == CPU_FULL_LR.get(cfg.task) and cfg.train == "full")
     parts = [f"cpu scale: {seeds} seeds"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
     if full:
         parts.append(f"the fully trained model from width {CPU_FULL_LR_MIN_WIDTH} up takes lr "
-                     + ", ".join(f"{CPU_FULL_LR[task]:g} on {task}" for task in full) + f"; the lstm keeps {LSTM_LR:g}")
+                     + ", ".join(f"{CPU_FULL_LR[task]:g} on {task}" for task in full))
+    if any(cfg.arch == "lstm" for cfg in cfgs):
+        parts.append(f"the lstm keeps lr {LSTM_LR:g}")
     return "; ".join(parts) + "."
 
 
