@@ -49,9 +49,6 @@ class Run:
         model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.train, self.cfg.train)
         return f"{self.cfg.task} {model} w{self.cfg.width}"
 
-    def figure_path(self, name):
-        return os.path.join(self.path, f"{name}.png")
-
 
 def save_figure(plt, fig, path, **savefig):
     """Write the figure as a PNG atomically (a kill never leaves half a picture) and free it."""
@@ -186,7 +183,7 @@ def embedding_geometry(run: Run) -> dict:
     """PCA of the token embedding; scatter of components 1 vs 2 and 1 vs 3 coloured by token value."""
     E = run.model.wte.weight.detach()
     projections, fractions = principal_components(E)
-    plot_embedding(projections, run.figure_path("embedding"), f"{run.label}: token embedding")
+    plot_embedding(projections, os.path.join(run.path, "embedding.png"), f"{run.label}: token embedding")
     return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png"}
 
 
@@ -268,7 +265,7 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     cfg = run.model.cfg
     names = [f"blocks.{i}.attn.pattern" for i in range(cfg.n_layer)]
     pattern = run_with_cache(run.model, torch.tensor([tokens]), names)
-    plot_attention([pattern[n][0] for n in names], token_labels(run.cfg.task, tokens), run.figure_path("attention"), run.label)
+    plot_attention([pattern[n][0] for n in names], token_labels(run.cfg.task, tokens), os.path.join(run.path, "attention.png"), run.label)
     result = {"tokens": tokens, "figure": "attention.png"}
     if run.cfg.task == "needle":
         test = run.task.test_set()
@@ -499,7 +496,7 @@ def training_curves(run: Run) -> dict:
         ax.legend()
     fig.suptitle(run.label)
     fig.tight_layout()
-    save_figure(plt, fig, run.figure_path("curves"))
+    save_figure(plt, fig, os.path.join(run.path, "curves.png"))
     return {"final": log[-1], "figure": "curves.png"}
 
 

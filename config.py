@@ -160,8 +160,7 @@ def seed_configs(cfg: TrainConfig) -> list:
         raise UsageError("--seeds must be >= 1")
     if cfg.seeds == 1:
         return [cfg]
-    # cfg.out None: with_paper_defaults names each run runs/<task>-<train>-w<width>-s<seed>
-    return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")
+    return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")  # out None: named by with_paper_defaults
             for s in range(cfg.seed, cfg.seed + cfg.seeds)]
 
 

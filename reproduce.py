@@ -42,8 +42,8 @@ SEEDS = {"paper": 10, "cpu": 3}
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
     tasks = dict.fromkeys(cfg.task for cfg in cfgs)
-    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.lr == CPU_FULL_LR.get(cfg.task) and cfg.train == "full")
-    parts = [f"cpu scale: {seeds} seeds"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
+    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.train == "full" and cfg.lr == CPU_FULL_LR.get(cfg.task, "none"))
+    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
     if full:
         parts.append(f"the fully trained model from width {CPU_FULL_LR_MIN_WIDTH} up takes lr "
                      + ", ".join(f"{CPU_FULL_LR[task]:g} on {task}" for task in full))
@@ -80,12 +80,9 @@ class Table:
 
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
-TABLE1_COLS = {  # column -> settings
-    "Random 1024": {"train": "frozen", "width": 1024},
-    "Random 16": {"train": "frozen", "width": 16},
-    "Normal 1024": {"train": "full", "width": 1024},
-    "Normal 16": {"train": "full", "width": 16},
-    "LSTM 1024": {"train": "full", "arch": "lstm", "width": 1024},
+TABLE1_COLS = {  # column -> settings; "wide" is the paper's 1024, or CPU_WIDTH at cpu scale, and names its columns
+    "Random wide": {"train": "frozen"}, "Random 16": {"train": "frozen", "width": 16}, "Normal wide": {"train": "full"},
+    "Normal 16": {"train": "full", "width": 16}, "LSTM wide": {"train": "full", "arch": "lstm"},
 }
 TABLE1_PAPER = {
     "modadd": [100.0, 1.3, 100.0, 97.2, 100.0],
@@ -107,10 +104,12 @@ FIG6_TARGET_WIDTHS = [4, 8, 12, 16, 32, 64, 128]
 
 
 def table1(scale):
-    configs = {(row, col): task_config(row, scale, **settings) for row in TASK_ROWS for col, settings in TABLE1_COLS.items()}
-    paper = {(row, col): v for row in TASK_ROWS for col, v in zip(TABLE1_COLS, TABLE1_PAPER[row])}
+    wide = {"paper": 1024, "cpu": CPU_WIDTH}[scale]
+    cols = {col.replace("wide", str(wide)): {"width": wide, **settings} for col, settings in TABLE1_COLS.items()}
+    configs = {(row, col): task_config(row, scale, **settings) for row in TASK_ROWS for col, settings in cols.items()}
+    paper = {(row, col): v for row in TASK_ROWS for col, v in zip(cols, TABLE1_PAPER[row])}
     return Table("table1", "Table 1: test accuracy (%) of random (frozen) and normal (fully trained) transformers and LSTMs",
-                 "accuracy", TASK_ROWS, list(TABLE1_COLS), configs, paper)
+                 "accuracy", TASK_ROWS, list(cols), configs, paper)
 
 
 def table2(scale):
@@ -256,18 +255,21 @@ def run_cost(cfg: TrainConfig) -> float:
     return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
 
 
-def sweep(table: Table, runs: dict, jobs: int):
-    """Train every run of the table not yet finished, longest first, printing one line per run."""
+def sweep(table: Table, runs: dict, jobs: int) -> int:
+    """Train every run of the table not yet finished, longest first, printing one line per run; returns
+    how many it trained (or resumed)."""
     todo = sorted({cfg.out: cfg for cell in runs.values() for cfg in cell}.values(), key=run_cost, reverse=True)
     for cfg in todo:
         check_same_config(cfg)
-    start = time.time()
+    start, trained = time.time(), 0
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
         results = (pool.map if pool else map)(train_one, todo)
         for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
             done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
             metrics = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final)
             print(f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, {time.time() - start:.0f}s so far)", flush=True)
+            trained += state != "finished"
+    return trained
 
 
 # ---------------------------------------------------------------------------
@@ -542,12 +544,16 @@ def reproduce(name: str, args, command: str) -> str:
     if args.data:
         table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
     runs = cell_runs(table, args.scale, args.runs, args.seeds)
-    sweep(table, runs, args.jobs)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else \
-        f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-    text = render(table, args.scale, runs, args.seeds, command, device)
-    os.makedirs(args.results, exist_ok=True)
+    trained = sweep(table, runs, args.jobs)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     base = os.path.join(args.results, f"{table.name}-{args.scale}")
+    lines = render(table, args.scale, runs, args.seeds, command, device).split("\n")
+    if not trained and os.path.exists(base + ".md"):  # a redraw: the date, device and command that trained the runs stay
+        with open(base + ".md") as f:
+            lines[2:4] = f.read().split("\n")[2:4]
+    lines.insert(4, f"{date.today().isoformat()}: this command trained {trained} runs and found the others finished.")
+    text = "\n".join(lines)
+    os.makedirs(args.results, exist_ok=True)
     render_picture(table, args.scale, runs, base + ".png")
     write_atomic(base + ".md", lambda f: f.write(text.encode()))
     print(text + f"-> {base}.md, {base}.png", flush=True)
@@ -555,8 +561,9 @@ def reproduce(name: str, args, command: str) -> str:
 
 
 def claims(args, path="RESULTS.md") -> str:
-    """The table RESULTS.md opens with, between its claims markers: each claim of results/claims.json
-    (a table's cell and a verdict) with the paper's number and ours, read from the cell's runs."""
+    """RESULTS.md's opening table: each claim of results/claims.json (a cell, a verdict), the paper's number and ours."""
+    if not os.path.isfile(os.path.join(args.results, "claims.json")):
+        raise UsageError(f"no {os.path.join(args.results, 'claims.json')}: the claims to tabulate")
     with open(os.path.join(args.results, "claims.json")) as f:
         listed = json.load(f)
     lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]

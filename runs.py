@@ -81,20 +81,20 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if resume and os.path.exists(os.path.join(cfg.out, "final.json")):
         raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
+    if resume and lead:
+        remove_temp_files(cfg.out)
     if resume and os.path.exists(checkpoint_path):
         checkpoint = load_checkpoint(checkpoint_path, generator.device)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_states(checkpoint["rng"], generator)
         if lead:
-            remove_temp_files(cfg.out)
             truncate_metrics(cfg.out, checkpoint["step"])
         return Start(checkpoint["step"], checkpoint["elapsed"], checkpoint.get("metrics", {}),
                      checkpoint.get("losses", []), logged=checkpoint["step"])
     if resume:  # killed before its first checkpoint
         if lead:
             print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
-            remove_temp_files(cfg.out)
             truncate_metrics(cfg.out, 0)
         return Start()
     check_run_dir(cfg)

@@ -213,3 +213,31 @@ def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
         path = tmp_path / f"{table.name}.png"
         reproduce.render_picture(table, "paper", runs, str(path))
         assert plt.imread(path).shape[0] > 100
+
+
+def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_markers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cell = reproduce.cell_runs(reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3)["needle", "Linearized random"]
+    for cfg, accuracy in zip(cell, (0.2, 0.5, 0.4)):
+        write_final(cfg.out, accuracy=accuracy)
+    os.makedirs("results")
+    write_json("results/claims.json", [{"claim": "needle fails", "table": "table9", "row": "needle",
+                                        "col": "Linearized random", "verdict": "direction only"}])
+    (tmp_path / "RESULTS.md").write_text("# Results\n<!-- claims:begin -->\nold\n<!-- claims:end -->\nrest\n")
+    reproduce.main(["claims"])
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| needle fails | 17.7 | 40.0 [20.0, 50.0] | direction only |" in text  # the paper's number, then ours
+    assert "old" not in text and text.endswith("<!-- claims:end -->\nrest\n")
+
+
+def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for cell in reproduce.cell_runs(reproduce.table9("cpu"), "cpu", "runs", 3).values():
+        for cfg in cell:
+            write_final(cfg.out, accuracy=0.5, loss=1.0, elapsed=60.0)
+    os.makedirs("results")
+    (tmp_path / "results" / "table9-cpu.md").write_text("# T\n\nScale `cpu`, 2020-01-01, a GPU; 9 runs.\nCommand: `train it`\n\nold\n")
+    reproduce.main(["table9"])
+    lines = (tmp_path / "results" / "table9-cpu.md").read_text().splitlines()
+    assert lines[2:4] == ["Scale `cpu`, 2020-01-01, a GPU; 9 runs.", "Command: `train it`"]
+    assert "this command trained 0 runs and found the others finished" in lines[4]
