@@ -50,20 +50,15 @@ from tasks import Needle
 from train import compile_model, make_optimizer, train_step
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def best_seconds(fn, calls, repeats, device):
     """Seconds per call of fn, the best of `repeats` timings of `calls` calls (the machine may be shared)."""
-    best = float("inf")
+    best, sync = float("inf"), torch.cuda.synchronize if device.type == "cuda" else lambda: None
     for _ in range(repeats):
-        sync(device)
+        sync()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        sync(device)
+        sync()
         best = min(best, (time.perf_counter() - start) / calls)
     return best
 

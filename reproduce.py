@@ -561,7 +561,8 @@ def reproduce(name: str, args, command: str) -> str:
 
 
 def claims(args, path="RESULTS.md") -> str:
-    """RESULTS.md's opening table: each claim of results/claims.json (a cell, a verdict), the paper's number and ours."""
+    """RESULTS.md's opening table: each claim of results/claims.json (a cell, a verdict), the paper's number and
+    ours, from the cell's runs or from the runs the claim names."""
     if not os.path.isfile(os.path.join(args.results, "claims.json")):
         raise UsageError(f"no {os.path.join(args.results, 'claims.json')}: the claims to tabulate")
     with open(os.path.join(args.results, "claims.json")) as f:
@@ -569,7 +570,8 @@ def claims(args, path="RESULTS.md") -> str:
     lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
     for claim in listed:
         table, cell = TABLES[claim["table"]](args.scale), (claim["row"], claim["col"])
-        summary = cell_summary(table, *cell, cell_runs(table, args.scale, args.runs, args.seeds)[cell])
+        runs = [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else cell_runs(table, args.scale, args.runs, args.seeds)[cell]
+        summary = cell_summary(table, *cell, runs)
         ours = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}]"
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
         lines.append(f"| {claim['claim']} | {paper} | {ours} | {claim['verdict']} |")

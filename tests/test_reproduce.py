@@ -232,7 +232,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
 
 def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for cell in reproduce.cell_runs(reproduce.table9("cpu"), "cpu", "runs", 3).values():
+    for cell in reproduce.cell_runs(reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3).values():
         for cfg in cell:
             write_final(cfg.out, accuracy=0.5, loss=1.0, elapsed=60.0)
     os.makedirs("results")

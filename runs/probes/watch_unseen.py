@@ -1,6 +1,7 @@
 """Curves of parentheses accuracy on the test strings training never shows, from a run in progress.
 
     python train.py --task parens ... --out runs/probes/NAME &  python runs/probes/watch_unseen.py runs/probes/NAME
+    python runs/probes/watch_unseen.py --plot results/parens-unseen-cpu.png runs/probes/NAME...   # draw the curves
 
 Polls NAME/checkpoint.pt; at each new step scores the test strings whose (length, answer) the exclusion
 rule keeps out of training (analyze.parens_lengths) and appends {step, unseen, seen, accuracy} to
@@ -18,6 +19,21 @@ sys.path.insert(0, os.getcwd())  # the checkout it runs in, not an installed cop
 import analyze  # noqa: E402
 from config import build, config_from_dict  # noqa: E402
 
+if sys.argv[1] == "--plot":
+    from analyze import pyplot, save_figure
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run_dir in sys.argv[3:]:
+        with open(os.path.join(run_dir, "unseen.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        line, = ax.plot([r["step"] for r in rows], [100 * r["unseen"] for r in rows], marker=".", label=os.path.basename(run_dir) + ": unseen")
+        ax.plot([r["step"] for r in rows], [100 * r["accuracy"] for r in rows], linestyle=":", color=line.get_color(), label="all test strings")
+    ax.set(xlabel="step", ylabel="test accuracy (%)", ylim=(0, 102),
+           title="random 512 on parentheses: the strings training never shows (solid) and all (dotted)")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)
+    save_figure(plt, fig, sys.argv[2])
+    sys.exit()
 run_dir = sys.argv[1]
 while not os.path.exists(os.path.join(run_dir, "config.json")):
     time.sleep(5)
