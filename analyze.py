@@ -42,12 +42,29 @@ class Run:
             raise UsageError(f"{path} is not a run directory (no config.json)")
         self.path = path
         self.cfg, self.task, self.model, self.counts = load_run(path)
+        self.final = read_final(path)
+        if not all(t.isfinite().all() for t in self.model.state_dict().values() if t.is_floating_point()):
+            raise UsageError(f"{path}/model.pt has NaN or infinite weights (the run diverged); there is nothing to analyze")
 
     @property
     def label(self):
         """The row name in the paper's tables: Random = frozen blocks, Normal = fully trained."""
         model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.train, self.cfg.train)
         return f"{self.cfg.task} {model} w{self.cfg.width}"
+
+
+def read_final(path) -> dict:
+    """The run's final.json. train.py writes model.pt, then final.json: a kill between the two
+    leaves a run that --resume finishes."""
+    final_path = os.path.join(path, "final.json")
+    if not os.path.isfile(final_path):
+        raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
+                         f"finish it with: python train.py --resume {path}")
+    try:
+        with open(final_path) as f:
+            return json.load(f)
+    except ValueError:
+        raise UsageError(f"{final_path} is not JSON") from None
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -219,14 +236,37 @@ def embedding_markdown(result):
 # ---------------------------------------------------------------------------
 
 
-def token_labels(task_name, tokens):
-    """Readable names for the heatmap axes: needle markers as letters, parentheses as characters."""
-    if task_name == "needle":
-        letter = lambda t: "abcdefghijklmnopqrstuvwxyzABCD"[t]  # noqa: E731  (30 markers)
-        return [letter(t - 128) if 128 <= t < 158 else letter(t - 158) + "?" if 158 <= t < 188 else str(t) for t in tokens]
-    if task_name == "parens":
+NEEDLE_LETTERS = "abcdefghijklmnopqrstuvwxyzABCD"  # one per needle marker, as in Figure 2's "a 1 b 2 c 3 d 4 b"
+ADDITION_NAMES = {**{d: str(d) for d in range(10)}, tasks.PLUS: "+", tasks.EQUALS: "=", tasks.ADD_PAD: "_",
+                  **{tasks.SUM_DIGIT0 + d: str(d) for d in range(10)}, tasks.SUM_END: "end"}
+# Figure 2's two steps, in order: name in the results -> what it measures.
+NEEDLE_STEPS = {"value_to_marker": "Each value's attention to the marker just before it",
+                "query_to_value": "The query's attention to the value after the marker it asks for"}
+
+
+def needle_label(t):
+    """A needle token: markers as letters, a query as its marker's letter and "?", values as numbers, _ padding."""
+    marker, query = t - 128, t - 128 - tasks.Needle.MARKERS
+    if 0 <= marker < tasks.Needle.MARKERS:
+        return NEEDLE_LETTERS[marker]
+    if 0 <= query < tasks.Needle.MARKERS:
+        return NEEDLE_LETTERS[query] + "?"
+    return "_" if t == 0 else str(t)
+
+
+def token_labels(task, tokens):
+    """What each token id stands for in its task, for the heatmap axes (_ is padding)."""
+    if task.name == "needle":
+        return [needle_label(t) for t in tokens]
+    if task.name == "addition":  # input digits and sum digits are separate tokens, both shown as the digit
+        return [ADDITION_NAMES.get(t, str(t)) for t in tokens]
+    if task.name == "parens":
         return ["_()?"[t] for t in tokens]
-    return [str(t) for t in tokens]
+    if task.name == "memorize":  # a pair's first key x is a token below 512, its second key y is token 512 + y
+        return [f"x{t}" if t < 512 else f"y{t - 512}" for t in tokens]
+    if task.name == "lm":
+        return [task.tokenizer.decode([t]).replace(" ", "␣").replace("\n", "↵") for t in tokens]
+    return [str(t) for t in tokens]  # modadd and imitate: a token is its number
 
 
 def default_attention_input(run: Run):
@@ -259,53 +299,94 @@ def needle_attention_scores(patterns, batch: Batch):
     return {"query_to_value": query_to_value, "value_to_marker": per_row / is_value.sum(1)[:, None, None]}
 
 
+def needle_test_scores(run: Run, names) -> dict:
+    """Figure 2's two scores per layer and head, averaged over the needle test set, and under "uniform"
+    what a head that spreads its attention evenly over the positions it sees would score."""
+    test = run.task.test_set()
+    T = test.x.size(1)
+    even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # row i: 1 / (i + 1) on positions 0..i
+    rows = max(1, CHUNK_TOKENS // T)
+    scores, uniform = {}, {}
+    for start in range(0, len(test), rows):
+        chunk = test[start : start + rows]
+        patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))  # (L, B, nh, T, T)
+        for key, value in needle_attention_scores(patterns, chunk).items():
+            scores.setdefault(key, []).append(value)
+        for key, value in needle_attention_scores(even.expand(1, len(chunk), 1, T, T), chunk).items():
+            uniform.setdefault(key, []).append(value)
+    return {**{key: torch.cat(parts).mean(0).tolist() for key, parts in scores.items()},
+            "uniform": {key: torch.cat(parts).mean().item() for key, parts in uniform.items()}}
+
+
+def strongest_attention(weights, labels) -> dict:
+    """Where one position puts its largest attention weight; weights (L, nh, T) over the keys."""
+    layer, head, key = (int(i) for i in torch.unravel_index(weights.argmax(), weights.shape))
+    return {"layer": layer + 1, "head": head + 1, "position": key, "token": labels[key],
+            "weight": weights[layer, head, key].item(), "uniform": 1 / weights.size(-1)}
+
+
 def attention_patterns(run: Run, input_tokens=None) -> dict:
-    """Heatmaps of every layer's and head's attention on one input; for needle, also Figure 2's scores over the test set."""
+    """Heatmaps of every layer's and head's attention on one input and where its last position looks most;
+    for needle, also Figure 2's scores over the test set."""
     tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
-    cfg = run.model.cfg
-    names = [f"blocks.{i}.attn.pattern" for i in range(cfg.n_layer)]
-    pattern = run_with_cache(run.model, torch.tensor([tokens]), names)
-    plot_attention([pattern[n][0] for n in names], token_labels(run.cfg.task, tokens), os.path.join(run.path, "attention.png"), run.label)
-    result = {"tokens": tokens, "figure": "attention.png"}
+    names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
+    cache = run_with_cache(run.model, torch.tensor([tokens]), names)
+    patterns = torch.stack([cache[name][0] for name in names])  # (L, nh, T, T)
+    labels = token_labels(run.task, tokens)
+    plot_attention(patterns, labels, os.path.join(run.path, "attention.png"), run.label)
+    result = {"tokens": tokens, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels)}
     if run.cfg.task == "needle":
-        test = run.task.test_set()
-        rows = max(1, CHUNK_TOKENS // test.x.size(1))
-        scores = {}
-        for start in range(0, len(test), rows):
-            chunk = test[start : start + rows]
-            patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))  # (L, B, nh, T, T)
-            for key, value in needle_attention_scores(patterns, chunk).items():
-                scores.setdefault(key, []).append(value)
-        result.update({key: torch.cat(parts).mean(0).tolist() for key, parts in scores.items()})
+        result.update(needle_test_scores(run, names))
     return result
 
 
 def plot_attention(patterns, labels, path, title):
-    """patterns: one (nh, T, T) tensor per layer; rows are queries, columns keys."""
+    """patterns: (L, nh, T, T); in each panel row i is how position i spreads its attention over positions 0..i."""
     plt = pyplot()
-    n_layer, n_head = len(patterns), patterns[0].size(0)
-    size = 1.2 + 0.22 * len(labels)
-    fig, axes = plt.subplots(n_layer, n_head, figsize=(n_head * size, n_layer * size), squeeze=False)
-    for layer, heads in enumerate(patterns):
+    n_layer, n_head = patterns.shape[:2]
+    size = 1.8 + 0.22 * len(labels)
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(n_head * size + 1, n_layer * size), squeeze=False, layout="constrained")
+    for layer in range(n_layer):
         for head, ax in enumerate(axes[layer]):
-            ax.imshow(heads[head].numpy(), cmap="Blues", vmin=0, vmax=1)
+            image = ax.imshow(patterns[layer, head].numpy(), cmap="Blues", vmin=0, vmax=1)
             ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=9)
             ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90)
             ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    fig.suptitle(f"{title}: attention (row attends to column)")
-    fig.tight_layout()
+    for ax in axes[:, 0]:
+        ax.set_ylabel("attending position", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("attended position", fontsize=8)
+    fig.colorbar(image, ax=axes, label="attention weight (each row sums to 1)")
+    fig.suptitle(f"{title}: attention")
     save_figure(plt, fig, path)
 
 
 def attention_markdown(result):
-    lines = [f"Input tokens: {result['tokens']}", "", f"![attention patterns]({result['figure']})"]
-    for name, what in (("query_to_value", "query -> the queried marker's value"), ("value_to_marker", "value -> its marker")):
+    last = result["last_position"]
+    lines = [f"Input tokens: {result['tokens']}", "", f"![attention patterns]({result['figure']})", "",
+             "Each panel is one head: row i shows how position i splits its attention (summing to 1) over positions 0..i. "
+             f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} head {last['head']} "
+             f"on `{last['token']}` at position {last['position']} (attention spread evenly gives each position {last['uniform']:.2f})."]
+    if "uniform" in result:
+        lines += ["", needle_attention_summary(result)]
+    for name, what in NEEDLE_STEPS.items():
         if name in result:
             n_head = len(result[name][0])
-            lines += ["", f"Mean attention {what}, over the test set:", "",
+            lines += ["", f"{what}, mean over the test set:", "",
                       "| layer | " + " | ".join(f"head {h + 1}" for h in range(n_head)) + " |", "|---" * (n_head + 1) + "|"]
             lines += [f"| {i + 1} | " + " | ".join(f"{v:.3f}" for v in heads) + " |" for i, heads in enumerate(result[name])]
     return "\n".join(lines)
+
+
+def needle_attention_summary(result):
+    """One sentence per step of Figure 2: the head where it is strongest, beside a head that spreads attention evenly."""
+    sentences = []
+    for name, what in NEEDLE_STEPS.items():
+        value, layer, head = max((v, i + 1, h + 1) for i, heads in enumerate(result[name]) for h, v in enumerate(heads))
+        sentences.append(f"{what} is largest in layer {layer} head {head}: {value:.2f} on average "
+                         f"over the test set, against {result['uniform'][name]:.2f} for attention spread evenly.")
+    return " ".join(sentences) + (" In the paper's Figure 2, values attend to their markers in layer 1 "
+                                  "and the query to the matching value in layer 2.")
 
 
 # ---------------------------------------------------------------------------
@@ -342,15 +423,16 @@ def gradient_symmetricity(model, p, triples=100):
 def distance_irrelevance_from_logits(correct_logit):
     """q for L = correct_logit (p, p) indexed [a, b].
 
-    L[s, d] with s = (a + b) mod p, d = (a - b) mod p; q = mean over d of the
-    std over s of L, divided by the std of all of L (population stds). A Clock
+    q = mean over differences d = (a - b) mod p of the std of L over the p pairs
+    with that difference, divided by the std of all of L (population stds). A Clock
     network's logit ignores the distance d (q ~0.85); a Pizza's depends on it (~0.17).
+    For odd p the pairs of one difference have every sum s once, so this is the std
+    over s; for even p the sums of one difference share its parity, each twice.
     """
     p = correct_logit.size(0)
-    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
-    L = torch.empty(p, p, dtype=correct_logit.dtype)
-    L[(a + b) % p, (a - b) % p] = correct_logit  # p odd: (a, b) -> (s, d) is one-to-one
-    return (L.std(0, correction=0).mean() / L.std(correction=0)).item()
+    d, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    by_difference = correct_logit[(b + d) % p, b]  # row d: L at the pairs (a, b) = (b + d, b)
+    return (by_difference.std(1, correction=0).mean() / by_difference.std(correction=0)).item()
 
 
 @torch.no_grad()
@@ -369,9 +451,10 @@ def clock_pizza(run: Run) -> dict:
     Gradient symmetricity: mean over 100 seeded triples (a, b, c) of the cosine
     between dQ_c/de_a and dQ_c/de_b (Q_c the logit of class c, e the token
     embeddings before positions are added); Pizza ~0.99, Clock ~0.33.
-    Distance irrelevance: with L[s, d] the correct answer's logit for the pair
-    of sum s and difference d, mean_d std_s L / std L (population std);
-    Clock ~0.85, Pizza ~0.17. The paper: 0.88 and 0.88 for a random 1024-wide model.
+    Distance irrelevance: with L the correct answer's logit over all pairs,
+    the mean over differences d of the std of L over the pairs of difference d,
+    divided by std L (population std); Clock ~0.85, Pizza ~0.17.
+    The paper: 0.88 and 0.88 for a random 1024-wide model.
     """
     p = run.task.p
     return {"gradient_symmetricity": gradient_symmetricity(run.model, p), "distance_irrelevance": distance_irrelevance(run.model, p)}
@@ -394,9 +477,8 @@ def memorization(run: Run) -> dict:
     The memorize task has no held-out split, so its test set is the training
     set and the run's final accuracy and loss are exact match and cross-entropy on it.
     """
-    with open(os.path.join(run.path, "final.json")) as f:
-        final = json.load(f)
-    return tasks.memorization_capacity(final["accuracy"], final["loss"], len(run.task.train), run.task.VALUES, run.counts["trainable"])
+    return tasks.memorization_capacity(run.final["accuracy"], run.final["loss"], len(run.task.train), run.task.VALUES,
+                                       run.counts["trainable"])
 
 
 def memorization_markdown(result):
@@ -476,6 +558,11 @@ def parens_lengths_markdown(result):
 # ---------------------------------------------------------------------------
 
 
+# Both are the task's loss (cross-entropy; imitate: KL to the target) at answer positions only; the
+# training loss is its mean over the steps since the previous evaluation.
+CURVE_LABELS = {"loss": "training loss (answer tokens)", "test_loss": "test loss (answer tokens)"}
+
+
 def training_curves(run: Run) -> dict:
     """Training loss and every test metric against step, from metrics.jsonl."""
     log = read_metrics(run.path)
@@ -487,9 +574,9 @@ def training_curves(run: Run) -> dict:
     for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [(k, metric_ax) for k in test_metrics]:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
         if points:
-            ax.plot(*zip(*points), label=key.replace("_", " "), marker=".")
+            ax.plot(*zip(*points), label=CURVE_LABELS.get(key, key.replace("_", " ")), marker=".")
     loss_ax.set_yscale("log")
-    loss_ax.set_ylabel("cross-entropy")
+    loss_ax.set_ylabel("loss (nats per answer token)")
     metric_ax.set_ylabel("test metric")
     for ax in (loss_ax, metric_ax):
         ax.set_xlabel("step")
@@ -558,9 +645,24 @@ def earlier_results(run: Run) -> dict:
         return {}
     try:
         with open(path) as f:
-            return json.load(f)
+            results = json.load(f)
     except ValueError:
         raise UsageError(f"{path} is not JSON; delete it or run analyze.py without --only") from None
+    if not renders(run, results):
+        raise UsageError(f"{path} is not results this analyze.py can read; delete it or run analyze.py without --only")
+    return results
+
+
+def renders(run: Run, results) -> bool:
+    """Whether analysis.md can be written from results: checked before any figure is written, since an
+    analysis.json may come from another version of analyze.py or another program."""
+    if not isinstance(results, dict):
+        return False
+    try:
+        markdown(run, results)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return False
+    return True
 
 
 def analyze(run: Run, args) -> dict:

@@ -80,8 +80,8 @@ def train_batched(cfg) -> list:
         seeds.append(run)
         models.append(model.to(device))
         counts.append(n)
-    for run, model, n in zip(seeds, models, counts):  # every seed checked and built: only now are old runs replaced
-        runs.start_or_resume(run, False, model, None, None, run_record(run, n, device))
+    starts = [runs.start_or_resume(run, False, model, None, None, run_record(run, n, device))  # every seed checked and built
+              for run, model, n in zip(seeds, models, counts)]
     cfg = seeds[0]  # settings filled in by build, shared by every seed
     params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
@@ -95,6 +95,9 @@ def train_batched(cfg) -> list:
     print(f"{cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
     losses, clock = [], Clock()
     for step in tqdm(range(cfg.steps + 1), dynamic_ncols=True, disable=None):
+        if step == min(1, cfg.steps):  # the first step succeeded: each seed's run takes its place
+            for run, start in zip(seeds, starts):
+                runs.replace_old_run(run.out, start)
         if step == cfg.steps or (step % cfg.eval_every == 0 and step > 0):
             loss = mean_loss(losses) or [None] * len(seeds)
             steps_per_s = len(losses) / clock.lap() if losses else None

@@ -21,11 +21,12 @@ import torch
 
 from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
 from runs import UsageError, load_checkpoint
-from tasks import TASKS, make_task
+from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
+MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
 PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
 
 
@@ -66,6 +67,10 @@ class TrainConfig:
     vocab: int = field(default=10_000, metadata={"help": "lm: BPE vocabulary size"})
     context: int = field(default=512, metadata={"help": "lm: tokens per training window"})
 
+    def __post_init__(self):  # checked before anything is seeded with it
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**64 - max(self.seeds, 1) + 1):
+            raise UsageError(f"--seed must be an integer in [0, 2^64 - --seeds], got {self.seed}")
+
 
 @contextmanager
 def usage_errors(prog: str):
@@ -73,8 +78,18 @@ def usage_errors(prog: str):
     try:
         yield
     except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(prog, e)
+    except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file
+        fail(prog, f"{e.strerror or e}: {e.filename}" if e.filename else e)
+    except (MemoryError, RuntimeError) as e:
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
+            raise
+        fail(prog, f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size")
+
+
+def fail(prog, message):
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 # ---------------------------------------------------------------------------
@@ -127,17 +142,33 @@ def config_from_args(args):
         with open(config_path) as f:
             saved = json.load(f)
         return replace(config_from_dict(saved), out=run_dir), True
-    except (ValueError, TypeError, AttributeError) as e:
-        raise UsageError(f"{config_path} is not a run's config ({type(e).__name__})") from None
+    except ValueError as e:  # JSONDecodeError is one
+        raise UsageError(f"{config_path} is not a run's config ({e})") from None
 
 
 def parse_args(argv=None, description="Train one model on one task."):
     return config_from_args(make_parser(description).parse_args(argv))
 
 
+RECORD_KEYS = {"parameters", "device", "resolved_dtype", "torch"}  # what run_record adds to the settings
+
+
 def config_from_dict(saved: dict) -> TrainConfig:
-    """The TrainConfig a run saved; settings newer than the run keep their defaults."""
-    return TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
+    """The TrainConfig a run saved; settings newer than the run keep their defaults. ValueError
+    for anything else: not an object, an unknown key, a value of the wrong type."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"a run's config is a JSON object, not {type(saved).__name__}")
+    types = {f.name: f.type for f in fields(TrainConfig)}
+    unknown = sorted(set(saved) - set(types) - RECORD_KEYS)
+    if unknown:
+        raise ValueError(f"unknown setting {unknown[0]!r}")
+    for name, value in saved.items():
+        kind = types.get(name)
+        nullable = kind and next(f.default for f in fields(TrainConfig) if f.name == name) is None
+        fits = value is None and nullable or type(value) is kind or kind is float and type(value) is int
+        if kind and not fits:
+            raise ValueError(f"{name} is {json.dumps(value)}, not {'null or ' if nullable else ''}{kind.__name__}")
+    return TrainConfig(**{name: saved[name] for name in types if name in saved})
 
 
 def command_line(cfg) -> str:
@@ -156,8 +187,8 @@ def command_line(cfg) -> str:
 
 def seed_configs(cfg: TrainConfig) -> list:
     """One config per seed of --seeds, each a complete single run (its config.json reproduces it alone)."""
-    if cfg.seeds < 1:
-        raise UsageError("--seeds must be >= 1")
+    if not 1 <= cfg.seeds <= MAX_SEEDS:
+        raise UsageError(f"--seeds must be between 1 and {MAX_SEEDS:,}")
     if cfg.seeds == 1:
         return [cfg]
     return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")  # out None: named by with_paper_defaults
@@ -231,20 +262,38 @@ def check_config(cfg: TrainConfig, task) -> None:
         raise UsageError("--epochs must be >= 1")
     if cfg.test_size < 1:
         raise UsageError("--test-size must be >= 1")
-    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
-        raise UsageError(f"--lr must be a finite number > 0, got {cfg.lr}")
+    fp32_max = torch.finfo(torch.float32).max  # the optimizer's arithmetic: a larger lr is inf there
+    if not 0 < cfg.lr < fp32_max:
+        raise UsageError(f"--lr must be a number > 0 and below {fp32_max:.3g}, got {cfg.lr}")
     if not (math.isfinite(cfg.clip) and cfg.clip > 0):  # clip <= 0 would flip or zero every gradient
         raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
-    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
-        raise UsageError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
+    if not 0 <= cfg.lr * cfg.weight_decay < 1:  # AdamW scales weights by 1 - lr * weight decay each step
+        raise UsageError(f"--weight-decay must be >= 0 with --lr x --weight-decay below 1, got {cfg.weight_decay}")
     if cfg.dtype not in DTYPES:
         raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
     if cfg.arch not in ARCHS:
         raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
     if cfg.arch == "lstm" and cfg.pos != "learned":
         raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
+    check_memory(cfg, task)
+    if isinstance(task, StreamTask):
+        try:
+            task.check_training_stream()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if task.seq_len > task.n_positions:
         raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
+
+
+def check_memory(cfg: TrainConfig, task):
+    """UsageError where the weights and AdamW's state alone would outgrow this machine's memory.
+    An estimate (16 bytes a parameter: weight, gradient, two moments; activations not counted),
+    so that a run too big to allocate is refused before it starts, not by a failed allocation."""
+    parameters = 12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
+    needed, available = 16 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available:
+        raise UsageError(f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB for its weights "
+                         f"and optimizer state (an estimate), more than this machine's {available / 2**30:,.0f} GiB")
 
 
 def resolve(cfg: TrainConfig):
@@ -286,7 +335,11 @@ def load_run(run_dir):
     if not os.path.isfile(path):
         raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
     saved = load_checkpoint(path)
-    cfg, task, model, counts = build(config_from_dict(saved["config"]))
+    try:
+        cfg = config_from_dict(saved["config"])
+    except ValueError as e:
+        raise UsageError(f"{path} holds no valid config ({e})") from None
+    cfg, task, model, counts = build(cfg)
     try:
         model.load_state_dict(saved["model"])
     except RuntimeError as e:

@@ -4,11 +4,15 @@
     runs/<name>/metrics.jsonl   one line per evaluation: step, training loss, lr, test metrics, time
     runs/<name>/checkpoint.pt   model, optimizer and RNG states: a resumed run goes on bit for bit
     runs/<name>/model.pt        the trained weights, then final.json, written last: the run finished
+    runs/<name>/.lock           held by the one process writing the run
 
 A kill at any moment leaves each file whole, old or new (write_atomic), and
 start_or_resume turns whatever a killed run left into the exact point to go on from.
+A new run appears at runs/<name> only once its first step has succeeded.
 """
 
+import atexit
+import fcntl
 import json
 import os
 import shutil
@@ -21,6 +25,10 @@ import torch
 import torch.distributed as dist
 
 
+UMASK = os.umask(0o022)
+os.umask(UMASK)  # reading the process's umask means setting it: put it back at once
+
+
 class UsageError(Exception):
     """Bad input from the user (a flag, a file, a directory): reported as one line, exit code 2."""
 
@@ -30,6 +38,7 @@ def write_atomic(path, write):
     into place: a kill at any moment leaves the old file or the new one, never a part."""
     fd, temp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
+        os.chmod(temp, 0o666 & ~UMASK)  # mkstemp makes it private (0600); results are for others to read too
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -48,78 +57,173 @@ def save_torch(path, obj):
     write_atomic(path, lambda f: torch.save(obj, f))
 
 
-def load_checkpoint(path, device="cpu"):
+CHECKPOINT_KEYS = ("model", "optimizer", "rng", "step", "elapsed")
+
+
+def load_checkpoint(path, device="cpu", keys=("model", "config")):
+    """The dict saved at path (checkpoint.pt or model.pt), checked to hold `keys`."""
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
     try:
-        return torch.load(path, map_location=device, weights_only=True)  # tensors and plain data only: no code runs on load
+        saved = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data only: no code runs on load
     except Exception as e:
-        raise UsageError(f"checkpoint {path} does not load ({type(e).__name__})") from None
+        raise UsageError(f"{path} does not load ({type(e).__name__})") from None
+    missing = [key for key in keys if not isinstance(saved, dict) or key not in saved]
+    if missing:
+        raise UsageError(f"{path} is not a checkpoint of a run (it lacks {', '.join(missing)})")
+    return saved
+
+
+# What train.py, reproduce.py and analyze.py write into a run directory (analyze.py's figures
+# are its *.png): --overwrite deletes a directory only if it holds nothing else.
+RUN_FILES = {"config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "final.json", "train_split.json",
+             "analysis.json", "analysis.md", ".lock"}
+
+
+def is_run_file(name):
+    return name in RUN_FILES or name.endswith(".png") or name.startswith(".") and name.endswith(".tmp")
 
 
 @dataclass
 class Start:
-    """Where a run's loop begins; logged: the last step already in metrics.jsonl (-1: none)."""
+    """Where a run's loop begins; logged: the last step already in metrics.jsonl (-1: none).
+    staged: a new run's directory until its first step (then replace_old_run moves it to cfg.out);
+    locks: held for as long as this object lives (lock_run_dir)."""
 
     step: int = 0
     elapsed: float = 0.0
     metrics: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)
     logged: int = -1
+    staged: str = None
+    locks: list = field(default_factory=list)
 
 
 def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
-    """Prepare cfg.out for the loop and return where it starts.
+    """Prepare the run directory for the loop and return where it starts. Only the lead process
+    (rank 0) touches files.
 
-    A new run: cfg.out must be absent, empty, or (with --overwrite) an old run,
-    which is emptied only now that everything is checked and built, so a bad
-    setting never costs it; config.json is written from `record`. A resumed run:
-    model, optimizer and RNGs take checkpoint.pt's states and metrics.jsonl drops
-    what came after it; without a checkpoint yet, the run starts over in place.
-    Only the lead process (rank 0) touches files.
+    A new run is built in a directory of its own beside cfg.out (staged) and takes cfg.out's place
+    only after its first step (replace_old_run), so a run that fails to start leaves nothing and
+    an old run it would --overwrite survives any failure. A resumed run: model, optimizer and
+    RNGs take checkpoint.pt's states and metrics.jsonl drops what came after it; without a
+    checkpoint yet, the run starts over in place. Either way this process holds the directory's
+    lock: a second process on the same run is refused.
     """
+    if resume:
+        return resume_run(cfg, model, optimizer, generator, lead)
+    check_run_dir(cfg)
+    if dist.is_initialized():
+        dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
+    if not lead:
+        return Start()
+    locks = [lock_run_dir(cfg.out)] if os.path.isdir(cfg.out) else []  # refused while another process trains the old run
+    staged = beside(cfg.out, "new")
+    if os.path.isdir(staged):  # left by a run that failed before its first step, unless one is starting now
+        locks.append(lock_run_dir(staged))
+        shutil.rmtree(staged)
+    os.makedirs(staged)
+    atexit.register(shutil.rmtree, staged, ignore_errors=True)  # a run that ends before its first step leaves nothing
+    locks.append(lock_run_dir(staged))
+    write_json(os.path.join(staged, "config.json"), record)
+    return Start(staged=staged, locks=locks)
+
+
+def resume_run(cfg, model, optimizer, generator, lead) -> Start:
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
-    if resume and os.path.exists(os.path.join(cfg.out, "final.json")):
+    if os.path.exists(os.path.join(cfg.out, "final.json")):
         raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
-    if resume and lead:
-        remove_temp_files(cfg.out)
-    if resume and os.path.exists(checkpoint_path):
-        checkpoint = load_checkpoint(checkpoint_path, generator.device)
+    locks = [lock_run_dir(cfg.out)] if lead else []
+    if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
+        if lead:
+            print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
+            remove_temp_files(cfg.out)
+            truncate_metrics(cfg.out, 0)
+        return Start(locks=locks)
+    checkpoint = load_checkpoint(checkpoint_path, generator.device, CHECKPOINT_KEYS)
+    try:  # every state is restored and checked before any file changes
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_states(checkpoint["rng"], generator)
-        if lead:
-            truncate_metrics(cfg.out, checkpoint["step"])
-        return Start(checkpoint["step"], checkpoint["elapsed"], checkpoint.get("metrics", {}),
-                     checkpoint.get("losses", []), logged=checkpoint["step"])
-    if resume:  # killed before its first checkpoint
-        if lead:
-            print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
-            truncate_metrics(cfg.out, 0)
-        return Start()
-    check_run_dir(cfg)
-    if dist.is_initialized():
-        dist.barrier()  # under torchrun every rank checks the directory before rank 0 empties it
+        step, elapsed = int(checkpoint["step"]), float(checkpoint["elapsed"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{checkpoint_path} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    if not 0 <= step <= cfg.steps:
+        raise UsageError(f"{checkpoint_path} is at step {step}, outside this run's 0..{cfg.steps}")
     if lead:
-        if os.path.isdir(cfg.out):
-            shutil.rmtree(cfg.out)  # an old run's analyses and figures too
-        os.makedirs(cfg.out)
-        write_json(os.path.join(cfg.out, "config.json"), record)
-    return Start()
+        remove_temp_files(cfg.out)
+        truncate_metrics(cfg.out, step)
+    return Start(step, elapsed, checkpoint.get("metrics", {}), checkpoint.get("losses", []), logged=step, locks=locks)
+
+
+def replace_old_run(out, start: Start):
+    """Move the staged new run to out, where the old run (if any) was: two renames, then the old
+    run is deleted. The old one is renamed away first, so a kill while deleting it leaves a
+    partial hidden copy (removed by the next --overwrite), never a partial run at out."""
+    old = beside(out, "old")
+    if os.path.isdir(old):
+        shutil.rmtree(old)
+    if os.path.isdir(out):
+        os.rename(out, old)
+    os.rename(start.staged, out)
+    start.staged = None
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def beside(out, what):
+    """The hidden sibling .<name>.<what> of run directory out."""
+    out = os.path.abspath(out)
+    return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{what}")
+
+
+def lock_run_dir(run_dir):
+    """An exclusive lock on run_dir/.lock, held while the returned file stays open and released by
+    the OS when this process ends however it ends; UsageError naming the holder if another has it."""
+    f = open(os.path.join(run_dir, ".lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise UsageError(f"{run_dir} is being written by another process (pid {holder}); "
+                         "wait for it to finish or stop it") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def check_out_path(out):
+    """UsageError unless out can name a run directory of its own."""
+    if not out or not out.strip():
+        raise UsageError("--out is empty; name a run directory")
+    if os.path.islink(out.rstrip("/")):
+        raise UsageError(f"--out {out} is a symbolic link; give the directory it points to")
+    real, cwd = os.path.realpath(out), os.path.realpath(os.getcwd())
+    if cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
+        raise UsageError(f"--out {out} holds the current directory; a run needs a directory of its own")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out} is a file, not a directory")
+    parent = os.path.dirname(real)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"--out {out} lies under {parent}, which is a file")
 
 
 def check_run_dir(cfg):
-    """UsageError unless cfg.out may become a new run: absent, empty, or (with --overwrite) an old run."""
-    if not os.path.exists(cfg.out):
-        return
-    if not os.path.isdir(cfg.out):
-        raise UsageError(f"--out {cfg.out} is a file, not a directory")
-    if not os.listdir(cfg.out):
+    """UsageError unless cfg.out may become a new run: absent, empty, or (with --overwrite) an old
+    run: a directory holding config.json and only files that this program writes."""
+    check_out_path(cfg.out)
+    if not os.path.exists(cfg.out) or not os.listdir(cfg.out):
         return
     if not cfg.overwrite:
         raise UsageError(f"run directory {cfg.out} exists; pass --overwrite to replace it or --resume {cfg.out} to continue it")
-    if not os.path.exists(os.path.join(cfg.out, "config.json")):
-        raise UsageError(f"{cfg.out} is not a run directory (no config.json); --overwrite replaces only runs")
+    foreign = sorted(name for name in os.listdir(cfg.out) if not is_run_file(name))
+    if foreign or not os.path.exists(os.path.join(cfg.out, "config.json")):
+        what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
+        raise UsageError(f"{cfg.out} is not a run directory ({what}); --overwrite replaces only runs")
 
 
 def remove_temp_files(run_dir):
@@ -183,11 +287,14 @@ def read_metrics(run_dir):
     records = []
     for i, line in enumerate(lines):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # the last append, cut short
                 break
             raise UsageError(f"{path} line {i + 1} is not JSON") from None
+        if not (isinstance(record, dict) and type(record.get("step")) is int):
+            raise UsageError(f"{path} line {i + 1} is not an evaluation record (an object with an integer step)")
+        records.append(record)
     return records
 
 
@@ -202,10 +309,14 @@ def truncate_metrics(run_dir, step):
 
 def save_final(cfg, state_dict, model_cfg, metrics, final):
     """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`):
-    final.json marks a run finished, so it is written last."""
+    final.json marks a run finished, so it is written last. A finished run cannot be resumed, so
+    its checkpoint.pt (model and optimizer, 3x model.pt) goes, and it has no more writes to guard."""
     final = {**metrics, **final}
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)
+    for name in ("checkpoint.pt", ".lock"):
+        if os.path.exists(path := os.path.join(cfg.out, name)):
+            os.remove(path)
     print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({final['elapsed']:.1f}s)")
     if "bits" in final:
         print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "

@@ -111,6 +111,19 @@ class StreamTask(Task):
     def generate(self, n: int, generator: torch.Generator) -> Batch:
         raise NotImplementedError
 
+    @property
+    def distinct_inputs(self) -> int:
+        """How many different input rows generate() can draw."""
+        raise NotImplementedError
+
+    def check_training_stream(self):
+        """ValueError where the test set could hold every input the generator draws: training
+        batches skip test examples, so sample() would draw forever. Below the input count, the
+        test set's draws repeat and leave at least a third of the inputs (1/e) for training."""
+        if self.test_size >= self.distinct_inputs:
+            raise ValueError(f"{self.name} at these sizes has {self.distinct_inputs:,} distinct inputs, no more than "
+                             f"--test-size {self.test_size:,}: the test set would leave none for training")
+
     def test_set(self) -> Batch:
         if getattr(self, "_test", None) is None:
             self._test = self.generate(self.test_size, torch.Generator().manual_seed(TEST_SEED))
@@ -233,6 +246,10 @@ class Needle(StreamTask):
     def seq_len(self):
         return 2 * self.max_pairs + 1
 
+    @property
+    def distinct_inputs(self):  # k ordered distinct markers, k values, one of k queried
+        return sum(math.perm(self.MARKERS, k) * 127**k * k for k in range(1, self.max_pairs + 1))
+
     def generate(self, n, generator):
         device, K = generator.device, self.max_pairs
         k = 1 + torch.randint(K, (n,), generator=generator, device=device)
@@ -278,6 +295,10 @@ class Addition(StreamTask):
     @property
     def seq_len(self):
         return 3 * self.digits + 3
+
+    @property
+    def distinct_inputs(self):
+        return (9 * 10 ** (self.digits - 1)) ** 2
 
     def generate(self, n, generator):
         d, device = self.digits, generator.device
@@ -335,6 +356,10 @@ class Parens(StreamTask):
     @property
     def seq_len(self):
         return self.max_parens + 1
+
+    @property
+    def distinct_inputs(self):  # every string of 1 to max_parens brackets
+        return 2 ** (self.max_parens + 1) - 2
 
     def generate(self, n, generator):
         device, L = generator.device, self.max_parens
@@ -509,6 +534,7 @@ class Imitation(StreamTask):
     n_positions = 40
     seq_len = 40
     layers = 3  # the student; the target's shape is fixed in imitation_target
+    distinct_inputs = vocab_size**seq_len
 
     def __post_init__(self):
         if not (self.target_width >= 2 and self.target_width % 2 == 0):

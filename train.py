@@ -68,9 +68,12 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     with StopOnCtrlC(world == 1) as ctrl_c:
         for step in range(start.step, cfg.steps + 1):
             last_step = step == cfg.steps
+            if start.staged and (step > start.step or last_step):  # the first step succeeded: the run takes its place
+                runs.replace_old_run(cfg.out, start)
             if step > start.logged and (last_step or step > 0 and step % cfg.eval_every == 0):
                 loss, steps_per_s = mean_loss(losses, world), len(losses) / clock.lap() if losses else None
                 metrics = evaluate(model, task, test, device, cfg.dtype)
+                check_finite(step, loss, metrics)
                 elapsed = clock.elapsed()
                 if lead:  # the log line first: a kill between the two is undone by resuming
                     runs.log_eval(cfg.out, step, loss, lr_at(step, cfg), metrics, elapsed, steps_per_s)
@@ -89,6 +92,9 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
             bar.update()
     bar.close()
 
+    if ctrl_c.requested and start.staged:
+        print(f"interrupted before the first step; {cfg.out} is as it was", file=sys.stderr)
+        raise KeyboardInterrupt
     if ctrl_c.requested and step < cfg.steps:
         if lead:
             runs.save_checkpoint(cfg, step, model, optimizer, generator, clock.elapsed(), metrics, losses)
@@ -190,6 +196,19 @@ def evaluate(model, task, test: Batch, device, dtype="auto") -> dict:
         for name, values in task.metrics(logits, batch).items():
             scores.setdefault(name, []).append(values)
     return {name: torch.cat(values).mean().item() for name, values in scores.items()}
+
+
+class Diverged(Exception):
+    """The training or test loss became NaN or infinite: the run stops, exit code 3."""
+
+
+def check_finite(step, loss, metrics):
+    """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot hold it."""
+    bad = {name: value for name, value in {"training loss": loss, **metrics}.items()
+           if value is not None and not math.isfinite(value)}
+    if bad:
+        raise Diverged(f"training diverged by step {step} ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+                       "the run stops at its last checkpoint; a lower --lr may help")
 
 
 def lr_at(step: int, cfg) -> float:
@@ -308,6 +327,7 @@ class StopOnCtrlC:
     def request(self, signum, frame):
         self.requested = True
         signal.signal(signal.SIGINT, self.previous)
+        tqdm.write("Ctrl-C: stopping after this step, with a checkpoint to resume from; Ctrl-C again to stop now", file=sys.stderr)
 
     def __exit__(self, *exc):
         if self.active:
@@ -326,6 +346,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("train.py: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Diverged as e:
+        print(f"train.py: {e}", file=sys.stderr)
+        sys.exit(3)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -76,6 +77,39 @@ def test_distance_irrelevance_is_one_for_sum_only_logits_and_zero_for_distance_o
     assert analyze.distance_irrelevance_from_logits(f[(a - b) % p]) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_distance_irrelevance_with_an_even_modulus_is_the_std_over_each_differences_pairs():
+    p = 8
+    L = torch.randn(p, p, dtype=torch.double, generator=torch.Generator().manual_seed(0))
+    by_difference = [[L[a, b] for a in range(p) for b in range(p) if (a - b) % p == d] for d in range(p)]
+    expected = torch.tensor(by_difference).std(1, correction=0).mean() / L.std(correction=0)
+    assert analyze.distance_irrelevance_from_logits(L) == pytest.approx(expected.item())
+
+
+def test_clock_pizza_of_an_even_modulus_model_reads_no_unwritten_memory(monkeypatch):
+    p = 6  # even: the sum and the difference of a pair share their parity, so (a, b) -> (s, d) is not one-to-one
+    torch.manual_seed(0)
+    _, _, model, _ = config.build(TrainConfig(task="modadd", train="frozen", p=p, width=16, heads=2, device="cpu"))
+    model.eval()
+    first = [analyze.gradient_symmetricity(model, p), analyze.distance_irrelevance(model, p)]
+    empty = torch.empty
+
+    def nan_filled(*args, **kwargs):  # an entry read before it is written now reads NaN
+        t = empty(*args, **kwargs)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", nan_filled)
+    assert [analyze.gradient_symmetricity(model, p), analyze.distance_irrelevance(model, p)] == first
+    assert all(math.isfinite(v) for v in first)
+
+
+def test_token_labels_name_each_tasks_tokens():
+    assert analyze.token_labels(tasks.Needle(), analyze.NEEDLE_EXAMPLE) == ["a", "1", "b", "2", "c", "3", "d", "4", "b?"]
+    addition = tasks.Addition(digits=3)  # 123 + 989 = 1112, the task's worked example
+    assert analyze.token_labels(addition, [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21, 30]) == list("321+989=2111") + ["end"]
+    assert analyze.token_labels(tasks.Parens(), [1, 2, 1, 3, 0]) == ["(", ")", "(", "?", "_"]
+    assert analyze.token_labels(tasks.Memorization(keys=4), [3, 514]) == ["x3", "y2"]
+    assert analyze.token_labels(tasks.ModularAddition(p=7), [5, 6]) == ["5", "6"]
+
+
 def test_hand_set_needle_attention_pattern_is_recovered():
     batch = tasks.Needle(max_pairs=4).generate(8, torch.Generator().manual_seed(0))
     B, T = batch.x.shape
@@ -148,6 +182,27 @@ def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
         assert len(attention[key]) == 2 and all(len(heads) == 4 for heads in attention[key])
         assert all(0 <= v <= 1 for heads in attention[key] for v in heads)
     assert_figure(runs / "needle" / "attention.png")
+    # Even attention over the 2k + 1 positions before the query: 1 / (2k + 1), k ~ U[1, 4] pairs.
+    assert 0.1 < attention["uniform"]["query_to_value"] < 0.35
+    report = (runs / "needle" / "analysis.md").read_text()
+    assert "is largest in layer" in report and "for attention spread evenly" in report
+
+
+def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
+    drawn = {}
+
+    def keep_labels(plt, fig, path, **savefig):
+        drawn[path.rsplit("/", 1)[-1]] = fig
+    monkeypatch.setattr(analyze, "save_figure", keep_labels)
+    analyze.main([str(runs / "needle"), "--only", "attention"])
+    analyze.main([str(runs / "needle"), "--only", "curves"])
+    attention = drawn["attention.png"].axes
+    assert len(attention) == 2 * 4 + 1  # a panel per layer and head, and the colour bar
+    assert [t.get_text() for t in attention[0].get_xticklabels()] == ["a", "1", "b", "2", "c", "3", "d", "4", "b?"]
+    assert "attention weight" in attention[-1].get_ylabel()
+    loss_ax = drawn["curves.png"].axes[0]
+    assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == ["training loss (answer tokens)", "test loss (answer tokens)"]
+    assert "nats per answer token" in loss_ax.get_ylabel()
 
 
 def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
@@ -217,3 +272,60 @@ def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
     assert samples["prompts"] == analyze.LM_PROMPTS
     assert all(text.startswith(prompt) for prompt, text in zip(samples["prompts"], samples["continuations"]))
     assert any(len(text) > len(prompt) for prompt, text in zip(samples["prompts"], samples["continuations"]))
+    tokens = analyzed(run, "--only", "attention")["attention"]["tokens"]
+    task = analyze.Run(str(run)).task
+    labels = analyze.token_labels(task, tokens)  # each token's text, spaces and newlines made visible
+    assert "".join(labels).replace("␣", " ").replace("↵", "\n") == task.tokenizer.decode(tokens)
+
+
+# ---------------------------------------------------------------------------
+# Runs that cannot be analyzed: one line before any file is written, or numbers that say NaN
+# ---------------------------------------------------------------------------
+
+
+def copied(runs, task, tmp_path):
+    """A copy of a fixture run's training outputs, without earlier analyses."""
+    run = tmp_path / task
+    shutil.copytree(runs / task, run, ignore=shutil.ignore_patterns("analysis.*", "*.png"))
+    return run
+
+
+def refused(run, capsys, *flags):
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(SystemExit) as exit_info:
+        analyze.main([str(run), *flags])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert sorted(p.name for p in run.iterdir()) == before  # no figure, no analysis.json
+    return err
+
+
+def test_run_killed_between_model_and_final_json_is_refused_with_how_to_finish_it(runs, tmp_path, capsys):
+    run = copied(runs, "modadd", tmp_path)
+    (run / "final.json").unlink()
+    assert f"finish it with: python train.py --resume {run}" in refused(run, capsys)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"curves"', '{"curves": {"figure": "curves.png"}}'])
+def test_earlier_analysis_json_this_program_cannot_read_is_a_one_line_error(runs, tmp_path, capsys, text):
+    run = copied(runs, "parens", tmp_path)
+    (run / "analysis.json").write_text(text)
+    assert "is not results this analyze.py can read" in refused(run, capsys, "--only", "curves")
+
+
+def test_diverged_run_is_a_one_line_error(runs, tmp_path, capsys):
+    run = copied(runs, "modadd", tmp_path)
+    saved = torch.load(run / "model.pt", weights_only=True)
+    saved["model"]["wte.weight"][0, 0] = float("nan")
+    torch.save(saved, run / "model.pt")
+    assert "NaN or infinite weights (the run diverged)" in refused(run, capsys)
+
+
+def test_nan_in_the_metrics_is_reported_as_nan(runs, tmp_path):
+    run = copied(runs, "needle", tmp_path)
+    log = [{**json.loads(line), "loss": math.nan, "test_loss": math.nan} for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in log))
+    curves = analyzed(run, "--only", "curves")["curves"]
+    assert math.isnan(curves["final"]["test_loss"])
+    assert "test_loss nan" in (run / "analysis.md").read_text()
+    assert_figure(run / "curves.png")

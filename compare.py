@@ -1,0 +1,171 @@
+"""Put runs side by side: a Markdown table of the settings they differ in and their final test
+metrics, and one figure of their test accuracy and test loss against step.
+
+    python compare.py runs/reproduce/table1-cpu/needle-random-512-s* runs/reproduce/table1-cpu/needle-normal-512-s*
+    python compare.py runs/a runs/b --plot ab.png > ab.md
+
+Runs whose directory names differ only in a trailing -s<seed> and whose settings differ only in
+the seed share a row: median [min, max] over the seeds. A run without final.json (still training,
+or killed) shows its last evaluation. The figure goes to runs/compare.png (compare.png without a
+runs/ directory here) unless --plot names another file.
+"""
+
+import json
+import math
+import os
+import re
+import statistics
+import sys
+from dataclasses import asdict, dataclass, fields
+
+from analyze import pyplot, save_figure
+from config import OneLineParser, config_from_dict, usage_errors
+from runs import UsageError, read_metrics
+from tasks import TASKS
+
+IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
+TASK_SIZES = {f.name for task in TASKS.values() for f in fields(task)}  # p, max_pairs, ...: each task reads its own
+SEED_SUFFIX = re.compile(r"-s\d+$")
+CURVES = (("test_accuracy", "test accuracy"), ("test_loss", "test loss"))  # the figure's panels
+
+
+@dataclass
+class Run:
+    path: str
+    settings: dict  # every TrainConfig field but IGNORED and the other tasks' sizes
+    trainable: int
+    final: dict  # final.json; None for a run that has not finished
+    log: list  # metrics.jsonl's records
+
+
+def read_json(path) -> dict:
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except ValueError:
+        raise UsageError(f"{path} is not JSON") from None
+    if not isinstance(record, dict):
+        raise UsageError(f"{path} is not a run's record (not a JSON object)")
+    return record
+
+
+def load(path) -> Run:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise UsageError(f"{path} is not a run directory (no config.json)")
+    saved = read_json(os.path.join(path, "config.json"))
+    try:
+        cfg = config_from_dict(saved)
+    except ValueError as e:
+        raise UsageError(f"{path}/config.json is not a run's config ({e})") from None
+    own_sizes = {f.name for f in fields(TASKS[cfg.task])} if cfg.task in TASKS else TASK_SIZES
+    settings = {k: v for k, v in asdict(cfg).items() if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)}
+    final_path = os.path.join(path, "final.json")
+    final = read_json(final_path) if os.path.isfile(final_path) else None  # None: still training, or killed
+    return Run(path, settings, saved.get("parameters", {}).get("trainable"), final, read_metrics(path))
+
+
+def seed_groups(runs) -> list:
+    """Lists of runs, one per table row: finished runs that differ only in their seed share one."""
+    groups = {}
+    for run in runs:
+        same_but_seed = {k: v for k, v in run.settings.items() if k != "seed"}
+        key = (SEED_SUFFIX.sub("", run.path), json.dumps(same_but_seed)) if run.final else run.path
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
+
+
+def results(run) -> dict:
+    """Final test metrics and minutes of training; for an unfinished run, those of its last evaluation."""
+    if run.final:
+        numbers = {k: v for k, v in run.final.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
+        return {**numbers, "minutes": run.final.get("elapsed", math.nan) / 60}
+    last = run.log[-1] if run.log else {}
+    numbers = {k.removeprefix("test_"): v for k, v in last.items() if k.startswith("test_") and type(v) in (int, float)}
+    return {**numbers, "minutes": last.get("elapsed", math.nan) / 60}
+
+
+def row_name(group) -> str:
+    run = group[0]
+    name = os.path.basename(os.path.normpath(run.path))
+    if len(group) > 1:
+        return f"{SEED_SUFFIX.sub('', name)} ({len(group)} seeds)"
+    if run.final is None:
+        return f"{name} (unfinished, " + (f"step {run.log[-1]['step']})" if run.log else "not yet evaluated)")
+    return name
+
+
+def row_settings(group) -> dict:
+    """The group's settings, its seeds listed in the seed column."""
+    return {**group[0].settings, "seed": ",".join(str(run.settings["seed"]) for run in group)}
+
+
+def spread(values) -> str:
+    """One run's value, or median [min, max] over a group's seeds."""
+    if not values:
+        return "-"
+    if any(math.isnan(v) for v in values):  # a diverged seed: an order statistic would hide it
+        return "nan"
+    if len(values) == 1:
+        return f"{values[0]:.4g}"
+    return f"{statistics.median(values):.4g} [{min(values):.4g}, {max(values):.4g}]"
+
+
+def table(groups) -> str:
+    settings = [row_settings(group) for group in groups]
+    names = dict.fromkeys(k for s in settings for k in s)  # a task's sizes are missing from other tasks' runs
+    differing = [k for k in names if len({json.dumps(s.get(k)) for s in settings}) > 1]
+    scores = [[results(run) for run in group] for group in groups]
+    metrics = list(dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")) + ["minutes"]
+    head = ["run", *differing, "trainable", *metrics]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for group, setting, rows in zip(groups, settings, scores):
+        cells = [row_name(group), *(setting_text(setting.get(k)) for k in differing),
+                 f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
+                 *(spread([row[k] for row in rows if k in row]) for k in metrics)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def setting_text(value) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def plot(groups, path):
+    """Test accuracy and test loss against step: one line per run, a seed group's median with its min-max band."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for ax, (key, title) in zip(axes, CURVES):
+        for group in groups:
+            # Seeds are evaluated at the same steps; a step some seed has not reached yet is left out.
+            curves = [{r["step"]: r[key] for r in run.log if r.get(key) is not None} for run in group]
+            steps = sorted(set.intersection(*(set(curve) for curve in curves)))
+            if steps:
+                values = [[curve[step] for curve in curves] for step in steps]
+                line, = ax.plot(steps, [statistics.median(v) for v in values], label=row_name(group))
+                if len(group) > 1:
+                    ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    save_figure(plt, fig, path)
+
+
+def main(argv=None):
+    parser = OneLineParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
+    parser.add_argument("--plot", default=os.path.join("runs", "compare.png") if os.path.isdir("runs") else "compare.png",
+                        help="where to write the figure (default: runs/compare.png, or compare.png without runs/)")
+    args = parser.parse_args(argv)
+    with usage_errors("compare.py"):
+        if not os.path.isdir(os.path.dirname(args.plot) or "."):
+            raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
+        groups = seed_groups([load(path) for path in dict.fromkeys(map(os.path.normpath, args.runs))])
+        print(table(groups))
+        plot(groups, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

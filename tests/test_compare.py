@@ -1,0 +1,105 @@
+"""compare.py: the table shows what differs, seeds share a row, unfinished runs are marked, the figure is written."""
+
+import json
+import shutil
+import statistics
+
+import pytest
+
+import compare
+import train
+from config import TrainConfig
+
+
+def tiny(out, **overrides):
+    settings = dict(task="needle", train="frozen", width=16, heads=2, steps=4, batch_size=8, lr=3e-3, warmup=1,
+                    eval_every=2, max_pairs=2, test_size=50, device="cpu", out=str(out))
+    return TrainConfig(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """needle-a-s0 and -s1 (two seeds of one setting), needle-b-s0 (another width and lr),
+    needle-stopped-s0 (killed after its first evaluation)."""
+    root = tmp_path_factory.mktemp("compare")
+    for seed in (0, 1):
+        train.train(tiny(root / f"needle-a-s{seed}", seed=seed))
+    train.train(tiny(root / "needle-b-s0", width=8, lr=1e-2))
+    train.train(tiny(root / "needle-stopped-s0"), stop_after=2)
+    return root
+
+
+def compared(capsys, *runs, plot):
+    compare.main([*map(str, runs), "--plot", str(plot)])
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return cells[0], {row[0]: dict(zip(cells[0], row)) for row in cells[2:]}, err
+
+
+def final(run_dir):
+    return json.loads((run_dir / "final.json").read_text())
+
+
+def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys):
+    head, rows, _ = compared(capsys, root / "needle-a-s0", root / "needle-b-s0", plot=tmp_path / "c.png")
+    assert head == ["run", "width", "lr", "trainable", "loss", "accuracy", "minutes"]
+    b = rows["needle-b-s0"]
+    assert (b["width"], b["lr"]) == ("8", "0.01")
+    config = json.loads((root / "needle-b-s0" / "config.json").read_text())
+    assert b["trainable"] == f"{config['parameters']['trainable']:,}"
+    assert b["accuracy"] == f"{final(root / 'needle-b-s0')['accuracy']:.4g}"
+    assert b["minutes"] == f"{final(root / 'needle-b-s0')['elapsed'] / 60:.4g}"
+
+
+def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, capsys):
+    shutil.copytree(root / "needle-a-s1", tmp_path / "needle-a-s2")  # same name but for the seed, another lr: its own row
+    config = json.loads((tmp_path / "needle-a-s2" / "config.json").read_text())
+    (tmp_path / "needle-a-s2" / "config.json").write_text(json.dumps({**config, "lr": 0.5}))
+    for seed in (0, 1):
+        shutil.copytree(root / f"needle-a-s{seed}", tmp_path / f"needle-a-s{seed}")
+    runs = [tmp_path / f"needle-a-s{seed}" for seed in (0, 1, 2)]
+    head, rows, _ = compared(capsys, *runs, plot=tmp_path / "c.png")
+    assert set(rows) == {"needle-a (2 seeds)", "needle-a-s2"}
+    assert head[1:3] == ["lr", "seed"] and rows["needle-a (2 seeds)"]["seed"] == "0,1"
+    losses = [final(run)["loss"] for run in runs[:2]]
+    expected = f"{statistics.median(losses):.4g} [{min(losses):.4g}, {max(losses):.4g}]"
+    assert rows["needle-a (2 seeds)"]["loss"] == expected
+
+
+def test_unfinished_run_shows_its_last_evaluation(root, tmp_path, capsys):
+    _, rows, _ = compared(capsys, root / "needle-a-s0", root / "needle-stopped-s0", plot=tmp_path / "c.png")
+    last = [json.loads(line) for line in (root / "needle-stopped-s0" / "metrics.jsonl").read_text().splitlines()][-1]
+    stopped = rows["needle-stopped-s0 (unfinished, step 2)"]
+    assert stopped["accuracy"] == f"{last['test_accuracy']:.4g}"
+
+
+def test_figure_is_written_where_asked_and_by_default_under_runs(root, tmp_path, capsys, monkeypatch):
+    _, _, err = compared(capsys, root / "needle-a-s0", root / "needle-a-s1", plot=tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 1000 and str(tmp_path / "curves.png") in err
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    compare.main([str(root / "needle-a-s0")])
+    assert (tmp_path / "runs" / "compare.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("no config", "is not a run directory"),
+    ("config.json", "is not JSON"),
+    ("final.json", "is not JSON"),
+    ("final list", "not a JSON object"),
+])
+def test_bad_run_is_a_one_line_error(root, tmp_path, capsys, broken, message):
+    run = tmp_path / "run"
+    shutil.copytree(root / "needle-a-s0", run)
+    if broken == "no config":
+        (run / "config.json").unlink()
+    elif broken == "final list":
+        (run / "final.json").write_text("[1, 2]")
+    else:
+        (run / broken).write_text('{"task": ')
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(root / "needle-b-s0"), str(run), "--plot", str(tmp_path / "c.png")])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert out == "" and not (tmp_path / "c.png").exists()
