@@ -2,7 +2,7 @@
 
     python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu
     python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu --pipeline authors
-    python bench.py --task parens --frozen --cpu-variant --device cpu   # a step of reproduce.py's cpu scale
+    python bench.py --task parens --frozen --scale cpu --device cpu   # a step of reproduce.py's cpu scale
 
 Takes train.py's flags (config.py), unset ones at the paper's settings for the task.
 
@@ -43,7 +43,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from config import build, config_from_args, cpu_variant, make_parser, pick_device, usage_errors, uses_bf16
+from config import build, config_from_args, make_parser, pick_device, usage_errors, uses_bf16
 from model import TRAINING_MODES
 from runs import UsageError
 from tasks import Needle
@@ -182,13 +182,11 @@ def authors(cfg, task, model, device):
     return label, task, step, make_data, rows
 
 
-BENCH_FLAGS = ("cpu_variant", "pipeline", "steps_timed", "repeats", "warmup_steps", "peak_tflops")
+BENCH_FLAGS = ("pipeline", "steps_timed", "repeats", "warmup_steps", "peak_tflops")
 
 
 def main(argv=None):
     parser = make_parser(__doc__.split("\n")[0], skip=("seeds", "out", "overwrite", "eval_every", "resume"))
-    parser.add_argument("--cpu-variant", action="store_true",
-                        help="time the task's laptop variant as reproduce.py --scale cpu trains it (config.cpu_variant)")
     parser.add_argument("--pipeline", choices=("ours", "authors"), default="ours", help="our training step or the authors' stand-in")
     parser.add_argument("--steps-timed", type=int, default=10, help="steps per timing")
     parser.add_argument("--repeats", type=int, default=3, help="timings; the best one counts")
@@ -202,8 +200,6 @@ def main(argv=None):
             raise UsageError("--steps-timed and --repeats must be >= 1, --warmup-steps >= 0")
         if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
             raise UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
-        if args.cpu_variant:
-            cfg = cpu_variant(cfg)
         device = pick_device(cfg.device)
         bf16 = uses_bf16(device, cfg.dtype)
         torch.manual_seed(cfg.seed)

@@ -24,6 +24,7 @@ from runs import UsageError, load_checkpoint
 from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
+SCALES = ("paper", "cpu")
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
 MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
@@ -118,6 +119,8 @@ def make_parser(description="Train one model on one task.", skip=()):
         else:
             parser.add_argument(flag, type=f.type, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
+    parser.add_argument("--scale", choices=SCALES, help="paper (default): the paper's protocol for the task; cpu: the task's "
+                        "laptop variant (docs/protocol.md §8) as the defaults, which the other flags given override")
     if "resume" not in skip:
         parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config "
                             "(DIR's own, wherever it was moved; no other flag applies)")
@@ -129,9 +132,13 @@ def config_from_args(args):
     given = vars(args)
     run_dir = given.pop("resume", None)
     if run_dir is None:
+        scale = given.pop("scale", "paper")
         if given.pop("frozen", False):
+            if given.get("train", "frozen") != "frozen":
+                raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['train']}")
             given["train"] = "frozen"
-        return TrainConfig(**given), False
+        cfg = TrainConfig(**given)
+        return (replace(cpu_variant(cfg), **given) if scale == "cpu" else cfg), False
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
@@ -236,7 +243,7 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
               if getattr(cfg, name) is None}
     if cfg.lr is None and cfg.arch == "lstm":
         filled["lr"] = LSTM_LR
-    cfg = replace(cfg, **filled)
+    given, cfg = cfg, replace(cfg, **filled)
     if cfg.steps is None:
         cfg = replace(cfg, steps=task.steps_for(cfg.batch_size))  # epochs count passes over the data at the batch size used
     if cfg.warmup is None:
@@ -244,9 +251,27 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
     if cfg.eval_every is None:  # 20 evaluations, none closer than 100 steps
         cfg = replace(cfg, eval_every=max(1, min(cfg.steps, max(100, cfg.steps // 20))))
     if cfg.out is None:
-        variant = "".join(f"-{v}" for v in (cfg.arch, cfg.pos) if v not in ("gpt", "learned"))
-        cfg = replace(cfg, out=os.path.join("runs", f"{cfg.task}{variant}-{cfg.train}-w{cfg.width}-s{cfg.seed}"))
+        cfg = replace(cfg, out=os.path.join("runs", run_name(given, cfg.width)))
     return cfg
+
+
+# Shown in every run name, or not part of what a run computes.
+NAME_SKIP = ("task", "arch", "pos", "train", "width", "seed", "seeds", "out", "overwrite", "device", "compile")
+
+
+def run_name(given: TrainConfig, width: int) -> str:
+    """A default run directory's name: <task>[-<arch>][-<pos>]-<train>-w<width>, then `-cpu` for the
+    cpu scale, then each other setting that differs from the scale's (e.g. -lr0.001-digits3), then
+    -s<seed>. Two runs that differ in any setting get different names; the scale is the one of the
+    two that leaves fewer settings to list."""
+    paper = TrainConfig(task=given.task, train=given.train, arch=given.arch)
+    differs = lambda reference: [f.name for f in fields(TrainConfig)  # noqa: E731
+                                 if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)]
+    scale, names = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
+    settings = "".join(f"-{name.replace('_', '-')}{getattr(given, name):g}" if type(getattr(given, name)) is float
+                       else f"-{name.replace('_', '-')}{getattr(given, name)}" for name in names)
+    variant = "".join(f"-{v}" for v in (given.arch, given.pos) if v not in ("gpt", "learned"))
+    return f"{given.task}{variant}-{given.train}-w{width}{scale}{settings}-s{given.seed}"
 
 
 def check_config(cfg: TrainConfig, task) -> None:
@@ -393,5 +418,7 @@ def slow_run_hint(cfg, seconds_per_step, steps_left):
         return None
     hint = (f"note: at {seconds_per_step:.2g} s per step, the {steps_left:,} steps left take about "
             f"{seconds / 3600:.1f} h on this CPU")
-    variant = cpu_variant(TrainConfig(task=cfg.task, train=cfg.train, arch=cfg.arch))
-    return hint + f"; the task's laptop variant shows its result in under an hour: {command_line(variant)}"
+    if all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
+        return hint + " (the task's laptop variant; the machine may be busy)"
+    variant = command_line(TrainConfig(task=cfg.task, train=cfg.train, arch=cfg.arch)) + " --scale cpu"
+    return hint + f"; the task's laptop variant shows its result in under an hour: {variant}"

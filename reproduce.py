@@ -15,9 +15,11 @@ paper's protocol (docs/protocol.md §3); `--scale cpu` each task's laptop varian
 (config.CPU_VARIANTS): minutes to an hour per run on one core (RESULTS.md has the costs).
 """
 
+import ctypes
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import textwrap
@@ -31,12 +33,11 @@ import torch
 
 import train
 from analyze import pyplot, save_figure
-from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, OneLineParser, TrainConfig,
+from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, OneLineParser, TrainConfig,
                     build_task, command_line, cpu_variant, load_run, usage_errors)
 from corpus import validation_path
 from runs import UsageError, read_metrics, write_atomic, write_json
 
-SCALES = ("paper", "cpu")
 SEEDS = {"paper": 10, "cpu": 3}
 
 def cpu_note(cfgs, seeds: int) -> str:
@@ -227,11 +228,12 @@ def check_same_config(cfg: TrainConfig):
         raise UsageError(f"{cfg.out} was trained with other settings ({', '.join(changed)}); delete it to rerun")
 
 
-def train_one(cfg: TrainConfig):
-    """Finish one run (fresh, or resumed from its checkpoint): (its final.json, what was done, seconds).
-    The unit of work of a sweep's pool."""
+def train_one(cfg: TrainConfig, k=1, n=1):
+    """Finish one run, run k of the sweep's n (fresh, or resumed from its checkpoint): (its final.json,
+    what was done, seconds). The unit of work of a sweep's pool."""
     state, start = run_state(cfg.out), time.time()
     if state != "finished":
+        print(f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})", flush=True)
         train.train(replace(cfg, overwrite=True), resume=state == "resume")
     if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
         write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
@@ -261,15 +263,25 @@ def sweep(table: Table, runs: dict, jobs: int) -> int:
     todo = sorted({cfg.out: cfg for cell in runs.values() for cfg in cell}.values(), key=run_cost, reverse=True)
     for cfg in todo:
         check_same_config(cfg)
-    start, trained = time.time(), 0
-    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        results = (pool.map if pool else map)(train_one, todo)
+    start, trained, cost_left, cost_done = time.time(), 0, sum(map(run_cost, todo)), 0.0
+    with ProcessPoolExecutor(jobs, initializer=die_with_parent) if jobs > 1 else nullcontext() as pool:
+        results = (pool.map if pool else map)(train_one, todo, range(1, len(todo) + 1), [len(todo)] * len(todo))
         for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
             done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
             metrics = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final)
-            print(f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, {time.time() - start:.0f}s so far)", flush=True)
+            cost_left -= run_cost(cfg)
+            cost_done += run_cost(cfg) * (state != "finished")
+            left = f", about {(time.time() - start) * cost_left / cost_done / 60:.0f} min left" if cost_done and cost_left else ""
+            print(f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, {time.time() - start:.0f}s so far{left})", flush=True)
             trained += state != "finished"
     return trained
+
+
+def die_with_parent():
+    """Make a pool worker end when reproduce.py ends, however it ends (Linux: PR_SET_PDEATHSIG), so a
+    killed sweep leaves no run training behind it; elsewhere a worker finishes its run first."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
     runs/<name>/metrics.jsonl   one line per evaluation: step, training loss, lr, test metrics, time
     runs/<name>/checkpoint.pt   model, optimizer and RNG states: a resumed run goes on bit for bit
     runs/<name>/model.pt        the trained weights, then final.json, written last: the run finished
-    runs/<name>/.lock           held by the one process writing the run
+    runs/<name>/.lock           while a process writes the run: its pid, and a lock only it holds
 
 A kill at any moment leaves each file whole, old or new (write_atomic), and
 start_or_resume turns whatever a killed run left into the exact point to go on from.
@@ -191,7 +191,13 @@ def lock_run_dir(run_dir):
     f.truncate(0)
     f.write(f"{os.getpid()}\n")
     f.flush()
+    atexit.register(remove_if_present, f.name)  # a lock file stays only where a process was killed
     return f
+
+
+def remove_if_present(path):
+    if os.path.exists(path):
+        os.remove(path)
 
 
 def check_out_path(out):
@@ -218,6 +224,8 @@ def check_run_dir(cfg):
     check_out_path(cfg.out)
     if not os.path.exists(cfg.out) or not os.listdir(cfg.out):
         return
+    if not cfg.overwrite and os.path.exists(os.path.join(cfg.out, "final.json")):
+        raise UsageError(f"{cfg.out} holds a finished run; pass --overwrite to replace it, or --out another directory")
     if not cfg.overwrite:
         raise UsageError(f"run directory {cfg.out} exists; pass --overwrite to replace it or --resume {cfg.out} to continue it")
     foreign = sorted(name for name in os.listdir(cfg.out) if not is_run_file(name))
@@ -315,8 +323,7 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)
     for name in ("checkpoint.pt", ".lock"):
-        if os.path.exists(path := os.path.join(cfg.out, name)):
-            os.remove(path)
+        remove_if_present(os.path.join(cfg.out, name))
     print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({final['elapsed']:.1f}s)")
     if "bits" in final:
         print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "

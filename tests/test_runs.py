@@ -38,6 +38,7 @@ TRAIN_BASE = ["--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu"
 BAD_INPUTS = [
     ("train.py", ["--task", "sorting"], "unknown task"),
     ("train.py", ["--train", "half"], "unknown training mode"),
+    ("train.py", ["--frozen", "--train", "u"], "drop one of --frozen and --train u"),
     ("train.py", ["--width", "30", "--heads", "4"], "not divisible"),
     ("train.py", ["--max-parens", "100"], "exceed the model's 80 positions"),
     ("train.py", ["--widht", "3"], "unrecognized arguments"),
@@ -68,7 +69,8 @@ BAD_INPUTS = [
     ("train.py", ["--layers", "0"], "--layers must be >= 1"),
     ("train.py", ["--seeds", "0"], "--seeds must be between 1"),
     ("train.py", ["--out", "FILE"], "is a file"),
-    ("train.py", ["--out", "RUN"], "pass --overwrite to replace it"),
+    ("train.py", ["--out", "RUN"], "holds a finished run; pass --overwrite to replace it"),
+    ("train.py", ["--out", "STOPPED"], "pass --overwrite to replace it or --resume"),
     ("train.py", ["--out", "RUN", "--overwrite", "--lr", "nan"], "--lr must be a number > 0"),
     ("train.py", ["--out", "RUN", "--overwrite", "--width", "30", "--heads", "4"], "not divisible"),
     ("train.py", ["--out", "NOTES", "--overwrite"], "not a run directory"),
@@ -461,6 +463,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(tmp_p
     stopped = subprocess.run([sys.executable, "-c", INTERRUPTER, REPO, "6"] + TINY_ARGS + ["--out", str(run)],
                              cwd=tmp_path, capture_output=True, text=True)
     assert stopped.returncode == 130, stopped.stderr
+    assert "stopping after this step, with a checkpoint to resume from; Ctrl-C again to stop now" in stopped.stderr
     assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
     assert train.train(*config.parse_args(["--resume", str(run)])) == whole
@@ -471,12 +474,23 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", train="frozen")
     hint = config.slow_run_hint(cfg, 9.3, 9990)
     assert "about 25.8 h" in hint
+    assert hint.endswith("python train.py --task needle --train frozen --scale cpu")
     suggested, _ = config.parse_args(hint.split("python train.py ")[1].split())
     assert suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
     full = config.slow_run_hint(TrainConfig(task="addition", train="full"), 9.3, 9990)
-    assert "--digits 6" in full and "--lr 0.0003" in full  # the fully trained wide model's own lr
+    suggested, _ = config.parse_args(full.split("python train.py ")[1].split())
+    assert suggested.digits == 6 and suggested.lr == 3e-4  # the fully trained wide model's own lr
+
+
+def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
+    cfg, _ = config.parse_args(["--task", "parens", "--frozen", "--scale", "cpu"])
+    assert cfg == config.cpu_variant(TrainConfig(task="parens", train="frozen"))
+    cfg, _ = config.parse_args(["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"])
+    assert (cfg.steps, cfg.width, cfg.max_parens, cfg.batch_size) == (50, 1024, 40, 64)
+    assert config.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens")
     assert config.slow_run_hint(cfg, 0.1, 9990) is None
-    assert "--context 128" in config.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
+    assert config.slow_run_hint(config.cpu_variant(cfg), 9.3, 5990).endswith("(the task's laptop variant; the machine may be busy)")
+    assert "--task lm --scale cpu" in config.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
@@ -484,3 +498,107 @@ def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr
           for train_mode in ("full", "frozen") for width in (16, 128, None)}
     assert lr == {("full", 16): 3e-3, ("full", 128): 3e-4, ("full", None): 3e-4,
                   ("frozen", 16): 3e-3, ("frozen", 128): 3e-3, ("frozen", None): 3e-3}
+
+
+# ---------------------------------------------------------------------------
+# One writer per run; an old run survives a failed --overwrite; divergence; paths
+# ---------------------------------------------------------------------------
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import runs
+lock = runs.lock_run_dir(sys.argv[2])
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, capsys):
+    train.train(tiny(tmp_path), stop_after=4)
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, REPO, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(run)
+        code, err = run_cli(["--resume", str(run)], capsys)
+        assert code == 2 and f"being written by another process (pid {holder.pid})" in err
+        code, err = run_cli(TRAIN_BASE + ["--task", "parens", "--out", str(run), "--overwrite"], capsys)
+        assert code == 2 and f"pid {holder.pid}" in err
+        assert snapshot(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert train.train(*config.parse_args(["--resume", str(run)]))  # the lock dies with its process
+
+
+FAILING_FIRST_STEP = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import train
+
+def out_of_memory(*args):
+    raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes")
+
+train.train_step = out_of_memory
+train.main(sys.argv[2:])
+"""
+
+
+def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_nothing(tmp_path):
+    run = tmp_path / "run"
+    train.train(tiny(tmp_path))
+    before = snapshot(tmp_path)
+    failed = subprocess.run([sys.executable, "-c", FAILING_FIRST_STEP, REPO] + TINY_ARGS + ["--out", str(run), "--overwrite"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert failed.returncode == 2 and "out of memory" in failed.stderr and "Traceback" not in failed.stderr, failed.stderr
+    assert snapshot(tmp_path) == before  # the old run whole, no staged copy beside it
+    failed = subprocess.run([sys.executable, "-c", FAILING_FIRST_STEP, REPO] + TINY_ARGS + ["--out", str(tmp_path / "new")],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert failed.returncode == 2 and snapshot(tmp_path) == before  # a new run that never stepped leaves nothing
+
+
+def test_overwrite_replaces_the_old_run_only_after_the_first_step(tmp_path, monkeypatch):
+    train.train(tiny(tmp_path, steps=4))
+    run = tmp_path / "run"
+    seen = []
+    step = train.train_step
+    monkeypatch.setattr(train, "train_step", lambda *a: (seen.append(json.loads((run / "config.json").read_text())["steps"]), step(*a))[1])
+    train.train(tiny(tmp_path, steps=8, overwrite=True))
+    assert seen[0] == 4 and seen[1:] == [8] * 7  # the old run stayed in place during the new run's first step
+    assert sorted(os.listdir(tmp_path)) == ["run"] and json.loads((run / "final.json").read_text())["step"] == 8
+
+
+def test_a_run_whose_loss_diverges_stops_with_exit_code_3(tmp_path, capsys):
+    code, err = run_cli(TINY_ARGS + ["--lr", "1e30", "--weight-decay", "0", "--out", str(tmp_path / "run")], capsys)
+    assert code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run" / "final.json").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        train.train(tiny(tmp_path))
+    finally:
+        os.umask(previous)
+    run = tmp_path / "run"
+    assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
+    assert {name: os.stat(run / name).st_mode & 0o777 for name in os.listdir(run)} == dict.fromkeys(os.listdir(run), 0o644)
+
+
+def test_a_file_system_that_refuses_is_one_line(tmp_path, monkeypatch, capsys):
+    def read_only(path, *args, **kwargs):
+        raise OSError(30, "Read-only file system", str(path))
+    monkeypatch.setattr(os, "makedirs", read_only)
+    code, err = run_cli(TINY_ARGS + ["--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and "Read-only file system: " in err and len(err.splitlines()) == 1
+
+
+def test_runs_that_differ_in_any_setting_get_their_own_default_directory():
+    def out(*flags):
+        return config.resolve(config.parse_args(["--task", "addition", "--frozen", *flags])[0])[0].out
+    assert out() == os.path.join("runs", "addition-frozen-w1024-s0")
+    assert out("--scale", "cpu") == os.path.join("runs", "addition-frozen-w512-cpu-s0")
+    names = {out("--scale", "cpu", *flags) for flags in ([], ["--digits", "3"], ["--lr", "1e-3"], ["--steps", "99"],
+                                                          ["--pos", "sinusoidal"], ["--dtype", "bf16"], ["--seed", "1"])}
+    assert len(names) == 7 and os.path.join("runs", "addition-frozen-w512-cpu-digits3-s0") in names

@@ -136,8 +136,8 @@ def test_bench_prints_the_figure_table():
     assert out[-1].split()[1] == "steps/s" and float(out[-1].split()[0]) > 0
 
 
-def test_bench_cpu_variant_times_the_step_reproduce_trains(capsys):
-    bench.main(["--task", "needle", "--frozen", "--cpu-variant", "--width", "16", "--device", "cpu", "--steps-timed", "1",
+def test_bench_scale_cpu_times_the_step_reproduce_trains(capsys):
+    bench.main(["--task", "needle", "--frozen", "--scale", "cpu", "--width", "16", "--device", "cpu", "--steps-timed", "1",
                 "--repeats", "1", "--warmup-steps", "0", "--peak-tflops", "1"])
     row = capsys.readouterr().out.splitlines()[2]
     assert "| needle frozen w16 L2 b64 |" in row  # the variant's batch of 64, not bench's 256
