@@ -49,7 +49,8 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seeds the model init and the training data"})
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
-    compile: bool = field(default=True, metadata={"help": "torch.compile the training step on CUDA"})
+    compile: bool = field(default=None, metadata={"help": "torch.compile the training step (default: on CUDA only; "
+                                                  "on the CPU it did not speed up the cpu scale, RESULTS.md)"})
     dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
     seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
@@ -112,11 +113,11 @@ def make_parser(description="Train one model on one task.", skip=()):
         flag = "--" + f.name.replace("_", "-")
         if f.name in skip:
             continue
-        if f.type is bool and f.default:
+        if f.type is bool and f.default is not False:  # True, or None = decided by the device: a flag to turn it off
             parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
-        elif f.type is bool:
+        if f.type is bool and f.default is not True:
             parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        else:
+        elif f.type is not bool:
             parser.add_argument(flag, type=f.type, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument("--scale", choices=SCALES, help="paper (default): the paper's protocol for the task; cpu: the task's "

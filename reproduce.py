@@ -2,21 +2,29 @@
 
     OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # reduced protocol, 2 CPU cores
     python reproduce.py all --scale cpu --jobs 2                        # every table and figure, one after another
-    python reproduce.py table2 --scale paper                            # the paper's configurations (GPU)
+    python reproduce.py table2 --scale paper                            # the paper's configurations, one run per GPU
+    python reproduce.py all --scale paper --plan                        # what that costs on an H100, trains nothing
+    python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
 
 Tables 1, 2, 3 and 9 and Figures 4, 6 and 7 of the paper. Each cell is one
 TrainConfig trained for several seeds (train.train, in this process or a pool of
---jobs processes) into runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a
+--jobs processes, one per GPU by default) into runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a
 finished run is skipped and a checkpointed one resumes, so an interrupted sweep
 picks up where it stopped. Writes results/<table>-<scale>.md (our median [min, max]
 over seeds beside the paper's number, the protocol, each cell's train.py command)
 and the same numbers drawn in the paper's form as .png. `--scale paper` is the
 paper's protocol (docs/protocol.md §3); `--scale cpu` each task's laptop variant
 (config.CPU_VARIANTS): minutes to an hour per run on one core (RESULTS.md has the costs).
+
+--print-commands hands the runs to a scheduler instead: a shell line per unfinished run, safe
+to rerun after a kill, for a SLURM job array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`)
+or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then draws the tables.
 """
 
 import ctypes
 import json
+import math
+import multiprocessing
 import os
 import platform
 import signal
@@ -33,10 +41,12 @@ import torch
 
 import train
 from analyze import pyplot, save_figure
+from bench import useful_flops
 from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, OneLineParser, TrainConfig,
-                    build_task, command_line, cpu_variant, load_run, usage_errors)
+                    build_task, command_line, cpu_variant, load_run, resolve, usage_errors, with_paper_defaults)
 from corpus import validation_path
 from runs import UsageError, read_metrics, write_atomic, write_json
+from tasks import TASKS, StreamTask
 
 SEEDS = {"paper": 10, "cpu": 3}
 
@@ -264,7 +274,7 @@ def sweep(table: Table, runs: dict, jobs: int) -> int:
     for cfg in todo:
         check_same_config(cfg)
     start, trained, cost_left, cost_done = time.time(), 0, sum(map(run_cost, todo)), 0.0
-    with ProcessPoolExecutor(jobs, initializer=die_with_parent) if jobs > 1 else nullcontext() as pool:
+    with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
         results = (pool.map if pool else map)(train_one, todo, range(1, len(todo) + 1), [len(todo)] * len(todo))
         for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
             done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
@@ -275,6 +285,31 @@ def sweep(table: Table, runs: dict, jobs: int) -> int:
             print(f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, {time.time() - start:.0f}s so far{left})", flush=True)
             trained += state != "finished"
     return trained
+
+
+def worker_pool(jobs: int) -> ProcessPoolExecutor:
+    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from
+    one that has used it) and, where there are GPUs, on the next one of its own (start_worker)."""
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker,
+                               initargs=(context.Value("i", 0), visible_gpus()))
+
+
+def visible_gpus() -> list:
+    """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); [] without one."""
+    count = torch.cuda.device_count()
+    names = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (names.split(",") if names else [str(i) for i in range(count)])[:count]
+
+
+def start_worker(started, gpus: list):
+    """A pool worker's first act, before anything in it touches CUDA (which reads CUDA_VISIBLE_DEVICES once):
+    die with reproduce.py, and take the next of gpus for its own (round robin if workers outnumber them)."""
+    die_with_parent()
+    if gpus:
+        with started.get_lock():
+            k, started.value = started.value, started.value + 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
 
 
 def die_with_parent():
@@ -546,16 +581,119 @@ def render_picture(table: Table, scale: str, runs: dict, path: str):
 
 
 # ---------------------------------------------------------------------------
+# Without training: the commands for a cluster scheduler, the paper scale's cost
+# ---------------------------------------------------------------------------
+
+
+def shell_command(cfg: TrainConfig) -> str:
+    """A shell line that finishes cfg's run from whatever state a scheduler finds it in, so it may rerun the line
+    after a kill: a finished run is left alone; config.json marks a run past its first step, which --resume
+    continues (from its checkpoint, or from the start if killed before one); anything else starts anew."""
+    return (f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
+            f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi")
+
+
+def print_commands(names: list, args, command: str):
+    """--print-commands: a shell_command per run of these tables not yet finished, each once, longest first."""
+    todo = {cfg.out: cfg for name in names for cell in table_runs(name, args)[1].values() for cfg in cell}
+    todo = sorted((cfg for cfg in todo.values() if run_state(cfg.out) != "finished"), key=run_cost, reverse=True)
+    for cfg in todo:
+        check_same_config(cfg)
+        print(shell_command(cfg))
+    print(f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once they finish, "
+          f"`{command.replace(' --print-commands', '')}` draws the tables without training them again", file=sys.stderr)
+
+
+# What --plan assumes (PLAN_NOTE says why): no run of this project has been timed on a GPU.
+H100_PEAK = 989e12  # FLOP/s, the H100 SXM's dense bf16 tensor-core peak (NVIDIA's datasheet)
+ASSUMED_MFU = 0.25
+STEP_FLOOR = 0.005  # seconds
+RUN_START = 60  # seconds
+TINYSTORIES_TOKENS = 470_000_000
+
+PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs alone: a prediction, nothing has run on a GPU.
+
+- Tokens: those through each row's last answer in one batch drawn at the run's batch size, times the steps. Model
+  FLOPs: bench.py's useful_flops of that batch, times the steps. Forward: 2 per weight of each matmul a token passes
+  (the last block and the unembedding at answer positions only), plus the attention products. Backward: the forward
+  again for the input gradients wherever something trainable lies below (frozen blocks still carry the embeddings'
+  gradients), and again for the weight gradients of trained weights only; so a random transformer costs about 2x its
+  forward, a fully trained one 3x. The LSTM: 16 d^2 per layer and token forward, 3x in all. Evaluation not counted.
+- Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the larger of FLOPs / ({ASSUMED_MFU:.0%} MFU x
+  {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense bf16 peak; runs use bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host
+  syncs, Python), which decides the long runs of small models (Table 3, Figure 4's narrow widths). Both are
+  assumptions: {ASSUMED_MFU:.0%} is within the 20-35% usually assumed for small models, towards its low end, for 2-4 layers of
+  width <= 1024 over short sequences whose step also makes its data and cuts 4 length chunks. On an H100,
+  `python bench.py --device cuda --task needle --frozen` measures a step's MFU.
+- Figure 4: TinyStories-train.txt taken as {TINYSTORIES_TOKENS / 1e6:.0f} million tokens (2.1 million stories, 1.9 GB at about 4
+  bytes a token of its 10,000-token BPE; the corpus is not read), 5 epochs of 20 windows of 512 tokens."""
+
+
+def run_estimate(cfg: TrainConfig) -> tuple:
+    """(steps, tokens, model FLOPs, predicted H100 seconds) of one run of cfg, from its settings
+    alone (PLAN_NOTE says how): nothing trains, no corpus is read."""
+    if cfg.task == "lm":  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
+        lm = TASKS["lm"]
+        batch_size = cfg.batch_size or lm.batch_size
+        steps = cfg.steps or math.ceil((cfg.epochs or lm.epochs) * TINYSTORIES_TOKENS / (batch_size * cfg.context))
+        cfg = with_paper_defaults(replace(cfg, steps=steps), lm)
+        lengths, answers, vocab = torch.full((batch_size,), cfg.context), torch.arange(cfg.context).repeat(batch_size), cfg.vocab
+    else:
+        cfg, task = resolve(cfg)
+        generator = torch.Generator().manual_seed(0)
+        # generate, not sample: the stream's lengths without building the test set it excludes (seconds for imitate)
+        batch = task.generate(cfg.batch_size, generator) if isinstance(task, StreamTask) else task.sample(cfg.batch_size, generator)
+        lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
+    tokens = lengths.sum().item()
+    if cfg.arch == "lstm":  # fully trained in every table: forward, input and weight gradients
+        step = 3 * (16 * cfg.width**2 * cfg.layers * tokens + 2 * cfg.width * vocab * answers.numel())
+    else:
+        step = useful_flops(cfg, vocab, lengths, answers)
+    seconds = RUN_START + max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
+    return cfg.steps, tokens * cfg.steps, step * cfg.steps, seconds
+
+
+def plan(names: list, args) -> str:
+    """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost and the table's
+    GPU-hours; for several tables, their total with each run counted once."""
+    lines, estimates = [PLAN_NOTE], {}  # run directory less its seed -> (runs, *run_estimate), computed once
+    for name in names:
+        table, runs = table_runs(name, args)
+        rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row
+        for (row, col), cell in runs.items():
+            rows.setdefault(cell[0].out, (cell, []))[1].append(f"{row}, {col}")
+        lines += ["", f"### {table.title} ({args.scale} scale)", "", "| cells | runs | steps | tokens per run | "
+                  "model FLOPs per run | H100 minutes per run |", "|---|---|---|---|---|---|"]
+        for out, (cell, labels) in rows.items():
+            estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0]))
+            count, steps, tokens, flops, seconds = estimates[out]
+            owner = os.path.basename(os.path.dirname(out)).split("-")[0]  # Figure 7 trains some of Table 1's cells
+            shared = "" if owner == name else f" ({owner}'s runs)"
+            lines.append(f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | {flops:.3g} | {seconds / 60:.1f} |")
+        lines += ["", f"Total: {sum(estimates[out][0] for out in rows)} runs, "
+                  f"{sum(estimates[out][0] * estimates[out][4] for out in rows) / 3600:.1f} H100 GPU-hours."]
+    if len(names) > 1:
+        lines += ["", f"All {len(names)} tables and figures: {sum(e[0] for e in estimates.values())} runs, "
+                  f"{sum(e[0] * e[4] for e in estimates.values()) / 3600:.1f} H100 GPU-hours (runs that tables share counted once)."]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
 
 
-def reproduce(name: str, args, command: str) -> str:
-    """Sweep one table or figure, then write results/<name>-<scale>.md and its .png; returns the .md's path."""
+def table_runs(name: str, args):
+    """(the table, its runs per cell) as the command line sets them."""
     table = TABLES[name](args.scale)
     if args.data:
         table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
-    runs = cell_runs(table, args.scale, args.runs, args.seeds)
+    return table, cell_runs(table, args.scale, args.runs, args.seeds)
+
+
+def reproduce(name: str, args, command: str) -> str:
+    """Sweep one table or figure, then write results/<name>-<scale>.md and its .png; returns the .md's path."""
+    table, runs = table_runs(name, args)
     trained = sweep(table, runs, args.jobs)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     base = os.path.join(args.results, f"{table.name}-{args.scale}")
@@ -600,6 +738,10 @@ def check_args(args):
     """UsageError for flags that would fail only after hours of training."""
     if args.seeds < 1 or args.jobs < 1:
         raise UsageError("--seeds and --jobs must be >= 1")
+    if args.table == "claims" and (args.plan or args.print_commands):
+        raise UsageError("--plan and --print-commands take a table or all, not claims")
+    if args.plan and args.scale != "paper":
+        raise UsageError("--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu scale's costs)")
     for flag, path in (("--runs", args.runs), ("--results", args.results)):
         if os.path.exists(path) and not os.path.isdir(path):
             raise UsageError(f"{flag} {path} is a file, not a directory")
@@ -620,20 +762,33 @@ def main(argv=None):
     parser.add_argument("--scale", choices=SCALES, default="cpu",
                         help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: each task's laptop variant (config.CPU_VARIANTS)")
     parser.add_argument("--seeds", type=int, help=f"restarts per cell (default: {SEEDS['paper']} at paper scale, {SEEDS['cpu']} at cpu scale)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, one process each (set OMP_NUM_THREADS so they share the cores)")
+    parser.add_argument("--jobs", type=int, help="runs trained at once, one process each (default: one per GPU, each worker on its own; "
+                        "1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)")
     parser.add_argument("--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go")
     parser.add_argument("--results", default="results", help="where <table>-<scale>.md and <table>-<scale>.png go")
     parser.add_argument("--data", help="fig4: the TinyStories train file (default: the shipped story corpus)")
+    instead = parser.add_mutually_exclusive_group()
+    instead.add_argument("--plan", action="store_true", help="print each cell's runs, steps, tokens, FLOPs and predicted "
+                         "H100 time, and the GPU-hours (trains nothing, writes nothing)")
+    instead.add_argument("--print-commands", action="store_true", help="print one shell line per run not yet finished, "
+                         "for xargs -P or a job array, each safe to rerun after a kill (trains nothing)")
     args = parser.parse_args(argv)
     command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
         with usage_errors("reproduce.py"):
             args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
+            args.jobs = (torch.cuda.device_count() or 1) if args.jobs is None else args.jobs
             check_args(args)
+            names = list(TABLES) if args.table == "all" else [args.table]
             if args.table == "claims":
                 print(claims(args))
-            for name in TABLES if args.table == "all" else [] if args.table == "claims" else [args.table]:
-                reproduce(name, args, command)
+            elif args.plan:
+                print(plan(names, args))
+            elif args.print_commands:
+                print_commands(names, args, command)
+            else:
+                for name in names:
+                    reproduce(name, args, command)
     except KeyboardInterrupt:
         print("reproduce.py: interrupted; the same command continues from each run's last checkpoint", file=sys.stderr)
         sys.exit(130)

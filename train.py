@@ -161,7 +161,7 @@ def length_chunks(batch: Batch, answers, no_sync=None):
         ends = ends[1:]
     for i, (rows, end) in enumerate(zip(chunks, ends)):
         chunk = batch if rows is None else take_rows(batch, rows)
-        chunk = replace(chunk, x=chunk.x[..., : end + 1])
+        chunk = replace(chunk, x=chunk.x[..., : end + 1].contiguous())  # one memory layout for every chunk: no recompile
         weight = (chunk.y >= 0).sum((-2, -1)) / answers
         with no_sync() if no_sync and i < len(chunks) - 1 else nullcontext():
             yield chunk, weight  # the caller's forward and backward run inside no_sync
@@ -241,13 +241,14 @@ def autocast(device, dtype="auto"):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, dtype))
 
 
-def compile_model(model, device, use_compile):
-    """torch.compile(model) on CUDA with use_compile, else the model itself (model may be any callable).
+def compile_model(model, device, use_compile=None):
+    """torch.compile(model) if use_compile (None: on CUDA only), else the model itself (model may be any callable).
+    Automatic dynamic shapes: the first change of chunk length recompiles once, for every length after it.
 
     A model that fails to compile at its first forward runs eagerly instead of ending the run
     (suppress_errors); inductor lowers the backward lazily, at the first backward(), outside this guard.
     """
-    if not (use_compile and device.type == "cuda"):
+    if not (device.type == "cuda" if use_compile is None else use_compile):
         return model
     torch._dynamo.config.suppress_errors = True
     return torch.compile(model)

@@ -1,14 +1,17 @@
-"""reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table and picture rendering (no training but one tiny run)."""
+"""reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table and picture rendering (no training but a few tiny runs), scheduler commands, the plan, GPU workers."""
 
 import json
+import multiprocessing
 import os
 import subprocess
 
 import pytest
+import torch
 
 import config
 import dataclasses
 import reproduce
+import tasks
 import train
 from config import TrainConfig
 from runs import UsageError, aggregate, write_json
@@ -135,10 +138,12 @@ def test_cell_commands_parse_back_to_the_cells_configs():
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
-    with pytest.raises(SystemExit) as e:
-        reproduce.main(["table1", "--seeds", "0"])
-    assert e.value.code == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    for argv in (["table1", "--seeds", "0"], ["table1", "--plan"], ["claims", "--scale", "paper", "--plan"],
+                 ["table1", "--scale", "paper", "--plan", "--print-commands"]):
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(argv)
+        assert e.value.code == 2
+        assert capsys.readouterr().err.count("\n") == 1, argv
 
 
 def write_fake_runs(table, runs):
@@ -241,3 +246,84 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
     lines = (tmp_path / "results" / "table9-cpu.md").read_text().splitlines()
     assert lines[2:4] == ["Scale `cpu`, 2020-01-01, a GPU; 9 runs.", "Command: `train it`"]
     assert "this command trained 0 runs and found the others finished" in lines[4]
+
+
+def gpu_once_both_workers_run(barrier):
+    """In a pool worker: its CUDA_VISIBLE_DEVICES, once the other worker runs too (so two calls take two workers)."""
+    barrier.wait(timeout=120)
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_each_pool_worker_takes_a_gpu_of_its_own(monkeypatch):
+    """Two GPUs faked: the count torch reports, and the CUDA_VISIBLE_DEVICES a scheduler gave the job."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert reproduce.visible_gpus() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with multiprocessing.Manager() as manager, reproduce.worker_pool(2) as pool:
+        barrier = manager.Barrier(2)
+        assert sorted(pool.map(gpu_once_both_workers_run, [barrier] * 2)) == ["3", "5"]
+
+
+def test_jobs_default_to_one_per_gpu(monkeypatch):
+    jobs = []
+    monkeypatch.setattr(reproduce, "reproduce", lambda name, args, command: jobs.append(args.jobs))
+    for gpus in (4, 0):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+        reproduce.main(["table9"])
+    assert jobs == [4, 1]
+
+
+def tiny_table9(scale):
+    """Table 9 on models that train in a second, as separate processes from its printed commands."""
+    table = reproduce.table9(scale)
+    table.configs = {key: dataclasses.replace(cfg, width=16, steps=3, batch_size=8, warmup=1, eval_every=1, test_size=20, device="cpu")
+                     for key, cfg in table.configs.items()}
+    return table
+
+
+def test_printed_commands_finish_each_run_even_after_a_kill_and_the_plain_command_then_trains_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(reproduce.TABLES, "table9", tiny_table9)
+    flags = ["table9", "--seeds", "1", "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    cells = reproduce.cell_runs(tiny_table9("cpu"), "cpu", str(tmp_path / "runs"), 1)
+    killed, finished, new = (cells[row, "Linearized random"][0] for row in ("needle", "addition", "parens"))
+    train.train(killed, stop_after=2)  # killed after its checkpoint at step 2
+    write_final(finished.out, accuracy=0.5, loss=1.0, elapsed=1.0)
+    capsys.readouterr()
+    reproduce.main(flags + ["--print-commands"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines] == [new.out + "/final.json", killed.out + "/final.json"]  # longest first
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for line, cfg in zip(lines, (new, killed)):
+        done = subprocess.run(["bash", "-c", line], cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert reproduce.run_state(cfg.out) == "finished"
+        assert ("step 1/3" in done.stdout) == (cfg is new) and "step 3/3" in done.stdout  # the killed run went on from step 2
+    for line in lines:  # a scheduler that runs a line again finds its run finished and leaves it
+        again = subprocess.run(["bash", "-c", line], cwd=root, capture_output=True, text=True)
+        assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
+
+    monkeypatch.setattr(reproduce.train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    reproduce.main(flags)
+    text = (tmp_path / "results" / "table9-cpu.md").read_text()
+    assert "this command trained 0 runs" in text and "not run" not in text
+
+
+def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained"))
+    monkeypatch.setattr(tasks.LanguageModeling, "__post_init__", lambda self: pytest.fail("--plan read the lm corpus"))
+    reproduce.main(["all", "--scale", "paper", "--plan"])
+    text = capsys.readouterr().out
+    assert os.listdir(tmp_path) == []
+    for make in reproduce.TABLES.values():
+        table = make("paper")
+        section = text.split(f"### {table.title} (paper scale)")[1].split("###")[0]
+        rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "cells" not in line]
+        assert {cell for row in rows for cell in row[0].removeprefix("| ").removesuffix(" (table1's runs)").split(" / ")} == {
+            f"{row}, {col}" for row, col in table.configs}
+        assert {row[1] for row in rows} == {"10"} and all(float(row[-1].rstrip(" |")) > 0 for row in rows)
+        total = section.split("Total: ")[1].split("\n")[0]
+        assert total.startswith(f"{10 * len(rows)} runs, ") and float(total.split()[2]) > 0
+    assert "All 7 tables and figures: " in text

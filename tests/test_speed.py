@@ -141,3 +141,17 @@ def test_bench_scale_cpu_times_the_step_reproduce_trains(capsys):
                 "--repeats", "1", "--warmup-steps", "0", "--peak-tflops", "1"])
     row = capsys.readouterr().out.splitlines()[2]
     assert "| needle frozen w16 L2 b64 |" in row  # the variant's batch of 64, not bench's 256
+
+
+def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
+    # Needle rows vary in length, so the chunks do: the first new length recompiles once
+    # (automatic dynamic shapes) and no other change (a chunk's memory layout included) does.
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = tiny(tmp_path, task="needle", max_pairs=6, steps=12, eval_every=6, test_size=50)
+    eager = train.train(replace(cfg, out=str(tmp_path / "eager"), compile=False))
+    compiled = train.train(replace(cfg, out=str(tmp_path / "compiled"), compile=True))
+    losses = [[json.loads(line)["loss"] for line in open(tmp_path / run / "metrics.jsonl")] for run in ("eager", "compiled")]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4) and compiled == pytest.approx(eager, abs=1e-4)
+    assert counters["stats"]["unique_graphs"] <= 2 and counters["frames"]["ok"] <= 2
