@@ -166,6 +166,7 @@ def replace_old_run(out, start: Start):
     if os.path.isdir(out):
         os.rename(out, old)
     os.rename(start.staged, out)
+    atexit.register(remove_if_present, os.path.join(out, ".lock"))  # the lock file moved with the run
     start.staged = None
     shutil.rmtree(old, ignore_errors=True)
 

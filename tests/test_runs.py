@@ -466,6 +466,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(tmp_p
     assert "stopping after this step, with a checkpoint to resume from; Ctrl-C again to stop now" in stopped.stderr
     assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
+    assert not (run / ".lock").exists()  # released and removed at exit
     assert train.train(*config.parse_args(["--resume", str(run)])) == whole
     assert records(run) == records(tmp_path / "whole")  # the step-8 loss averages steps 4-7, as uninterrupted
 
