@@ -123,11 +123,16 @@ def train_batched(cfg) -> list:
 
 
 def main(argv=None):
-    with usage_errors("batched_seeds.py"):
-        cfg, resume = parse_args(argv, __doc__.split("\n")[0])
-        if resume:
-            raise UsageError("a batched run writes no checkpoint, so there is nothing to resume; train.py --resume continues single runs")
-        train_batched(cfg)
+    try:
+        with usage_errors("batched_seeds.py"):
+            cfg, resume = parse_args(argv, __doc__.split("\n")[0])
+            if resume:
+                raise UsageError("a batched run writes no checkpoint, so there is nothing to resume; train.py --resume continues single runs")
+            train_batched(cfg)
+    except KeyboardInterrupt:
+        print("batched_seeds.py: interrupted; a batched run keeps no checkpoint: the same command with --overwrite starts it again",
+              file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -159,6 +159,7 @@ def parse_args(argv=None, description="Train one model on one task."):
 
 
 RECORD_KEYS = {"parameters", "device", "resolved_dtype", "torch"}  # what run_record adds to the settings
+RETIRED_KEYS = {"batched_seeds"}  # settings that earlier versions saved (batched_seeds.py is its own command now): ignored
 
 
 def config_from_dict(saved: dict) -> TrainConfig:
@@ -167,7 +168,7 @@ def config_from_dict(saved: dict) -> TrainConfig:
     if not isinstance(saved, dict):
         raise ValueError(f"a run's config is a JSON object, not {type(saved).__name__}")
     types = {f.name: f.type for f in fields(TrainConfig)}
-    unknown = sorted(set(saved) - set(types) - RECORD_KEYS)
+    unknown = sorted(set(saved) - set(types) - RECORD_KEYS - RETIRED_KEYS)
     if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r}")
     for name, value in saved.items():
@@ -177,6 +178,23 @@ def config_from_dict(saved: dict) -> TrainConfig:
         if kind and not fits:
             raise ValueError(f"{name} is {json.dumps(value)}, not {'null or ' if nullable else ''}{kind.__name__}")
     return TrainConfig(**{name: saved[name] for name in types if name in saved})
+
+
+def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
+    """The settings cfg sets that the run saved in run_dir was not trained with ([] when run_dir holds
+    no run). The device is what the run resolved, the directory may be spelled another way, and
+    overwrite says only how the directory was made: none of them counts."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except ValueError as e:
+        raise UsageError(f"{path} is not a run's config ({e})") from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path} is not a run's config (not a JSON object)")
+    return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out") and saved.get(k) != v]
 
 
 def command_line(cfg) -> str:

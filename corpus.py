@@ -22,7 +22,9 @@ from runs import write_atomic
 
 
 END_OF_TEXT = "<|endoftext|>"  # TinyStories' story separator; one token between stories
-STORY_DIR = os.path.join("data", "stories")  # where the shipped corpus is written (git-ignored)
+# Where the shipped corpus and its caches go (git-ignored): beside this file, one home whatever the
+# current directory, so that runs started from anywhere share it.
+STORY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stories")
 
 
 def validation_path(train_path: str) -> str:

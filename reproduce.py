@@ -43,7 +43,7 @@ import train
 from analyze import pyplot, save_figure
 from bench import useful_flops
 from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, OneLineParser, TrainConfig,
-                    build_task, command_line, cpu_variant, load_run, resolve, usage_errors, with_paper_defaults)
+                    build_task, changed_settings, command_line, cpu_variant, load_run, resolve, usage_errors, with_paper_defaults)
 from corpus import validation_path
 from runs import UsageError, read_metrics, write_atomic, write_json
 from tasks import TASKS, StreamTask
@@ -227,13 +227,7 @@ def run_state(out: str) -> str:
 
 def check_same_config(cfg: TrainConfig):
     """A run directory made by another protocol must not pass as this one's."""
-    path = os.path.join(cfg.out, "config.json")
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        saved = json.load(f)
-    # config.json records the device actually used, and overwrite only says how the directory was made
-    changed = [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite") and saved.get(k) != v]
+    changed = changed_settings(cfg, cfg.out)
     if changed:
         raise UsageError(f"{cfg.out} was trained with other settings ({', '.join(changed)}); delete it to rerun")
 

@@ -81,7 +81,14 @@ RUN_FILES = {"config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "final
 
 
 def is_run_file(name):
-    return name in RUN_FILES or name.endswith(".png") or name.startswith(".") and name.endswith(".tmp")
+    """Whether runs write a file of this name: RUN_FILES, figures, or write_atomic's .<name>.<random>.tmp of one."""
+    if is_temp_file(name):
+        name = name[1 : -len(".tmp")].rsplit(".", 1)[0]
+    return name in RUN_FILES or name.endswith(".png")
+
+
+def is_temp_file(name):
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 @dataclass
@@ -236,9 +243,10 @@ def check_run_dir(cfg):
 
 
 def remove_temp_files(run_dir):
-    """Delete the temp files of writes a kill cut short (write_atomic's .<name>.<random>.tmp)."""
+    """Delete the temp files of writes a kill cut short: write_atomic's .<name>.<random>.tmp of a
+    file that runs write, and no other file."""
     for name in os.listdir(run_dir):
-        if name.startswith(".") and name.endswith(".tmp"):
+        if is_temp_file(name) and is_run_file(name):
             os.remove(os.path.join(run_dir, name))
 
 

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import runs
-from config import build, parse_args, pick_device, resolve, run_record, seed_configs, slow_run_hint, usage_errors, uses_bf16
+from config import build, changed_settings, parse_args, pick_device, resolve, run_record, seed_configs, slow_run_hint, usage_errors, uses_bf16
 from tasks import Batch
 
 
@@ -65,7 +65,7 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     metrics, losses, clock = start.metrics, start.losses, Clock(start.elapsed)
     slow_run_check = SlowRunCheck(cfg, start.step, active=lead and device.type == "cpu")
     bar = tqdm(total=cfg.steps, initial=start.step, dynamic_ncols=True, disable=None if lead else True)
-    with StopOnCtrlC(world == 1) as ctrl_c:
+    with StopOnSignal(world == 1) as stop:
         for step in range(start.step, cfg.steps + 1):
             last_step = step == cfg.steps
             if start.staged and (step > start.step or last_step):  # the first step succeeded: the run takes its place
@@ -83,7 +83,7 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
                 bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
                 losses = []
                 clock.lap()  # evaluation time does not count as training time for steps/s
-            if last_step or step == stop_after or ctrl_c.requested:
+            if last_step or step == stop_after or stop.requested:
                 break
             slow_run_check(step)
             set_lr(optimizer, lr_at(step, cfg))
@@ -92,10 +92,10 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
             bar.update()
     bar.close()
 
-    if ctrl_c.requested and start.staged:
+    if stop.requested and start.staged:
         print(f"interrupted before the first step; {cfg.out} is as it was", file=sys.stderr)
         raise KeyboardInterrupt
-    if ctrl_c.requested and step < cfg.steps:
+    if stop.requested and step < cfg.steps:
         if lead:
             runs.save_checkpoint(cfg, step, model, optimizer, generator, clock.elapsed(), metrics, losses)
             print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
@@ -311,10 +311,13 @@ class SlowRunCheck:
             tqdm.write(hint, file=sys.stderr)
 
 
-class StopOnCtrlC:
-    """While active, Ctrl-C (SIGINT) asks the loop to stop at the next step boundary, where a
-    checkpoint resumes exactly, instead of raising mid-step; a second Ctrl-C interrupts at once.
-    Only in the main thread of a single process: data-parallel ranks would stop at different steps."""
+class StopOnSignal:
+    """While active, Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal),
+    ask the loop to stop at the next step boundary, where a checkpoint resumes exactly, instead of
+    ending mid-step; a second signal acts at once. Only in the main thread of a single process:
+    data-parallel ranks would stop at different steps."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, active):
         self.active = active and threading.current_thread() is threading.main_thread()
@@ -322,17 +325,28 @@ class StopOnCtrlC:
 
     def __enter__(self):
         if self.active:
-            self.previous = signal.signal(signal.SIGINT, self.request)
+            self.previous = {s: signal.signal(s, self.request) for s in self.SIGNALS}
         return self
 
     def request(self, signum, frame):
         self.requested = True
-        signal.signal(signal.SIGINT, self.previous)
-        tqdm.write("Ctrl-C: stopping after this step, with a checkpoint to resume from; Ctrl-C again to stop now", file=sys.stderr)
+        self.__exit__()
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
 
     def __exit__(self, *exc):
         if self.active:
-            signal.signal(signal.SIGINT, self.previous)
+            for s, handler in self.previous.items():
+                signal.signal(s, handler)
+
+
+def seed_state(cfg) -> str:
+    """How the same --seeds command, run again, goes on with this seed: "finished" (skip it), "resume"
+    (it was stopped; its directory holds this very run) or "new" (train it; train() refuses a
+    directory that holds anything else)."""
+    if changed_settings(cfg, cfg.out) or not os.path.exists(os.path.join(cfg.out, "config.json")):
+        return "new"
+    return "finished" if os.path.exists(os.path.join(cfg.out, "final.json")) else "resume"
 
 
 def main(argv=None):
@@ -341,7 +355,11 @@ def main(argv=None):
             cfg, resume = parse_args(argv, __doc__.split("\n")[0])
             seeds = seed_configs(cfg)
             for run in seeds:
-                train(run, resume=resume)
+                state = seed_state(resolve(run)[0]) if len(seeds) > 1 and not cfg.overwrite else "new"
+                if state == "finished":
+                    print(f"{resolve(run)[0].out} finished before; skipped")
+                    continue
+                train(run, resume=resume or state == "resume")
             if len(seeds) > 1:
                 runs.write_seed_summary([resolve(run)[0] for run in seeds])
     except KeyboardInterrupt:

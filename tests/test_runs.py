@@ -11,9 +11,11 @@ import sys
 
 import pytest
 import torch
+from dataclasses import replace
 
 import analyze
 import bench
+import corpus
 import reproduce
 import sample
 import config
@@ -113,6 +115,9 @@ BAD_INPUTS = [
     ("analyze.py", ["CUTLOG"], "metrics.jsonl line 3 is not JSON"),
     ("analyze.py", ["BADANALYSIS", "--only", "curves"], "analysis.json is not JSON"),
     ("analyze.py", ["RUN", "--only", "embedding"], "does not apply to a parens run"),
+    ("analyze.py", ["NOFINAL"], "has model.pt but no final.json"),
+    ("analyze.py", ["LISTANALYSIS", "--only", "curves"], "is not results this analyze.py can read"),
+    ("analyze.py", ["DIVERGED"], "has NaN or infinite weights"),
     ("analyze.py", ["RUN", "--only", "nothing"], "invalid choice"),
     ("analyze.py", ["RUN", "--tokens", "9999"], "--tokens must be"),
     ("analyze.py", ["RUN", "--examples", "0"], "--examples must be >= 1"),
@@ -168,6 +173,14 @@ def world(tmp_path_factory):
     (root / "PROJECT" / "src" / "thesis.tex").write_text("years of work")
     shutil.copy(root / "RUN" / "config.json", root / "PROJECT")
     (root / "LINK").symlink_to(root / "NOTES")
+    shutil.copytree(root / "RUN", root / "NOFINAL")
+    (root / "NOFINAL" / "final.json").unlink()
+    shutil.copytree(root / "RUN", root / "LISTANALYSIS")
+    (root / "LISTANALYSIS" / "analysis.json").write_text("[]")
+    shutil.copytree(root / "RUN", root / "DIVERGED")
+    saved = torch.load(root / "DIVERGED" / "model.pt")
+    next(iter(saved["model"].values())).fill_(float("nan"))
+    torch.save(saved, root / "DIVERGED" / "model.pt")
     shutil.copytree(root / "RUN", root / "CUTLOG")
     with open(root / "CUTLOG" / "metrics.jsonl", "a") as f:
         f.write('{"step": 12, "lo\n{"step": 13}\n')  # a line that is not JSON, not the last (a cut last line is dropped)
@@ -457,13 +470,14 @@ train.main(sys.argv[3:])
 """
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(tmp_path):
+@pytest.mark.parametrize("sent, said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGHUP")])
+def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent, said, tmp_path):
     whole = train.train(config.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
-    stopped = subprocess.run([sys.executable, "-c", INTERRUPTER, REPO, "6"] + TINY_ARGS + ["--out", str(run)],
+    stopped = subprocess.run([sys.executable, "-c", INTERRUPTER.replace("SIGINT", sent), REPO, "6"] + TINY_ARGS + ["--out", str(run)],
                              cwd=tmp_path, capture_output=True, text=True)
     assert stopped.returncode == 130, stopped.stderr
-    assert "stopping after this step, with a checkpoint to resume from; Ctrl-C again to stop now" in stopped.stderr
+    assert f"{said}: stopping after this step, with a checkpoint to resume from; {said} again to stop now" in stopped.stderr
     assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
     assert not (run / ".lock").exists()  # released and removed at exit
@@ -603,3 +617,77 @@ def test_runs_that_differ_in_any_setting_get_their_own_default_directory():
     names = {out("--scale", "cpu", *flags) for flags in ([], ["--digits", "3"], ["--lr", "1e-3"], ["--steps", "99"],
                                                           ["--pos", "sinusoidal"], ["--dtype", "bf16"], ["--seed", "1"])}
     assert len(names) == 7 and os.path.join("runs", "addition-frozen-w512-cpu-digits3-s0") in names
+
+
+def test_the_same_seeds_command_after_an_interruption_skips_finished_seeds_and_resumes_the_stopped_one(tmp_path, monkeypatch, capsys):
+    argv = TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")]
+    whole = train.train(config.parse_args(TINY_ARGS + ["--seed", "1", "--out", str(tmp_path / "whole")])[0])
+    original = train.train
+
+    def stopped_at_seed_1(cfg, resume=False, stop_after=None):
+        if cfg.seed == 1:
+            original(cfg, resume, stop_after=4)
+            raise KeyboardInterrupt
+        return original(cfg, resume, stop_after)
+
+    with monkeypatch.context() as m:
+        m.setattr(train, "train", stopped_at_seed_1)
+        code, err = run_cli(argv, capsys)
+    assert code == 130 and not (tmp_path / "run-s1" / "final.json").exists()
+    train.main(argv)
+    assert "run-s0 finished before; skipped" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run-s1" / "final.json").read_text())["accuracy"] == whole["accuracy"]
+    assert (tmp_path / "run-seeds.json").exists()
+
+
+def test_batched_seeds_interrupted_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    import batched_seeds
+    monkeypatch.setattr(batched_seeds, "train_step", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(SystemExit) as exit:
+        batched_seeds.main(TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 130 and len(err.splitlines()) == 1 and "--overwrite starts it again" in err
+
+
+def test_resume_removes_only_its_own_temp_files(tmp_path):
+    train.train(tiny(tmp_path), stop_after=4)
+    run = tmp_path / "run"
+    (run / ".notes.tmp").write_text("mine")
+    (run / ".checkpoint.pt.k3j2h1.tmp").write_bytes(b"half a checkpoint")
+    train.train(*config.parse_args(["--resume", str(run)]))
+    assert (run / ".notes.tmp").read_text() == "mine" and not (run / ".checkpoint.pt.k3j2h1.tmp").exists()
+
+
+def test_a_run_directory_spelled_another_way_is_the_same_run(tmp_path):
+    train.train(tiny(tmp_path), stop_after=4)
+    cfg = config.resolve(tiny(tmp_path))[0]
+    assert config.changed_settings(replace(cfg, out=str(tmp_path) + "//run"), str(tmp_path) + "//run") == []
+    assert config.changed_settings(replace(cfg, lr=1.0), str(tmp_path / "run")) == ["lr"]
+
+
+CORPUS_BUILDER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import corpus, numpy
+train = corpus.write_story_corpus(sys.argv[2], n_train=300, n_valid=30)
+tokenizer = corpus.load_or_train_tokenizer(train, 300)
+print(len(corpus.load_or_tokenize(train, tokenizer, 300)))
+"""
+
+
+def test_two_processes_building_the_story_corpus_at_once_both_succeed(tmp_path):
+    assert os.path.isabs(corpus.STORY_DIR)  # one home, whatever the current directory
+    builders = [subprocess.Popen([sys.executable, "-c", CORPUS_BUILDER, REPO, str(tmp_path / "stories")], cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [builder.communicate(timeout=300) for builder in builders]
+    assert [b.returncode for b in builders] == [0, 0], outputs
+    assert outputs[0][0] == outputs[1][0] and int(outputs[0][0]) > 1000
+
+
+def test_every_committed_run_config_still_reads():
+    import glob
+    paths = glob.glob(os.path.join(REPO, "runs", "**", "config.json"), recursive=True)
+    assert len(paths) > 100
+    for path in paths:
+        with open(path) as f:
+            config.config_from_dict(json.load(f))
