@@ -29,7 +29,7 @@ if sys.argv[1] == "--plot":
         line, = ax.plot([r["step"] for r in rows], [100 * r["unseen"] for r in rows], marker=".", label=os.path.basename(run_dir) + ": unseen")
         ax.plot([r["step"] for r in rows], [100 * r["accuracy"] for r in rows], linestyle=":", color=line.get_color(), label="all test strings")
     ax.set(xlabel="step", ylabel="test accuracy (%)", ylim=(0, 102),
-           title="random 512 on parentheses: the strings training never shows (solid) and all (dotted)")
+           title="random transformers on parentheses: the strings training never shows (solid) and all (dotted)")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
     save_figure(plt, fig, sys.argv[2])
