@@ -24,7 +24,7 @@ import tasks
 from model import GPT
 from tasks import Batch
 from config import OneLineParser, load_run, usage_errors
-from runs import UsageError, read_metrics, write_atomic, write_json
+from runs import UsageError, read_json, read_metrics, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -60,11 +60,7 @@ def read_final(path) -> dict:
     if not os.path.isfile(final_path):
         raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
                          f"finish it with: python train.py --resume {path}")
-    try:
-        with open(final_path) as f:
-            return json.load(f)
-    except ValueError:
-        raise UsageError(f"{final_path} is not JSON") from None
+    return read_json(final_path)
 
 
 def save_figure(plt, fig, path, **savefig):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 
 from analyze import pyplot, save_figure
 from config import OneLineParser, config_from_dict, usage_errors
-from runs import UsageError, read_metrics
+from runs import UsageError, read_json, read_metrics
 from tasks import TASKS
 
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
@@ -36,17 +36,6 @@ class Run:
     trainable: int
     final: dict  # final.json; None for a run that has not finished
     log: list  # metrics.jsonl's records
-
-
-def read_json(path) -> dict:
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except ValueError:
-        raise UsageError(f"{path} is not JSON") from None
-    if not isinstance(record, dict):
-        raise UsageError(f"{path} is not a run's record (not a JSON object)")
-    return record
 
 
 def load(path) -> Run:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import torch
 
 from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
-from runs import UsageError, load_checkpoint
+from runs import UsageError, load_checkpoint, read_json
 from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
@@ -167,13 +167,13 @@ def config_from_dict(saved: dict) -> TrainConfig:
     for anything else: not an object, an unknown key, a value of the wrong type."""
     if not isinstance(saved, dict):
         raise ValueError(f"a run's config is a JSON object, not {type(saved).__name__}")
-    types = {f.name: f.type for f in fields(TrainConfig)}
+    types, defaults = {f.name: f.type for f in fields(TrainConfig)}, {f.name: f.default for f in fields(TrainConfig)}
     unknown = sorted(set(saved) - set(types) - RECORD_KEYS - RETIRED_KEYS)
     if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r}")
     for name, value in saved.items():
         kind = types.get(name)
-        nullable = kind and next(f.default for f in fields(TrainConfig) if f.name == name) is None
+        nullable = kind and defaults[name] is None
         fits = value is None and nullable or type(value) is kind or kind is float and type(value) is int
         if kind and not fits:
             raise ValueError(f"{name} is {json.dumps(value)}, not {'null or ' if nullable else ''}{kind.__name__}")
@@ -187,13 +187,7 @@ def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
         return []
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except ValueError as e:
-        raise UsageError(f"{path} is not a run's config ({e})") from None
-    if not isinstance(saved, dict):
-        raise UsageError(f"{path} is not a run's config (not a JSON object)")
+    saved = read_json(path)
     return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out") and saved.get(k) != v]
 
 

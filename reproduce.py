@@ -45,7 +45,7 @@ from bench import useful_flops
 from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, OneLineParser, TrainConfig,
                     build_task, changed_settings, command_line, cpu_variant, load_run, resolve, usage_errors, with_paper_defaults)
 from corpus import validation_path
-from runs import UsageError, read_metrics, write_atomic, write_json
+from runs import UsageError, read_metrics, run_state, write_atomic, write_json
 from tasks import TASKS, StreamTask
 
 SEEDS = {"paper": 10, "cpu": 3}
@@ -214,15 +214,6 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
         out = os.path.join(root, f"{owner}-{scale}", name)
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
-
-
-def run_state(out: str) -> str:
-    """finished (final.json), resume (a checkpoint to continue) or fresh (nothing usable)."""
-    if os.path.exists(os.path.join(out, "final.json")):
-        return "finished"
-    if os.path.exists(os.path.join(out, "checkpoint.pt")):
-        return "resume"
-    return "fresh"
 
 
 def check_same_config(cfg: TrainConfig):

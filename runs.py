@@ -242,6 +242,28 @@ def check_run_dir(cfg):
         raise UsageError(f"{cfg.out} is not a run directory ({what}); --overwrite replaces only runs")
 
 
+def run_state(run_dir) -> str:
+    """finished (final.json), resume (a run past its first step: --resume continues it from its
+    checkpoint, or starts it over in place if it has none yet) or fresh (no run here)."""
+    if os.path.exists(os.path.join(run_dir, "final.json")):
+        return "finished"
+    if any(os.path.exists(os.path.join(run_dir, name)) for name in ("checkpoint.pt", "config.json")):
+        return "resume"
+    return "fresh"
+
+
+def read_json(path) -> dict:
+    """The JSON object in path (a run's config.json or final.json); UsageError for anything else."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except ValueError as e:
+        raise UsageError(f"{path} is not JSON ({e})") from None
+    if not isinstance(record, dict):
+        raise UsageError(f"{path} is not a run's record (not a JSON object)")
+    return record
+
+
 def remove_temp_files(run_dir):
     """Delete the temp files of writes a kill cut short: write_atomic's .<name>.<random>.tmp of a
     file that runs write, and no other file."""

@@ -344,9 +344,8 @@ def seed_state(cfg) -> str:
     """How the same --seeds command, run again, goes on with this seed: "finished" (skip it), "resume"
     (it was stopped; its directory holds this very run) or "new" (train it; train() refuses a
     directory that holds anything else)."""
-    if changed_settings(cfg, cfg.out) or not os.path.exists(os.path.join(cfg.out, "config.json")):
-        return "new"
-    return "finished" if os.path.exists(os.path.join(cfg.out, "final.json")) else "resume"
+    state = runs.run_state(cfg.out)
+    return "new" if state == "fresh" or changed_settings(cfg, cfg.out) else state
 
 
 def main(argv=None):
@@ -355,9 +354,12 @@ def main(argv=None):
             cfg, resume = parse_args(argv, __doc__.split("\n")[0])
             seeds = seed_configs(cfg)
             for run in seeds:
-                state = seed_state(resolve(run)[0]) if len(seeds) > 1 and not cfg.overwrite else "new"
+                state = "new"
+                if len(seeds) > 1 and not cfg.overwrite:
+                    run = resolve(run)[0]  # its directory named
+                    state = seed_state(run)
                 if state == "finished":
-                    print(f"{resolve(run)[0].out} finished before; skipped")
+                    print(f"{run.out} finished before; skipped")
                     continue
                 train(run, resume=resume or state == "resume")
             if len(seeds) > 1:
