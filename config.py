@@ -400,7 +400,7 @@ CPU_VARIANTS = {  # task -> TrainConfig settings
     "parens": {"max_parens": 40, "test_size": 1000, "width": CPU_WIDTH, "steps": 2000, "batch_size": 64, "lr": 3e-3, "warmup": 200},
     "memorize": {"keys": 128, "width": 128, "epochs": 100, "batch_size": 1024},
     "lm": {"width": 128, "epochs": 1, "context": 128},
-    "imitate": {"width": 64, "steps": 500, "batch_size": 128, "warmup": 50, "test_size": 1000},
+    "imitate": {"width": 256, "steps": 500, "batch_size": 128, "warmup": 50, "test_size": 1000},
 }
 # The variants' lr suits the frozen model; the fully trained model from width 128 up needs a
 # lower one at batch 64 (docs/protocol.md §8). The LSTM keeps the paper's LSTM_LR.
