@@ -147,10 +147,13 @@ def table3(scale):
 def table9(scale):
     width = {"paper": 512, "cpu": CPU_WIDTH}[scale]
     rows = ["needle", "addition", "parens"]
-    configs = {(row, "Linearized random"): task_config(row, scale, train="frozen", arch="linear", width=width) for row in rows}
+    cols = {"Softmax random": "gpt", "Linearized random": "linear"}  # the verdict is the contrast, so both are trained
+    configs = {(row, col): task_config(row, scale, train="frozen", arch=arch, width=width) for row in rows for col, arch in cols.items()}
     paper = {("needle", "Linearized random"): 17.67, ("addition", "Linearized random"): 26.39, ("parens", "Linearized random"): 97.32}
-    return Table("table9", "Table 9: test accuracy (%) of random transformers with linearized attention",
-                 "accuracy", rows, ["Linearized random"], configs, paper)
+    return Table("table9", "Table 9: test accuracy (%) of random transformers with linearized attention, beside softmax",
+                 "accuracy", rows, list(cols), configs, paper,
+                 f"Softmax random is the same model with softmax attention at width {width} (at cpu scale Table 1's "
+                 "random runs); the paper gives no number for it at width 512, and 100 on all three at 1024 (Table 1).")
 
 
 def fig7(scale):
@@ -309,17 +312,19 @@ def die_with_parent():
 # ---------------------------------------------------------------------------
 
 
-def seed_values(table: Table, row: str, col: str, cell: list) -> list:
-    """The cell's metric for each seed that finished (accuracy in %), read from its final.json
-    (train_split.json for a "(train)" row); the .md and the .png both read it from here."""
+def seed_values(table: Table, row: str, col: str, cell: list, metric=None) -> list:
+    """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
+    final.json (train_split.json for a "(train)" row); the .md and the .png both read it from here."""
     source = "train_split.json" if row.endswith("(train)") else "final.json"
-    metric = col if table.metric == "column" else table.metric
+    metric = metric or (col if table.metric == "column" else table.metric)
     values = []
     for cfg in cell:
         path = os.path.join(cfg.out, source)
         if os.path.exists(path):
             with open(path) as f:
-                values.append(json.load(f)[metric] * (100 if metric == "accuracy" else 1))
+                record = json.load(f)
+            if metric in record:  # exact_match is addition's only; a record without it draws no ring
+                values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
     return values
 
 
@@ -398,28 +403,35 @@ PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", 
 def picture_cells(table: Table, runs: dict) -> dict:
     """Where each cell goes in the table's picture: (panel, line, x) -> (per-seed values, the paper's number or None).
 
-    Tables 1, 2, 9: a panel per row, a column per x (line None). Table 3: a panel of
+    Tables 1, 2, 9: a panel per row, a column per x (line None), and on the addition panel also
+    line "exact match": per-token accuracy is the table's number, whole sums right the stricter one. Table 3: a panel of
     bits per trainable parameter and one of accuracy, a row per x. Figure 7: a panel per task, Random and
     Normal lines over width; Figure 4: a panel per depth; Figure 6: one panel over target width.
     """
     cells = {}
     for (row, col), cell in runs.items():
-        if table.name == "table3":
-            if col not in TABLE3_PANELS:
-                continue  # raw bits: bits per parameter is the paper's comparison across model sizes
-            key = (TABLE3_PANELS[col], None, row)
-        elif table.name == "fig7":
-            kind, width = col.split()
-            key = (row, kind, int(width))
-        elif table.name == "fig4":
-            layers, width = col.split(", width ")
-            key = (layers, row, int(width))
-        elif table.name == "fig6":
-            key = ("3-layer students", row, int(col.split()[1]))
-        else:
-            key = (row, None, col)
+        key = picture_key(table, row, col)
+        if key is None:
+            continue  # Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
+        if table.name in CURVE_TABLES and row == "addition":
+            cells[row, "exact match", col] = seed_values(table, row, col, cell, "exact_match"), None
         cells[key] = seed_values(table, row, col, cell), table.paper.get((row, col))
     return cells
+
+
+def picture_key(table: Table, row: str, col: str):
+    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn."""
+    if table.name == "table3":
+        return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
+    if table.name == "fig7":
+        kind, width = col.split()
+        return row, kind, int(width)
+    if table.name == "fig4":
+        layers, width = col.split(", width ")
+        return layers, row, int(width)
+    if table.name == "fig6":
+        return "3-layer students", row, int(col.split()[1])
+    return row, None, col
 
 
 def y_label(table: Table, panel: str) -> str:
@@ -455,7 +467,7 @@ def plot_seeds(table: Table, cells: dict, title: str, path: str):
     panels = list(dict.fromkeys(panel for panel, _, _ in cells))
     plt, fig, axes = new_figure(panels, title)
     for panel, ax in axes.items():
-        xs = [x for p, _, x in cells if p == panel]
+        xs = [x for p, line, x in cells if p == panel and line is None]
         for i, x in enumerate(xs):
             values, paper = cells[panel, None, x]
             if len(values) >= 5:
@@ -464,6 +476,8 @@ def plot_seeds(table: Table, cells: dict, title: str, path: str):
                 ax.hlines(statistics.median(values), i - 0.3, i + 0.3, color="black", linewidth=2)
             offsets = [0.0] if len(values) == 1 else [0.24 * (k / (len(values) - 1) - 0.5) for k in range(len(values))]
             ax.scatter([i + o for o in offsets], values, s=18, color="tab:blue", alpha=0.7, zorder=3)
+            exact, _ = cells.get((panel, "exact match", x), ([], None))
+            ax.scatter([i + o for o in offsets[:len(exact)]], exact, s=30, facecolors="none", edgecolors="tab:green", zorder=3)
             if paper is not None:
                 ax.scatter([i], [paper], **PAPER_STYLE)
             if not values:
@@ -474,13 +488,17 @@ def plot_seeds(table: Table, cells: dict, title: str, path: str):
             ax.set_ylim(-5, 105)
         else:
             ax.set_ylim(bottom=0)  # bits per parameter: the paper's contrast is a ratio from zero
-        ax.set_title(panel, fontsize=10)
+        exact = any(line == "exact match" for p, line, _ in cells if p == panel)
+        ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
         ax.set_ylabel(y_label(table, panel))
         ax.grid(axis="y", alpha=0.3)
     boxes = any(len(values) >= 5 for values, _ in cells.values())
     handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
                Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
                Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label="paper")]
+    if any(line == "exact match" for _, line, _ in cells):
+        handles.insert(1, Line2D([], [], marker="o", color="tab:green", markerfacecolor="none", linestyle="",
+                                 label="our seeds, whole sum exact (addition)"))
     save_with_legend(plt, fig, handles, path)
 
 
@@ -500,9 +518,16 @@ def plot_lines(table: Table, cells: dict, title: str, path: str):
             color = COLORS.get(line)
             ax.plot(xs, [statistics.median(v) for _, v in points], marker="o", color=color, label=line)
             ax.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=color, alpha=0.2, linewidth=0)
+            ax.scatter([x for x, v in points for _ in v], [value for _, v in points for value in v], s=10, color=color, alpha=0.5, zorder=3)
             for (p, l, x), (_, paper) in cells.items():
                 if p == panel and l == line and paper is not None:
                     ax.scatter([x], [paper], **{**PAPER_STYLE, "color": color})
+        for (row, col), paper in table.paper.items():  # a paper number at a width this scale does not train: a level line
+            p, line, x = picture_key(table, row, col)
+            if p == panel and (p, line, x) not in cells:
+                ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
+                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}", (0.02, paper), xycoords=("axes fraction", "data"),
+                            xytext=(0, 3), textcoords="offset points", fontsize=8, color=COLORS.get(line))
         widths = sorted({x for p, _, x in cells if p == panel})
         ax.set_xscale("log", base=2)
         ax.set_xticks(widths)
@@ -519,9 +544,11 @@ def plot_lines(table: Table, cells: dict, title: str, path: str):
         ax.grid(alpha=0.3)
     names = list(dict.fromkeys(line for _, line, _ in cells))
     handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
-    handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds"))
+    handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds (band), each seed (dots)"))
     if any(paper is not None for _, paper in cells.values()):
         handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
+    if any(picture_key(table, *cell) not in cells for cell in table.paper):
+        handles.append(Line2D([], [], color="gray", linestyle="--", label="paper, at a width not trained here"))
     save_with_legend(plt, fig, handles, path)
 
 
@@ -683,10 +710,14 @@ def reproduce(name: str, args, command: str) -> str:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     base = os.path.join(args.results, f"{table.name}-{args.scale}")
     lines = render(table, args.scale, runs, args.seeds, command, device).split("\n")
-    if not trained and os.path.exists(base + ".md"):  # a redraw: the date, device and command that trained the runs stay
+    today = date.today().isoformat()
+    if trained or not os.path.exists(base + ".md"):
+        lines.insert(4, f"{today}: this command trained {trained} runs and found the others finished.")
+    else:  # a redraw: the lines that say when, where and by which command the runs trained stay
         with open(base + ".md") as f:
-            lines[2:4] = f.read().split("\n")[2:4]
-    lines.insert(4, f"{date.today().isoformat()}: this command trained {trained} runs and found the others finished.")
+            old = f.read().split("\n")
+        kept = [line for line in old[4:5] if "this command trained" in line]
+        lines[2:4] = old[2:4] + kept + [f"{today}: redrawn from the finished runs by `{command}`; nothing trained."]
     text = "\n".join(lines)
     os.makedirs(args.results, exist_ok=True)
     render_picture(table, args.scale, runs, base + ".png")
