@@ -27,6 +27,7 @@ import math
 import multiprocessing
 import os
 import platform
+import re
 import signal
 import statistics
 import sys
@@ -726,9 +727,23 @@ def reproduce(name: str, args, command: str) -> str:
     return base + ".md"
 
 
+CELL_REFERENCE = re.compile(r"\{(\w+)/([^/{}]+)/([^/{}]+)(?:/(\w+))?\}")  # {table/row/col} or {table/row/col/metric}
+
+
+def cited_median(reference: re.Match, args) -> str:
+    """A verdict's {table/row/col[/metric]}: that cell's median over its finished seeds, so that a verdict's
+    numbers come from the runs as the table's own do."""
+    name, row, col, metric = reference.groups()
+    table = TABLES[name](args.scale) if name in TABLES else None
+    if table is None or (row, col) not in table.configs:
+        raise UsageError(f"claims.json: a verdict cites {reference[0]}, which is no cell of a table")
+    values = seed_values(table, row, col, cell_runs(table, args.scale, args.runs, args.seeds)[row, col], metric)
+    return number(statistics.median(values)) if values else "(not run)"
+
+
 def claims(args, path="RESULTS.md") -> str:
     """RESULTS.md's opening table: each claim of results/claims.json (a cell, a verdict), the paper's number and
-    ours, from the cell's runs or from the runs the claim names."""
+    ours, from the cell's runs or from the runs the claim names; a verdict's {table/row/col} reads that cell's median."""
     if not os.path.isfile(os.path.join(args.results, "claims.json")):
         raise UsageError(f"no {os.path.join(args.results, 'claims.json')}: the claims to tabulate")
     with open(os.path.join(args.results, "claims.json")) as f:
@@ -740,7 +755,8 @@ def claims(args, path="RESULTS.md") -> str:
         summary = cell_summary(table, *cell, runs)
         ours = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}]"
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
-        lines.append(f"| {claim['claim']} | {paper} | {ours} | {claim['verdict']} |")
+        verdict = CELL_REFERENCE.sub(lambda reference: cited_median(reference, args), claim["verdict"])
+        lines.append(f"| {claim['claim']} | {paper} | {ours} | {verdict} |")
     with open(path) as f:
         head, marker, rest = f.read().partition("<!-- claims:begin -->\n")
     if not marker or "<!-- claims:end -->" not in rest:

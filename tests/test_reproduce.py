@@ -224,19 +224,25 @@ def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
         assert plt.imread(path).shape[0] > 100
 
 
-def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_markers(tmp_path, monkeypatch):
+def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_markers(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     cell = reproduce.cell_runs(reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3)["needle", "Linearized random"]
     for cfg, accuracy in zip(cell, (0.2, 0.5, 0.4)):
-        write_final(cfg.out, accuracy=accuracy)
+        write_final(cfg.out, accuracy=accuracy, loss=1.0)
     os.makedirs("results")
-    write_json("results/claims.json", [{"claim": "needle fails", "table": "table9", "row": "needle",
-                                        "col": "Linearized random", "verdict": "direction only"}])
+    write_json("results/claims.json", [{"claim": "needle fails", "table": "table9", "row": "needle", "col": "Linearized random",
+                                        "verdict": "direction only: {table9/needle/Linearized random/loss} nats, softmax {table1/needle/Random 512}"}])
     (tmp_path / "RESULTS.md").write_text("# Results\n<!-- claims:begin -->\nold\n<!-- claims:end -->\nrest\n")
     reproduce.main(["claims"])
     text = (tmp_path / "RESULTS.md").read_text()
-    assert "| needle fails | 17.7 | 40.0 [20.0, 50.0] | direction only |" in text  # the paper's number, then ours
+    # the paper's number, ours, and the verdict's numbers read from the cells it cites
+    assert "| needle fails | 17.7 | 40.0 [20.0, 50.0] | direction only: 1 nats, softmax (not run) |" in text
     assert "old" not in text and text.endswith("<!-- claims:end -->\nrest\n")
+    write_json("results/claims.json", [{"claim": "c", "table": "table9", "row": "needle", "col": "Linearized random",
+                                        "verdict": "{table9/needle/Random 512}"}])
+    with pytest.raises(SystemExit):
+        reproduce.main(["claims"])
+    assert "cites {table9/needle/Random 512}, which is no cell of a table" in capsys.readouterr().err
 
 
 def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_path, monkeypatch):
