@@ -22,17 +22,18 @@ from config import build, config_from_dict  # noqa: E402
 if sys.argv[1] == "--plot":
     from analyze import pyplot, save_figure
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for run_dir in sys.argv[3:]:
         with open(os.path.join(run_dir, "unseen.jsonl")) as f:
             rows = [json.loads(line) for line in f]
-        line, = ax.plot([r["step"] for r in rows], [100 * r["unseen"] for r in rows], marker=".", label=os.path.basename(run_dir) + ": unseen")
-        ax.plot([r["step"] for r in rows], [100 * r["accuracy"] for r in rows], linestyle=":", color=line.get_color(), label="all test strings")
+        line, = ax.plot([r["step"] for r in rows], [100 * r["unseen"] for r in rows], marker=".", label=os.path.basename(run_dir).removeprefix("parens-"))
+        ax.plot([r["step"] for r in rows], [100 * r["accuracy"] for r in rows], linestyle=":", color=line.get_color())
+    ax.axhline(32.1, color="gray", linewidth=0.8, linestyle="--", label="32.1%: all 109 answered unbalanced")
     ax.set(xlabel="step", ylabel="test accuracy (%)", ylim=(0, 102),
-           title="random transformers on parentheses: the strings training never shows (solid) and all (dotted)")
+           title="random transformers on parentheses: the strings training never shows (solid) and all test strings (dotted)")
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=7)
-    save_figure(plt, fig, sys.argv[2])
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    save_figure(plt, fig, sys.argv[2], bbox_inches="tight")
     sys.exit()
 run_dir = sys.argv[1]
 while not os.path.exists(os.path.join(run_dir, "config.json")):
