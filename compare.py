@@ -26,7 +26,7 @@ from tasks import TASKS
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
 TASK_SIZES = {f.name for task in TASKS.values() for f in fields(task)}  # p, max_pairs, ...: each task reads its own
 SEED_SUFFIX = re.compile(r"-s\d+$")
-CURVES = (("test_accuracy", "test accuracy"), ("test_loss", "test loss"))  # the figure's panels
+CURVES = ((("test_accuracy",), "test accuracy"), (("test_loss", "test_kl"), "test loss (imitate: KL)"))  # panels: their keys, title
 
 
 @dataclass
@@ -123,8 +123,10 @@ def plot(groups, path):
     """Test accuracy and test loss against step: one line per run, a seed group's median with its min-max band."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    for ax, (key, title) in zip(axes, CURVES):
+    for ax, (keys, title) in zip(axes, CURVES):
         for group in groups:
+            # imitate's test loss is its KL, logged as test_kl
+            key = next((k for k in keys if any(r.get(k) is not None for r in group[0].log)), keys[0])
             # Seeds are evaluated at the same steps; a step some seed has not reached yet is left out.
             curves = [{r["step"]: r[key] for r in run.log if r.get(key) is not None} for run in group]
             steps = sorted(set.intersection(*(set(curve) for curve in curves)))

@@ -103,3 +103,14 @@ def test_bad_run_is_a_one_line_error(root, tmp_path, capsys, broken, message):
     out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err and "Traceback" not in err
     assert out == "" and not (tmp_path / "c.png").exists()
+
+
+def test_imitation_runs_draw_their_kl_as_the_test_loss(tmp_path, monkeypatch):
+    run = tmp_path / "imitate-s0"
+    train.train(tiny(run, task="imitate", target_width=4, layers=1, steps=2, eval_every=1, test_size=8))
+    drawn = {}
+    monkeypatch.setattr(compare, "save_figure", lambda plt, fig, path: drawn.update(
+        {ax.get_title(): [list(line.get_ydata()) for line in ax.get_lines()] for ax in fig.axes}))
+    compare.plot(compare.seed_groups([compare.load(str(run))]), str(tmp_path / "curves.png"))
+    kl = [r["test_kl"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "test_kl" in r]
+    assert drawn["test loss (imitate: KL)"] == [pytest.approx(kl)] and len(kl) == 2
