@@ -317,14 +317,15 @@ def seed_values(table: Table, row: str, col: str, cell: list, metric=None) -> li
     """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
     final.json (train_split.json for a "(train)" row); the .md and the .png both read it from here."""
     source = "train_split.json" if row.endswith("(train)") else "final.json"
-    metric = metric or (col if table.metric == "column" else table.metric)
+    own = col if table.metric == "column" else table.metric
+    metric = metric or own
     values = []
     for cfg in cell:
         path = os.path.join(cfg.out, source)
         if os.path.exists(path):
             with open(path) as f:
                 record = json.load(f)
-            if metric in record:  # exact_match is addition's only; a record without it draws no ring
+            if metric == own or metric in record:  # only a named extra metric may be missing (a record without exact_match draws no ring)
                 values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
     return values
 
