@@ -731,14 +731,20 @@ def reproduce(name: str, args, command: str) -> str:
 CELL_REFERENCE = re.compile(r"\{(\w+)/([^/{}]+)/([^/{}]+)(?:/(\w+))?\}")  # {table/row/col} or {table/row/col/metric}
 
 
+def claimed_cell(name: str, row: str, col: str, args, where: str):
+    """(the table, the cell's per-seed configs) that claims.json names at `where`; a UsageError if no such cell."""
+    table = TABLES[name](args.scale) if name in TABLES else None
+    if table is None or (row, col) not in table.configs:
+        raise UsageError(f"claims.json: {where}, which is no cell of a table")
+    return table, cell_runs(table, args.scale, args.runs, args.seeds)[row, col]
+
+
 def cited_median(reference: re.Match, args) -> str:
     """A verdict's {table/row/col[/metric]}: that cell's median over its finished seeds, so that a verdict's
     numbers come from the runs as the table's own do."""
     name, row, col, metric = reference.groups()
-    table = TABLES[name](args.scale) if name in TABLES else None
-    if table is None or (row, col) not in table.configs:
-        raise UsageError(f"claims.json: a verdict cites {reference[0]}, which is no cell of a table")
-    values = seed_values(table, row, col, cell_runs(table, args.scale, args.runs, args.seeds)[row, col], metric)
+    table, cell = claimed_cell(name, row, col, args, f"a verdict cites {reference[0]}")
+    values = seed_values(table, row, col, cell, metric)
     return number(statistics.median(values)) if values else "(not run)"
 
 
@@ -751,8 +757,9 @@ def claims(args, path="RESULTS.md") -> str:
         listed = json.load(f)
     lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
     for claim in listed:
-        table, cell = TABLES[claim["table"]](args.scale), (claim["row"], claim["col"])
-        runs = [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else cell_runs(table, args.scale, args.runs, args.seeds)[cell]
+        cell = claim["row"], claim["col"]
+        table, runs = claimed_cell(claim["table"], *cell, args, f"claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
+        runs = [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs
         summary = cell_summary(table, *cell, runs)
         ours = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}]"
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]

@@ -243,6 +243,10 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     with pytest.raises(SystemExit):
         reproduce.main(["claims"])
     assert "cites {table9/needle/Random 512}, which is no cell of a table" in capsys.readouterr().err
+    write_json("results/claims.json", [{"claim": "c", "table": "table9", "row": "needle", "col": "Nope", "verdict": "v"}])
+    with pytest.raises(SystemExit):
+        reproduce.main(["claims"])
+    assert "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
 
 
 def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_path, monkeypatch):
