@@ -368,11 +368,13 @@ def aggregate(run_dirs) -> dict:
         with open(os.path.join(run_dir, "final.json")) as f:
             finals.append(json.load(f))
     names = [k for k, v in finals[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    summary = {}
-    for name in names:
-        values = [final[name] for final in finals]
-        summary[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    summary = {name: dict(zip(("median", "min", "max"), median_range([final[name] for final in finals]))) for name in names}
     return {"runs": list(run_dirs), "metrics": summary}
+
+
+def median_range(values) -> tuple:
+    """(median, min, max) of seeds' values: how every table reports a cell of several seeds."""
+    return statistics.median(values), min(values), max(values)
 
 
 def write_seed_summary(runs) -> str:
