@@ -24,6 +24,7 @@ import tasks
 from model import GPT
 from tasks import Batch
 from config import OneLineParser, load_run, usage_errors
+from figures import pyplot, save_figure
 from runs import UsageError, read_json, read_metrics, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
@@ -61,23 +62,6 @@ def read_final(path) -> dict:
         raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
                          f"finish it with: python train.py --resume {path}")
     return read_json(final_path)
-
-
-def save_figure(plt, fig, path, **savefig):
-    """Write the figure as a PNG atomically (a kill never leaves half a picture) and free it."""
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, **savefig))
-    plt.close(fig)
-
-
-def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend, imported only when a figure is drawn
-    (reproduce.py draws with it too)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def last_answer_position(batch: Batch):

@@ -14,13 +14,12 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
 from dataclasses import asdict, dataclass, fields
 
-from analyze import pyplot, save_figure
 from config import OneLineParser, config_from_dict, usage_errors
-from runs import UsageError, read_json, read_metrics
+from figures import pyplot, save_figure
+from runs import UsageError, median_range, read_json, read_metrics
 from tasks import TASKS
 
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
@@ -96,7 +95,7 @@ def spread(values) -> str:
         return "nan"
     if len(values) == 1:
         return f"{values[0]:.4g}"
-    return f"{statistics.median(values):.4g} [{min(values):.4g}, {max(values):.4g}]"
+    return "{:.4g} [{:.4g}, {:.4g}]".format(*median_range(values))
 
 
 def table(groups) -> str:
@@ -131,10 +130,10 @@ def plot(groups, path):
             curves = [{r["step"]: r[key] for r in run.log if r.get(key) is not None} for run in group]
             steps = sorted(set.intersection(*(set(curve) for curve in curves)))
             if steps:
-                values = [[curve[step] for curve in curves] for step in steps]
-                line, = ax.plot(steps, [statistics.median(v) for v in values], label=row_name(group))
+                ranges = [median_range([curve[step] for curve in curves]) for step in steps]
+                line, = ax.plot(steps, [r[0] for r in ranges], label=row_name(group))
                 if len(group) > 1:
-                    ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.2)
+                    ax.fill_between(steps, [r[1] for r in ranges], [r[2] for r in ranges], color=line.get_color(), alpha=0.2)
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.has_data():

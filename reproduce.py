@@ -16,38 +16,26 @@ and the same numbers drawn in the paper's form as .png. `--scale paper` is the
 paper's protocol (docs/protocol.md §3); `--scale cpu` each task's laptop variant
 (config.CPU_VARIANTS): minutes to an hour per run on one core (RESULTS.md has the costs).
 
---print-commands hands the runs to a scheduler instead: a shell line per unfinished run, safe
-to rerun after a kill, for a SLURM job array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`)
-or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then draws the tables.
+--print-commands hands the runs to a scheduler instead (a shell line per unfinished run, safe to rerun after
+a kill; sweep.py shows a SLURM job array and xargs), and --plan prices them; the plain command then draws the tables.
 """
 
-import ctypes
 import json
-import math
-import multiprocessing
 import os
 import platform
 import re
-import signal
-import statistics
 import sys
-import textwrap
-import time
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import date
 
 import torch
 
-import train
-from analyze import pyplot, save_figure
-from bench import useful_flops
 from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, OneLineParser, TrainConfig,
-                    build_task, changed_settings, command_line, cpu_variant, load_run, resolve, usage_errors, with_paper_defaults)
+                    command_line, cpu_variant, usage_errors)
 from corpus import validation_path
-from runs import UsageError, read_metrics, run_state, write_atomic, write_json
-from tasks import TASKS, StreamTask
+from figures import CURVE_TABLES, render_picture
+from runs import UsageError, median_range, run_state, write_atomic
+from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
 
@@ -89,6 +77,23 @@ class Table:
     configs: dict
     paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
     note: str = ""
+
+    def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
+        """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
+        final.json (train_split.json for a "(train)" row); the .md and the .png both read it from here."""
+        source = "train_split.json" if row.endswith("(train)") else "final.json"
+        own = col if self.metric == "column" else self.metric
+        metric = metric or own
+        values = []
+        for cfg in cell:
+            path = os.path.join(cfg.out, source)
+            if os.path.exists(path):
+                with open(path) as f:
+                    record = json.load(f)
+                # only a named extra metric may be missing (a record without exact_match draws no ring)
+                if metric == own or metric in record:
+                    values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
+        return values
 
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
@@ -197,7 +202,7 @@ TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fi
 
 
 # ---------------------------------------------------------------------------
-# Running the sweep
+# Where each cell's runs live
 # ---------------------------------------------------------------------------
 
 
@@ -220,122 +225,17 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     return runs
 
 
-def check_same_config(cfg: TrainConfig):
-    """A run directory made by another protocol must not pass as this one's."""
-    changed = changed_settings(cfg, cfg.out)
-    if changed:
-        raise UsageError(f"{cfg.out} was trained with other settings ({', '.join(changed)}); delete it to rerun")
-
-
-def train_one(cfg: TrainConfig, k=1, n=1):
-    """Finish one run, run k of the sweep's n (fresh, or resumed from its checkpoint): (its final.json,
-    what was done, seconds). The unit of work of a sweep's pool."""
-    state, start = run_state(cfg.out), time.time()
-    if state != "finished":
-        print(f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})", flush=True)
-        train.train(replace(cfg, overwrite=True), resume=state == "resume")
-    if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
-        write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
-    with open(os.path.join(cfg.out, "final.json")) as f:
-        return json.load(f), state, time.time() - start
-
-
-@torch.no_grad()
-def train_split_metrics(run_dir: str) -> dict:
-    """A finished modadd run scored on its training split (Table 2's train accuracy)."""
-    cfg, task, model, _ = load_run(run_dir)
-    return train.evaluate(model, task, task.train, torch.device("cpu"), dtype=cfg.dtype)
-
-
-def run_cost(cfg: TrainConfig) -> float:
-    """A run's training time relative to others' (steps x examples x tokens x width^2, a trained body
-    counting 1.5x), enough to start the longest runs first so that --jobs workers finish together
-    rather than one of them running the last long run alone."""
-    tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
-    body = 1.5 if cfg.train == "full" else 1.0
-    return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
-
-
-def sweep(table: Table, runs: dict, jobs: int) -> int:
-    """Train every run of the table not yet finished, longest first, printing one line per run; returns
-    how many it trained (or resumed)."""
-    todo = sorted({cfg.out: cfg for cell in runs.values() for cfg in cell}.values(), key=run_cost, reverse=True)
-    for cfg in todo:
-        check_same_config(cfg)
-    start, trained, cost_left, cost_done = time.time(), 0, sum(map(run_cost, todo)), 0.0
-    with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
-        results = (pool.map if pool else map)(train_one, todo, range(1, len(todo) + 1), [len(todo)] * len(todo))
-        for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
-            done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
-            metrics = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final)
-            cost_left -= run_cost(cfg)
-            cost_done += run_cost(cfg) * (state != "finished")
-            left = f", about {(time.time() - start) * cost_left / cost_done / 60:.0f} min left" if cost_done and cost_left else ""
-            print(f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, {time.time() - start:.0f}s so far{left})", flush=True)
-            trained += state != "finished"
-    return trained
-
-
-def worker_pool(jobs: int) -> ProcessPoolExecutor:
-    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from
-    one that has used it) and, where there are GPUs, on the next one of its own (start_worker)."""
-    context = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker,
-                               initargs=(context.Value("i", 0), visible_gpus()))
-
-
-def visible_gpus() -> list:
-    """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); [] without one."""
-    count = torch.cuda.device_count()
-    names = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return (names.split(",") if names else [str(i) for i in range(count)])[:count]
-
-
-def start_worker(started, gpus: list):
-    """A pool worker's first act, before anything in it touches CUDA (which reads CUDA_VISIBLE_DEVICES once):
-    die with reproduce.py, and take the next of gpus for its own (round robin if workers outnumber them)."""
-    die_with_parent()
-    if gpus:
-        with started.get_lock():
-            k, started.value = started.value, started.value + 1
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
-
-
-def die_with_parent():
-    """Make a pool worker end when reproduce.py ends, however it ends (Linux: PR_SET_PDEATHSIG), so a
-    killed sweep leaves no run training behind it; elsewhere a worker finishes its run first."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
 # ---------------------------------------------------------------------------
 # The markdown
 # ---------------------------------------------------------------------------
 
 
-def seed_values(table: Table, row: str, col: str, cell: list, metric=None) -> list:
-    """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
-    final.json (train_split.json for a "(train)" row); the .md and the .png both read it from here."""
-    source = "train_split.json" if row.endswith("(train)") else "final.json"
-    own = col if table.metric == "column" else table.metric
-    metric = metric or own
-    values = []
-    for cfg in cell:
-        path = os.path.join(cfg.out, source)
-        if os.path.exists(path):
-            with open(path) as f:
-                record = json.load(f)
-            if metric == own or metric in record:  # only a named extra metric may be missing (a record without exact_match draws no ring)
-                values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
-    return values
-
-
 def cell_summary(table: Table, row: str, col: str, cell: list):
     """(median, min, max, seeds finished) of the cell's metric, or None when no run finished."""
-    values = seed_values(table, row, col, cell)
+    values = table.seed_values(row, col, cell)
     if not values:
         return None
-    return statistics.median(values), min(values), max(values), len(values)
+    return (*median_range(values), len(values))
 
 
 def number(value) -> str:
@@ -392,307 +292,6 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
 
 
 # ---------------------------------------------------------------------------
-# The pictures
-# ---------------------------------------------------------------------------
-
-LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables as seeds per column
-CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
-COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
-TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
-PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
-
-
-def picture_cells(table: Table, runs: dict) -> dict:
-    """Where each cell goes in the table's picture: (panel, line, x) -> (per-seed values, the paper's number or None).
-
-    Tables 1, 2, 9: a panel per row, a column per x (line None), and on the addition panel also
-    line "exact match": per-token accuracy is the table's number, whole sums right the stricter one. Table 3: a panel of
-    bits per trainable parameter and one of accuracy, a row per x. Figure 7: a panel per task, Random and
-    Normal lines over width; Figure 4: a panel per depth; Figure 6: one panel over target width.
-    """
-    cells = {}
-    for (row, col), cell in runs.items():
-        key = picture_key(table, row, col)
-        if key is None:
-            continue  # Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
-        if table.name in CURVE_TABLES and row == "addition":
-            cells[row, "exact match", col] = seed_values(table, row, col, cell, "exact_match"), None
-        cells[key] = seed_values(table, row, col, cell), table.paper.get((row, col))
-    return cells
-
-
-def picture_key(table: Table, row: str, col: str):
-    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn."""
-    if table.name == "table3":
-        return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
-    if table.name == "fig7":
-        kind, width = col.split()
-        return row, kind, int(width)
-    if table.name == "fig4":
-        layers, width = col.split(", width ")
-        return layers, row, int(width)
-    if table.name == "fig6":
-        return "3-layer students", row, int(col.split()[1])
-    return row, None, col
-
-
-def y_label(table: Table, panel: str) -> str:
-    """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
-    if table.metric == "column":
-        return panel
-    return {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}[table.metric]
-
-
-def new_figure(panels: list, title: str):
-    """A figure with one panel per name, side by side (up to 5 a row), and a shared title (wrapped)."""
-    plt = pyplot()
-    ncols = min(len(panels), 5)
-    nrows = -(-len(panels) // ncols)
-    width = max(3.6 * ncols + 0.6, 7.0)  # room for the title and the legend under a single panel
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.4 * nrows + 1.2), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.remove()
-    fig.suptitle("\n".join(textwrap.fill(line, int(width * 14)) for line in title.split("\n")), fontsize=10)
-    return plt, fig, dict(zip(panels, axes.flat))
-
-
-def save_with_legend(plt, fig, handles: list, path: str):
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    save_figure(plt, fig, path, bbox_inches="tight")
-
-
-def plot_seeds(table: Table, cells: dict, title: str, path: str):
-    """A table as a picture: per column the seeds as points with a median bar (a box plot from 5 seeds), the paper's number as a star."""
-    from matplotlib.lines import Line2D
-
-    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
-    plt, fig, axes = new_figure(panels, title)
-    for panel, ax in axes.items():
-        xs = [x for p, line, x in cells if p == panel and line is None]
-        for i, x in enumerate(xs):
-            values, paper = cells[panel, None, x]
-            if len(values) >= 5:
-                ax.boxplot([values], positions=[i], widths=0.5, showfliers=False, medianprops={"color": "black"})
-            elif values:
-                ax.hlines(statistics.median(values), i - 0.3, i + 0.3, color="black", linewidth=2)
-            offsets = [0.0] if len(values) == 1 else [0.24 * (k / (len(values) - 1) - 0.5) for k in range(len(values))]
-            ax.scatter([i + o for o in offsets], values, s=18, color="tab:blue", alpha=0.7, zorder=3)
-            exact, _ = cells.get((panel, "exact match", x), ([], None))
-            ax.scatter([i + o for o in offsets[:len(exact)]], exact, s=30, facecolors="none", edgecolors="tab:green", zorder=3)
-            if paper is not None:
-                ax.scatter([i], [paper], **PAPER_STYLE)
-            if not values:
-                ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
-        ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
-        ax.set_xlim(-0.6, len(xs) - 0.4)
-        if y_label(table, panel) == "accuracy (%)":
-            ax.set_ylim(-5, 105)
-        else:
-            ax.set_ylim(bottom=0)  # bits per parameter: the paper's contrast is a ratio from zero
-        exact = any(line == "exact match" for p, line, _ in cells if p == panel)
-        ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
-        ax.set_ylabel(y_label(table, panel))
-        ax.grid(axis="y", alpha=0.3)
-    boxes = any(len(values) >= 5 for values, _ in cells.values())
-    handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
-               Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
-               Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label="paper")]
-    if any(line == "exact match" for _, line, _ in cells):
-        handles.insert(1, Line2D([], [], marker="o", color="tab:green", markerfacecolor="none", linestyle="",
-                                 label="our seeds, whole sum exact (addition)"))
-    save_with_legend(plt, fig, handles, path)
-
-
-def plot_lines(table: Table, cells: dict, title: str, path: str):
-    """A figure over width: per line the median over seeds with a min-max band, log2 width axis, the paper's numbers as stars."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import ScalarFormatter
-
-    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
-    plt, fig, axes = new_figure(panels, title)
-    for panel, ax in axes.items():
-        lines = list(dict.fromkeys(line for p, line, _ in cells if p == panel))
-        for line in lines:
-            points = sorted((x, values) for (p, l, x), (values, _) in cells.items() if p == panel and l == line and values)
-            xs = [x for x, _ in points]
-            color = COLORS.get(line)
-            ax.plot(xs, [statistics.median(v) for _, v in points], marker="o", color=color, label=line)
-            ax.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=color, alpha=0.2, linewidth=0)
-            ax.scatter([x for x, v in points for _ in v], [value for _, v in points for value in v], s=10, color=color, alpha=0.5, zorder=3)
-            for (p, l, x), (_, paper) in cells.items():
-                if p == panel and l == line and paper is not None:
-                    ax.scatter([x], [paper], **{**PAPER_STYLE, "color": color})
-        for (row, col), paper in table.paper.items():  # a paper number at a width this scale does not train: a level line
-            p, line, x = picture_key(table, row, col)
-            if p == panel and (p, line, x) not in cells:
-                ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
-                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}", (0.02, paper), xycoords=("axes fraction", "data"),
-                            xytext=(0, 3), textcoords="offset points", fontsize=8, color=COLORS.get(line))
-        widths = sorted({x for p, _, x in cells if p == panel})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(widths)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(ScalarFormatter(useOffset=False))
-        ax.minorticks_off()
-        if table.metric == "accuracy":
-            ax.set_ylim(-5, 105)
-        if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
-            ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
-        ax.set_title(panel, fontsize=10)
-        ax.set_xlabel("target transformer width" if table.name == "fig6" else "width")
-        ax.set_ylabel(y_label(table, panel))
-        ax.grid(alpha=0.3)
-    names = list(dict.fromkeys(line for _, line, _ in cells))
-    handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
-    handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds (band), each seed (dots)"))
-    if any(paper is not None for _, paper in cells.values()):
-        handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
-    if any(picture_key(table, *cell) not in cells for cell in table.paper):
-        handles.append(Line2D([], [], color="gray", linestyle="--", label="paper, at a width not trained here"))
-    save_with_legend(plt, fig, handles, path)
-
-
-def accuracy_curve(run_dir: str) -> list:
-    """(step, test accuracy in %) from a run's metrics.jsonl, finished or not; [] before its first evaluation."""
-    return [(r["step"], 100 * r["test_accuracy"]) for r in read_metrics(run_dir) if r.get("test_accuracy") is not None]
-
-
-def plot_curves(table: Table, runs: dict, title: str, path: str):
-    """Test accuracy against step, a panel per task, a color per column, a line per seed: shows
-    why a cell falls short (a plateau it never leaves, a late start, a peak and decline)."""
-    from matplotlib.lines import Line2D
-
-    rows = [row for row in table.rows if not row.endswith("(train)")]  # the training split is scored once, at the end
-    plt, fig, axes = new_figure(rows, title)
-    colors = dict(zip(table.cols, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    for row, ax in axes.items():
-        for col in table.cols:
-            for cfg in runs[row, col]:
-                points = accuracy_curve(cfg.out)
-                if points:
-                    ax.plot(*zip(*points), color=colors[col], linewidth=1, alpha=0.8)
-        ax.set_ylim(-5, 105)
-        ax.set_title(row, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylabel("test accuracy (%)")
-        ax.grid(alpha=0.3)
-    save_with_legend(plt, fig, [Line2D([], [], color=colors[col], label=col) for col in table.cols], path)
-
-
-def render_picture(table: Table, scale: str, runs: dict, path: str):
-    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files, and for the
-    task tables <table>-<scale>-curves.png from their metrics.jsonl; trains nothing."""
-    cells = picture_cells(table, runs)
-    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
-    if any(paper is not None for _, paper in cells.values()):
-        title += "; stars: the paper's numbers"
-    (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
-    if table.name in CURVE_TABLES:
-        plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
-                    path.removesuffix(".png") + "-curves.png")
-
-
-# ---------------------------------------------------------------------------
-# Without training: the commands for a cluster scheduler, the paper scale's cost
-# ---------------------------------------------------------------------------
-
-
-def shell_command(cfg: TrainConfig) -> str:
-    """A shell line that finishes cfg's run from whatever state a scheduler finds it in, so it may rerun the line
-    after a kill: a finished run is left alone; config.json marks a run past its first step, which --resume
-    continues (from its checkpoint, or from the start if killed before one); anything else starts anew."""
-    return (f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
-            f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi")
-
-
-def print_commands(names: list, args, command: str):
-    """--print-commands: a shell_command per run of these tables not yet finished, each once, longest first."""
-    todo = {cfg.out: cfg for name in names for cell in table_runs(name, args)[1].values() for cfg in cell}
-    todo = sorted((cfg for cfg in todo.values() if run_state(cfg.out) != "finished"), key=run_cost, reverse=True)
-    for cfg in todo:
-        check_same_config(cfg)
-        print(shell_command(cfg))
-    print(f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once they finish, "
-          f"`{command.replace(' --print-commands', '')}` draws the tables without training them again", file=sys.stderr)
-
-
-# What --plan assumes (PLAN_NOTE says why): no run of this project has been timed on a GPU.
-H100_PEAK = 989e12  # FLOP/s, the H100 SXM's dense bf16 tensor-core peak (NVIDIA's datasheet)
-ASSUMED_MFU = 0.25
-STEP_FLOOR = 0.005  # seconds
-RUN_START = 60  # seconds
-TINYSTORIES_TOKENS = 470_000_000
-
-PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs alone: a prediction, nothing has run on a GPU.
-
-- Tokens: those through each row's last answer in one batch drawn at the run's batch size, times the steps. Model
-  FLOPs: bench.py's useful_flops of that batch, times the steps. Forward: 2 per weight of each matmul a token passes
-  (the last block and the unembedding at answer positions only), plus the attention products. Backward: the forward
-  again for the input gradients wherever something trainable lies below (frozen blocks still carry the embeddings'
-  gradients), and again for the weight gradients of trained weights only; so a random transformer costs about 2x its
-  forward, a fully trained one 3x. The LSTM: 16 d^2 per layer and token forward, 3x in all. Evaluation not counted.
-- Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the larger of FLOPs / ({ASSUMED_MFU:.0%} MFU x
-  {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense bf16 peak; runs use bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host
-  syncs, Python), which decides the long runs of small models (Table 3, Figure 4's narrow widths). Both are
-  assumptions: {ASSUMED_MFU:.0%} is within the 20-35% usually assumed for small models, towards its low end, for 2-4 layers of
-  width <= 1024 over short sequences whose step also makes its data and cuts 4 length chunks. On an H100,
-  `python bench.py --device cuda --task needle --frozen` measures a step's MFU.
-- Figure 4: TinyStories-train.txt taken as {TINYSTORIES_TOKENS / 1e6:.0f} million tokens (2.1 million stories, 1.9 GB at about 4
-  bytes a token of its 10,000-token BPE; the corpus is not read), 5 epochs of 20 windows of 512 tokens."""
-
-
-def run_estimate(cfg: TrainConfig) -> tuple:
-    """(steps, tokens, model FLOPs, predicted H100 seconds) of one run of cfg, from its settings
-    alone (PLAN_NOTE says how): nothing trains, no corpus is read."""
-    if cfg.task == "lm":  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
-        lm = TASKS["lm"]
-        batch_size = cfg.batch_size or lm.batch_size
-        steps = cfg.steps or math.ceil((cfg.epochs or lm.epochs) * TINYSTORIES_TOKENS / (batch_size * cfg.context))
-        cfg = with_paper_defaults(replace(cfg, steps=steps), lm)
-        lengths, answers, vocab = torch.full((batch_size,), cfg.context), torch.arange(cfg.context).repeat(batch_size), cfg.vocab
-    else:
-        cfg, task = resolve(cfg)
-        generator = torch.Generator().manual_seed(0)
-        # generate, not sample: the stream's lengths without building the test set it excludes (seconds for imitate)
-        batch = task.generate(cfg.batch_size, generator) if isinstance(task, StreamTask) else task.sample(cfg.batch_size, generator)
-        lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
-    tokens = lengths.sum().item()
-    if cfg.arch == "lstm":  # fully trained in every table: forward, input and weight gradients
-        step = 3 * (16 * cfg.width**2 * cfg.layers * tokens + 2 * cfg.width * vocab * answers.numel())
-    else:
-        step = useful_flops(cfg, vocab, lengths, answers)
-    seconds = RUN_START + max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
-    return cfg.steps, tokens * cfg.steps, step * cfg.steps, seconds
-
-
-def plan(names: list, args) -> str:
-    """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost and the table's
-    GPU-hours; for several tables, their total with each run counted once."""
-    lines, estimates = [PLAN_NOTE], {}  # run directory less its seed -> (runs, *run_estimate), computed once
-    for name in names:
-        table, runs = table_runs(name, args)
-        rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row
-        for (row, col), cell in runs.items():
-            rows.setdefault(cell[0].out, (cell, []))[1].append(f"{row}, {col}")
-        lines += ["", f"### {table.title} ({args.scale} scale)", "", "| cells | runs | steps | tokens per run | "
-                  "model FLOPs per run | H100 minutes per run |", "|---|---|---|---|---|---|"]
-        for out, (cell, labels) in rows.items():
-            estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0]))
-            count, steps, tokens, flops, seconds = estimates[out]
-            owner = os.path.basename(os.path.dirname(out)).split("-")[0]  # Figure 7 trains some of Table 1's cells
-            shared = "" if owner == name else f" ({owner}'s runs)"
-            lines.append(f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | {flops:.3g} | {seconds / 60:.1f} |")
-        lines += ["", f"Total: {sum(estimates[out][0] for out in rows)} runs, "
-                  f"{sum(estimates[out][0] * estimates[out][4] for out in rows) / 3600:.1f} H100 GPU-hours."]
-    if len(names) > 1:
-        lines += ["", f"All {len(names)} tables and figures: {sum(e[0] for e in estimates.values())} runs, "
-                  f"{sum(e[0] * e[4] for e in estimates.values()) / 3600:.1f} H100 GPU-hours (runs that tables share counted once)."]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
 
@@ -744,8 +343,8 @@ def cited_median(reference: re.Match, args) -> str:
     numbers come from the runs as the table's own do."""
     name, row, col, metric = reference.groups()
     table, cell = claimed_cell(name, row, col, args, f"a verdict cites {reference[0]}")
-    values = seed_values(table, row, col, cell, metric)
-    return number(statistics.median(values)) if values else "(not run)"
+    values = table.seed_values(row, col, cell, metric)
+    return number(median_range(values)[0]) if values else "(not run)"
 
 
 def claims(args, path="RESULTS.md") -> str:
@@ -823,9 +422,9 @@ def main(argv=None):
             if args.table == "claims":
                 print(claims(args))
             elif args.plan:
-                print(plan(names, args))
+                print(plan([table_runs(name, args) for name in names], args.scale))
             elif args.print_commands:
-                print_commands(names, args, command)
+                print_commands([cfg for name in names for cell in table_runs(name, args)[1].values() for cfg in cell], command)
             else:
                 for name in names:
                     reproduce(name, args, command)

@@ -4,7 +4,7 @@ setup(
     name="random-transformers",
     version="0.1.0",
     description="A minimal PyTorch reproduction of 'Algorithmic Capabilities of Random Transformers' (NeurIPS 2024)",
-    py_modules=["model", "tasks", "corpus", "config", "runs", "train", "batched_seeds", "sample", "analyze", "bench", "reproduce"],
+    py_modules=["model", "tasks", "corpus", "config", "runs", "train", "batched_seeds", "sample", "analyze", "bench", "reproduce", "sweep", "figures"],
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "numpy", "tqdm", "tokenizers", "matplotlib"],
     extras_require={"dev": ["pytest"]},

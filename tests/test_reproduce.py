@@ -10,7 +10,9 @@ import torch
 
 import config
 import dataclasses
+import figures
 import reproduce
+import sweep
 import tasks
 import train
 from config import TrainConfig
@@ -52,13 +54,13 @@ def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeyp
         for cfg in cell if row != "parens" else []:
             write_final(cfg.out, accuracy=0.5, loss=1.0)
     trained = []
-    monkeypatch.setattr(reproduce.train, "train", lambda cfg, resume: (trained.append((cfg.out, resume)),
+    monkeypatch.setattr(sweep.train, "train", lambda cfg, resume: (trained.append((cfg.out, resume)),
                                                                       write_final(cfg.out, accuracy=1.0, loss=0.0)))
-    reproduce.sweep(table, runs, jobs=1)
+    sweep.sweep(table, runs, jobs=1)
     parens = runs["parens", "Softmax random"] + runs["parens", "Linearized random"]
     assert sorted(trained) == sorted((cfg.out, False) for cfg in parens)
     trained.clear()
-    reproduce.sweep(table, runs, jobs=1)  # everything finished now
+    sweep.sweep(table, runs, jobs=1)  # everything finished now
     assert trained == []
 
 
@@ -72,12 +74,12 @@ def test_a_sweep_starts_the_longest_runs_first(tmp_path, monkeypatch):
         write_final(cfg.out, accuracy=1.0, loss=0.0)
         write_json(os.path.join(cfg.out, "train_split.json"), {})  # modadd's, written after training
 
-    monkeypatch.setattr(reproduce.train, "train", fake_train)
-    reproduce.sweep(table, runs, jobs=1)
+    monkeypatch.setattr(sweep.train, "train", fake_train)
+    sweep.sweep(table, runs, jobs=1)
     assert len(trained) == 20
     assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12 and {cfg.width for cfg in trained[12:]} == {16}
     assert trained[0].task == "parens" and trained[0].train == "full"  # the longest sequences, every weight trained
-    costs = [reproduce.run_cost(cfg) for cfg in trained]
+    costs = [sweep.run_cost(cfg) for cfg in trained]
     assert costs == sorted(costs, reverse=True)
 
 
@@ -100,8 +102,8 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     open(os.path.join(cfg.out, "checkpoint.pt"), "w").close()
     assert reproduce.run_state(cfg.out) == "resume"
     calls = []
-    monkeypatch.setattr(reproduce.train, "train", lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)))
-    reproduce.train_one(cfg)
+    monkeypatch.setattr(sweep.train, "train", lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)))
+    sweep.train_one(cfg)
     assert calls == [True]
     assert reproduce.run_state(cfg.out) == "finished"
 
@@ -111,7 +113,7 @@ def test_a_run_dir_from_other_settings_is_refused(tmp_path):
     os.makedirs(cfg.out)
     write_json(os.path.join(cfg.out, "config.json"), {**dataclasses.asdict(cfg), "width": 32})
     with pytest.raises(UsageError, match="width"):
-        reproduce.check_same_config(cfg)
+        sweep.check_same_config(cfg)
 
 
 def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path):
@@ -163,16 +165,16 @@ def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
     runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=3)
     for cfg, acc in zip(runs["needle", "Random 16"], [0.2, 0.3, 0.25]):
         write_final(cfg.out, accuracy=acc)
-    cells = reproduce.picture_cells(table, runs)
+    cells = figures.picture_cells(table, runs)
     assert cells["needle", None, "Random 16"] == (pytest.approx([20.0, 30.0, 25.0]), 7.5)
     assert cells["parens", None, "Random 16"] == ([], 87.3)  # not run yet
     write_final(runs["addition", "Random 16"][0].out, accuracy=0.3, exact_match=0.01)
-    cells = reproduce.picture_cells(table, runs)
+    cells = figures.picture_cells(table, runs)
     assert cells["addition", "exact match", "Random 16"] == (pytest.approx([1.0]), None)  # beside per-token accuracy
-    fig7 = reproduce.picture_cells(reproduce.fig7("cpu"), reproduce.cell_runs(reproduce.fig7("cpu"), "cpu", str(tmp_path), 1))
+    fig7 = figures.picture_cells(reproduce.fig7("cpu"), reproduce.cell_runs(reproduce.fig7("cpu"), "cpu", str(tmp_path), 1))
     assert {(line, x) for panel, line, x in fig7 if panel == "needle"} == {(k, w) for k in ("Random", "Normal") for w in (16, 128, 512)}
     assert fig7["needle", "Random", 16] == (pytest.approx([20.0]), None)  # Table 1's runs, shared
-    table3 = reproduce.picture_cells(reproduce.table3("cpu"), reproduce.cell_runs(reproduce.table3("cpu"), "cpu", str(tmp_path), 1))
+    table3 = figures.picture_cells(reproduce.table3("cpu"), reproduce.cell_runs(reproduce.table3("cpu"), "cpu", str(tmp_path), 1))
     assert table3 == {("bits per trainable parameter", None, "Normal"): ([], 2.88),
                       ("bits per trainable parameter", None, "Random"): ([], 0.41),
                       ("accuracy (%)", None, "Normal"): ([], 80.54), ("accuracy (%)", None, "Random"): ([], 4.53)}
@@ -197,7 +199,7 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
         height, width, channels = plt.imread(png).shape
         assert height > 100 and width > 100 and channels in (3, 4)
         assert f"]({name}-cpu.png)" in (results / f"{name}-cpu.md").read_text()
-        if name in reproduce.CURVE_TABLES:
+        if name in figures.CURVE_TABLES:
             assert plt.imread(results / f"{name}-cpu-curves.png").shape[0] > 100
             assert f"]({name}-cpu-curves.png)" in (results / f"{name}-cpu.md").read_text()
 
@@ -205,11 +207,11 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
 def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 50, "loss": 2.0}\n{"step": 100, "loss": 1.0, "test_accuracy": 0.5}\n'
                                             '{"step": 200, "loss": 0.5, "test_accuracy": 0.75}\n{"step": 25')
-    assert reproduce.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
-    assert reproduce.accuracy_curve(str(tmp_path / "not-started")) == []
+    assert figures.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
+    assert figures.accuracy_curve(str(tmp_path / "not-started")) == []
     (tmp_path / "metrics.jsonl").write_text('{"step": 100, "test_accuracy": 0.5}\nnot json\n{"step": 200, "test_accuracy": 0.75}\n')
     with pytest.raises(UsageError, match="line 2 is not JSON"):
-        reproduce.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
+        figures.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
 
 
 def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
@@ -220,7 +222,7 @@ def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
         runs = reproduce.cell_runs(table, "paper", str(tmp_path), seeds=5)
         write_fake_runs(table, runs)
         path = tmp_path / f"{table.name}.png"
-        reproduce.render_picture(table, "paper", runs, str(path))
+        figures.render_picture(table, "paper", runs, str(path))
         assert plt.imread(path).shape[0] > 100
 
 
@@ -275,9 +277,9 @@ def test_each_pool_worker_takes_a_gpu_of_its_own(monkeypatch):
     """Two GPUs faked: the count torch reports, and the CUDA_VISIBLE_DEVICES a scheduler gave the job."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert reproduce.visible_gpus() == ["0", "1"]
+    assert sweep.visible_gpus() == ["0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    with multiprocessing.Manager() as manager, reproduce.worker_pool(2) as pool:
+    with multiprocessing.Manager() as manager, sweep.worker_pool(2) as pool:
         barrier = manager.Barrier(2)
         assert sorted(pool.map(gpu_once_both_workers_run, [barrier] * 2)) == ["3", "5"]
 
@@ -322,7 +324,7 @@ def test_printed_commands_finish_each_run_even_after_a_kill_and_the_plain_comman
         again = subprocess.run(["bash", "-c", line], cwd=root, capture_output=True, text=True)
         assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
 
-    monkeypatch.setattr(reproduce.train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(sweep.train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
     reproduce.main(flags)
     text = (tmp_path / "results" / "table9-cpu.md").read_text()
     assert "this command trained 0 runs" in text and "not run" not in text
@@ -330,7 +332,7 @@ def test_printed_commands_finish_each_run_even_after_a_kill_and_the_plain_comman
 
 def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(reproduce.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained"))
+    monkeypatch.setattr(sweep.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained"))
     monkeypatch.setattr(tasks.LanguageModeling, "__post_init__", lambda self: pytest.fail("--plan read the lm corpus"))
     reproduce.main(["all", "--scale", "paper", "--plan"])
     text = capsys.readouterr().out

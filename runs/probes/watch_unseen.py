@@ -20,7 +20,7 @@ import analyze  # noqa: E402
 from config import build, config_from_dict  # noqa: E402
 
 if sys.argv[1] == "--plot":
-    from analyze import pyplot, save_figure
+    from figures import pyplot, save_figure
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for run_dir in sys.argv[3:]:

@@ -1,0 +1,235 @@
+"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and the look of reproduce.py's pictures.
+
+    python reproduce.py table1 --scale cpu   # draws results/table1-cpu.png (plot_seeds) and -curves.png (plot_curves)
+    python compare.py runs/a runs/b          # draws runs/compare.png
+
+pyplot and save_figure serve every figure (the paper's Figures 2 and 3 in analyze.py among them).
+The rest draws reproduce.py's tables in the paper's form: Tables 1, 2, 3 and 9 as seeds per
+column beside the paper's number, Figures 4, 6 and 7 as lines over width, and the task tables'
+learning curves. A `table` here is a reproduce.Table, whose seed_values gives the numbers drawn,
+as it gives the .md's. Nothing here trains.
+"""
+
+import textwrap
+
+from runs import median_range, read_metrics, write_atomic
+
+
+def save_figure(plt, fig, path, **savefig):
+    """Write the figure as a PNG atomically (a kill never leaves half a picture) and free it."""
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, **savefig))
+    plt.close(fig)
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported only when a figure is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# ---------------------------------------------------------------------------
+# reproduce.py's pictures
+# ---------------------------------------------------------------------------
+
+LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables as seeds per column
+CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
+COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
+TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
+PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
+
+
+def picture_cells(table, runs: dict) -> dict:
+    """Where each cell goes in the table's picture: (panel, line, x) -> (per-seed values, the paper's number or None).
+
+    Tables 1, 2, 9: a panel per row, a column per x (line None), and on the addition panel also
+    line "exact match": per-token accuracy is the table's number, whole sums right the stricter one. Table 3: a panel of
+    bits per trainable parameter and one of accuracy, a row per x. Figure 7: a panel per task, Random and
+    Normal lines over width; Figure 4: a panel per depth; Figure 6: one panel over target width.
+    """
+    cells = {}
+    for (row, col), cell in runs.items():
+        key = picture_key(table, row, col)
+        if key is None:
+            continue  # Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
+        if table.name in CURVE_TABLES and row == "addition":
+            cells[row, "exact match", col] = table.seed_values(row, col, cell, "exact_match"), None
+        cells[key] = table.seed_values(row, col, cell), table.paper.get((row, col))
+    return cells
+
+
+def picture_key(table, row: str, col: str):
+    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn."""
+    if table.name == "table3":
+        return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
+    if table.name == "fig7":
+        kind, width = col.split()
+        return row, kind, int(width)
+    if table.name == "fig4":
+        layers, width = col.split(", width ")
+        return layers, row, int(width)
+    if table.name == "fig6":
+        return "3-layer students", row, int(col.split()[1])
+    return row, None, col
+
+
+def y_label(table, panel: str) -> str:
+    """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
+    if table.metric == "column":
+        return panel
+    return {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}[table.metric]
+
+
+def new_figure(panels: list, title: str):
+    """A figure with one panel per name, side by side (up to 5 a row), and a shared title (wrapped)."""
+    plt = pyplot()
+    ncols = min(len(panels), 5)
+    nrows = -(-len(panels) // ncols)
+    width = max(3.6 * ncols + 0.6, 7.0)  # room for the title and the legend under a single panel
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.4 * nrows + 1.2), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.remove()
+    fig.suptitle("\n".join(textwrap.fill(line, int(width * 14)) for line in title.split("\n")), fontsize=10)
+    return plt, fig, dict(zip(panels, axes.flat))
+
+
+def save_with_legend(plt, fig, handles: list, path: str):
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    save_figure(plt, fig, path, bbox_inches="tight")
+
+
+def plot_seeds(table, cells: dict, title: str, path: str):
+    """A table as a picture: per column the seeds as points with a median bar (a box plot from 5 seeds), the paper's number as a star."""
+    from matplotlib.lines import Line2D
+
+    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
+    plt, fig, axes = new_figure(panels, title)
+    for panel, ax in axes.items():
+        xs = [x for p, line, x in cells if p == panel and line is None]
+        for i, x in enumerate(xs):
+            values, paper = cells[panel, None, x]
+            if len(values) >= 5:
+                ax.boxplot([values], positions=[i], widths=0.5, showfliers=False, medianprops={"color": "black"})
+            elif values:
+                ax.hlines(median_range(values)[0], i - 0.3, i + 0.3, color="black", linewidth=2)
+            offsets = [0.0] if len(values) == 1 else [0.24 * (k / (len(values) - 1) - 0.5) for k in range(len(values))]
+            ax.scatter([i + o for o in offsets], values, s=18, color="tab:blue", alpha=0.7, zorder=3)
+            exact, _ = cells.get((panel, "exact match", x), ([], None))
+            ax.scatter([i + o for o in offsets[:len(exact)]], exact, s=30, facecolors="none", edgecolors="tab:green", zorder=3)
+            if paper is not None:
+                ax.scatter([i], [paper], **PAPER_STYLE)
+            if not values:
+                ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
+        ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(xs) - 0.4)
+        if y_label(table, panel) == "accuracy (%)":
+            ax.set_ylim(-5, 105)
+        else:
+            ax.set_ylim(bottom=0)  # bits per parameter: the paper's contrast is a ratio from zero
+        exact = any(line == "exact match" for p, line, _ in cells if p == panel)
+        ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
+        ax.set_ylabel(y_label(table, panel))
+        ax.grid(axis="y", alpha=0.3)
+    boxes = any(len(values) >= 5 for values, _ in cells.values())
+    handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
+               Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
+               Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label="paper")]
+    if any(line == "exact match" for _, line, _ in cells):
+        handles.insert(1, Line2D([], [], marker="o", color="tab:green", markerfacecolor="none", linestyle="",
+                                 label="our seeds, whole sum exact (addition)"))
+    save_with_legend(plt, fig, handles, path)
+
+
+def plot_lines(table, cells: dict, title: str, path: str):
+    """A figure over width: per line the median over seeds with a min-max band, log2 width axis, the paper's numbers as stars."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import ScalarFormatter
+
+    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
+    plt, fig, axes = new_figure(panels, title)
+    for panel, ax in axes.items():
+        lines = list(dict.fromkeys(line for p, line, _ in cells if p == panel))
+        for line in lines:
+            points = sorted((x, values) for (p, l, x), (values, _) in cells.items() if p == panel and l == line and values)
+            xs = [x for x, _ in points]
+            color = COLORS.get(line)
+            ranges = [median_range(v) for _, v in points]
+            ax.plot(xs, [r[0] for r in ranges], marker="o", color=color, label=line)
+            ax.fill_between(xs, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2, linewidth=0)
+            ax.scatter([x for x, v in points for _ in v], [value for _, v in points for value in v], s=10, color=color, alpha=0.5, zorder=3)
+            for (p, l, x), (_, paper) in cells.items():
+                if p == panel and l == line and paper is not None:
+                    ax.scatter([x], [paper], **{**PAPER_STYLE, "color": color})
+        for (row, col), paper in table.paper.items():  # a paper number at a width this scale does not train: a level line
+            p, line, x = picture_key(table, row, col)
+            if p == panel and (p, line, x) not in cells:
+                ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
+                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}", (0.02, paper), xycoords=("axes fraction", "data"),
+                            xytext=(0, 3), textcoords="offset points", fontsize=8, color=COLORS.get(line))
+        widths = sorted({x for p, _, x in cells if p == panel})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(widths)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ScalarFormatter(useOffset=False))
+        ax.minorticks_off()
+        if table.metric == "accuracy":
+            ax.set_ylim(-5, 105)
+        if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
+            ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
+        ax.set_title(panel, fontsize=10)
+        ax.set_xlabel("target transformer width" if table.name == "fig6" else "width")
+        ax.set_ylabel(y_label(table, panel))
+        ax.grid(alpha=0.3)
+    names = list(dict.fromkeys(line for _, line, _ in cells))
+    handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
+    handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds (band), each seed (dots)"))
+    if any(paper is not None for _, paper in cells.values()):
+        handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
+    if any(picture_key(table, *cell) not in cells for cell in table.paper):
+        handles.append(Line2D([], [], color="gray", linestyle="--", label="paper, at a width not trained here"))
+    save_with_legend(plt, fig, handles, path)
+
+
+def accuracy_curve(run_dir: str) -> list:
+    """(step, test accuracy in %) from a run's metrics.jsonl, finished or not; [] before its first evaluation."""
+    return [(r["step"], 100 * r["test_accuracy"]) for r in read_metrics(run_dir) if r.get("test_accuracy") is not None]
+
+
+def plot_curves(table, runs: dict, title: str, path: str):
+    """Test accuracy against step, a panel per task, a color per column, a line per seed: shows
+    why a cell falls short (a plateau it never leaves, a late start, a peak and decline)."""
+    from matplotlib.lines import Line2D
+
+    rows = [row for row in table.rows if not row.endswith("(train)")]  # the training split is scored once, at the end
+    plt, fig, axes = new_figure(rows, title)
+    colors = dict(zip(table.cols, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for row, ax in axes.items():
+        for col in table.cols:
+            for cfg in runs[row, col]:
+                points = accuracy_curve(cfg.out)
+                if points:
+                    ax.plot(*zip(*points), color=colors[col], linewidth=1, alpha=0.8)
+        ax.set_ylim(-5, 105)
+        ax.set_title(row, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    save_with_legend(plt, fig, [Line2D([], [], color=colors[col], label=col) for col in table.cols], path)
+
+
+def render_picture(table, scale: str, runs: dict, path: str):
+    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files, and for the
+    task tables <table>-<scale>-curves.png from their metrics.jsonl; trains nothing."""
+    cells = picture_cells(table, runs)
+    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
+    if any(paper is not None for _, paper in cells.values()):
+        title += "; stars: the paper's numbers"
+    (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
+    if table.name in CURVE_TABLES:
+        plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
+                    path.removesuffix(".png") + "-curves.png")

@@ -1,0 +1,225 @@
+"""Train a table's runs, or hand them to a scheduler, or price them: reproduce.py's sweep machinery.
+
+    OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2            # sweep: train what is not finished, then draw
+    python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
+    python reproduce.py all --scale paper --plan                               # what the paper scale costs on an H100
+
+Serves every table and figure reproduce.py regenerates (Tables 1, 2, 3 and 9, Figures 4, 6 and 7).
+sweep trains each unfinished run with train.train, in this process or in a pool of --jobs worker
+processes (one per GPU by default), longest first; a finished run is skipped and a checkpointed one
+resumes, so an interrupted sweep picks up where it stopped.
+
+--print-commands hands the runs to a scheduler instead: a shell line per unfinished run, safe
+to rerun after a kill, for a SLURM job array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`)
+or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then draws the tables.
+--plan predicts each run's steps, tokens, FLOPs and H100 time from its config, training nothing.
+"""
+
+import ctypes
+import json
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+
+import train
+from bench import useful_flops
+from config import TrainConfig, build_task, changed_settings, command_line, load_run, resolve, with_paper_defaults
+from runs import UsageError, run_state, write_json
+from tasks import TASKS, StreamTask
+
+# ---------------------------------------------------------------------------
+# Training the runs
+# ---------------------------------------------------------------------------
+
+
+def check_same_config(cfg: TrainConfig):
+    """A run directory made by another protocol must not pass as this one's."""
+    changed = changed_settings(cfg, cfg.out)
+    if changed:
+        raise UsageError(f"{cfg.out} was trained with other settings ({', '.join(changed)}); delete it to rerun")
+
+
+def train_one(cfg: TrainConfig, k=1, n=1):
+    """Finish one run, run k of the sweep's n (fresh, or resumed from its checkpoint): (its final.json,
+    what was done, seconds). The unit of work of a sweep's pool."""
+    state, start = run_state(cfg.out), time.time()
+    if state != "finished":
+        print(f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})", flush=True)
+        train.train(replace(cfg, overwrite=True), resume=state == "resume")
+    if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
+        write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
+    with open(os.path.join(cfg.out, "final.json")) as f:
+        return json.load(f), state, time.time() - start
+
+
+@torch.no_grad()
+def train_split_metrics(run_dir: str) -> dict:
+    """A finished modadd run scored on its training split (Table 2's train accuracy)."""
+    cfg, task, model, _ = load_run(run_dir)
+    return train.evaluate(model, task, task.train, torch.device("cpu"), dtype=cfg.dtype)
+
+
+def run_cost(cfg: TrainConfig) -> float:
+    """A run's training time relative to others' (steps x examples x tokens x width^2, a trained body
+    counting 1.5x), enough to start the longest runs first so that --jobs workers finish together
+    rather than one of them running the last long run alone."""
+    tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
+    body = 1.5 if cfg.train == "full" else 1.0
+    return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
+
+
+def sweep(table, runs: dict, jobs: int) -> int:
+    """Train every run of the table not yet finished, longest first, printing one line per run; returns
+    how many it trained (or resumed)."""
+    todo = sorted({cfg.out: cfg for cell in runs.values() for cfg in cell}.values(), key=run_cost, reverse=True)
+    for cfg in todo:
+        check_same_config(cfg)
+    start, trained, cost_left, cost_done = time.time(), 0, sum(map(run_cost, todo)), 0.0
+    with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
+        results = (pool.map if pool else map)(train_one, todo, range(1, len(todo) + 1), [len(todo)] * len(todo))
+        for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
+            done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
+            metrics = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final)
+            cost_left -= run_cost(cfg)
+            cost_done += run_cost(cfg) * (state != "finished")
+            left = f", about {(time.time() - start) * cost_left / cost_done / 60:.0f} min left" if cost_done and cost_left else ""
+            print(f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, {time.time() - start:.0f}s so far{left})", flush=True)
+            trained += state != "finished"
+    return trained
+
+
+def worker_pool(jobs: int) -> ProcessPoolExecutor:
+    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from
+    one that has used it) and, where there are GPUs, on the next one of its own (start_worker)."""
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker,
+                               initargs=(context.Value("i", 0), visible_gpus()))
+
+
+def visible_gpus() -> list:
+    """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); [] without one."""
+    count = torch.cuda.device_count()
+    names = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (names.split(",") if names else [str(i) for i in range(count)])[:count]
+
+
+def start_worker(started, gpus: list):
+    """A pool worker's first act, before anything in it touches CUDA (which reads CUDA_VISIBLE_DEVICES once):
+    die with reproduce.py, and take the next of gpus for its own (round robin if workers outnumber them)."""
+    die_with_parent()
+    if gpus:
+        with started.get_lock():
+            k, started.value = started.value, started.value + 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
+
+
+def die_with_parent():
+    """Make a pool worker end when reproduce.py ends, however it ends (Linux: PR_SET_PDEATHSIG), so a
+    killed sweep leaves no run training behind it; elsewhere a worker finishes its run first."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+# ---------------------------------------------------------------------------
+# Without training: the commands for a cluster scheduler, the paper scale's cost
+# ---------------------------------------------------------------------------
+
+
+def shell_command(cfg: TrainConfig) -> str:
+    """A shell line that finishes cfg's run from whatever state a scheduler finds it in, so it may rerun the line
+    after a kill: a finished run is left alone; config.json marks a run past its first step, which --resume
+    continues (from its checkpoint, or from the start if killed before one); anything else starts anew."""
+    return (f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
+            f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi")
+
+
+def print_commands(cfgs: list, command: str):
+    """--print-commands: a shell_command per run of cfgs not yet finished, each once (tables share runs), longest first."""
+    todo = {cfg.out: cfg for cfg in cfgs}
+    todo = sorted((cfg for cfg in todo.values() if run_state(cfg.out) != "finished"), key=run_cost, reverse=True)
+    for cfg in todo:
+        check_same_config(cfg)
+        print(shell_command(cfg))
+    print(f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once they finish, "
+          f"`{command.replace(' --print-commands', '')}` draws the tables without training them again", file=sys.stderr)
+
+
+# What --plan assumes (PLAN_NOTE says why): no run of this project has been timed on a GPU.
+H100_PEAK = 989e12  # FLOP/s, the H100 SXM's dense bf16 tensor-core peak (NVIDIA's datasheet)
+ASSUMED_MFU = 0.25
+STEP_FLOOR = 0.005  # seconds
+RUN_START = 60  # seconds
+TINYSTORIES_TOKENS = 470_000_000
+
+PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs alone: a prediction, nothing has run on a GPU.
+
+- Tokens: those through each row's last answer in one batch drawn at the run's batch size, times the steps. Model
+  FLOPs: bench.py's useful_flops of that batch, times the steps. Forward: 2 per weight of each matmul a token passes
+  (the last block and the unembedding at answer positions only), plus the attention products. Backward: the forward
+  again for the input gradients wherever something trainable lies below (frozen blocks still carry the embeddings'
+  gradients), and again for the weight gradients of trained weights only; so a random transformer costs about 2x its
+  forward, a fully trained one 3x. The LSTM: 16 d^2 per layer and token forward, 3x in all. Evaluation not counted.
+- Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the larger of FLOPs / ({ASSUMED_MFU:.0%} MFU x
+  {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense bf16 peak; runs use bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host
+  syncs, Python), which decides the long runs of small models (Table 3, Figure 4's narrow widths). Both are
+  assumptions: {ASSUMED_MFU:.0%} is within the 20-35% usually assumed for small models, towards its low end, for 2-4 layers of
+  width <= 1024 over short sequences whose step also makes its data and cuts 4 length chunks. On an H100,
+  `python bench.py --device cuda --task needle --frozen` measures a step's MFU.
+- Figure 4: TinyStories-train.txt taken as {TINYSTORIES_TOKENS / 1e6:.0f} million tokens (2.1 million stories, 1.9 GB at about 4
+  bytes a token of its 10,000-token BPE; the corpus is not read), 5 epochs of 20 windows of 512 tokens."""
+
+
+def run_estimate(cfg: TrainConfig) -> tuple:
+    """(steps, tokens, model FLOPs, predicted H100 seconds) of one run of cfg, from its settings
+    alone (PLAN_NOTE says how): nothing trains, no corpus is read."""
+    if cfg.task == "lm":  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
+        lm = TASKS["lm"]
+        batch_size = cfg.batch_size or lm.batch_size
+        steps = cfg.steps or math.ceil((cfg.epochs or lm.epochs) * TINYSTORIES_TOKENS / (batch_size * cfg.context))
+        cfg = with_paper_defaults(replace(cfg, steps=steps), lm)
+        lengths, answers, vocab = torch.full((batch_size,), cfg.context), torch.arange(cfg.context).repeat(batch_size), cfg.vocab
+    else:
+        cfg, task = resolve(cfg)
+        generator = torch.Generator().manual_seed(0)
+        # generate, not sample: the stream's lengths without building the test set it excludes (seconds for imitate)
+        batch = task.generate(cfg.batch_size, generator) if isinstance(task, StreamTask) else task.sample(cfg.batch_size, generator)
+        lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
+    tokens = lengths.sum().item()
+    if cfg.arch == "lstm":  # fully trained in every table: forward, input and weight gradients
+        step = 3 * (16 * cfg.width**2 * cfg.layers * tokens + 2 * cfg.width * vocab * answers.numel())
+    else:
+        step = useful_flops(cfg, vocab, lengths, answers)
+    seconds = RUN_START + max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
+    return cfg.steps, tokens * cfg.steps, step * cfg.steps, seconds
+
+
+def plan(tables: list, scale: str) -> str:
+    """--plan: PLAN_NOTE, then per (table, its runs per cell) a row per cell with its runs' predicted cost and
+    the table's GPU-hours; for several tables, their total with each run counted once."""
+    lines, estimates = [PLAN_NOTE], {}  # run directory less its seed -> (runs, *run_estimate), computed once
+    for table, runs in tables:
+        rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row
+        for (row, col), cell in runs.items():
+            rows.setdefault(cell[0].out, (cell, []))[1].append(f"{row}, {col}")
+        lines += ["", f"### {table.title} ({scale} scale)", "", "| cells | runs | steps | tokens per run | "
+                  "model FLOPs per run | H100 minutes per run |", "|---|---|---|---|---|---|"]
+        for out, (cell, labels) in rows.items():
+            estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0]))
+            count, steps, tokens, flops, seconds = estimates[out]
+            owner = os.path.basename(os.path.dirname(out)).split("-")[0]  # Figure 7 trains some of Table 1's cells
+            shared = "" if owner == table.name else f" ({owner}'s runs)"
+            lines.append(f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | {flops:.3g} | {seconds / 60:.1f} |")
+        lines += ["", f"Total: {sum(estimates[out][0] for out in rows)} runs, "
+                  f"{sum(estimates[out][0] * estimates[out][4] for out in rows) / 3600:.1f} H100 GPU-hours."]
+    if len(tables) > 1:
+        lines += ["", f"All {len(tables)} tables and figures: {sum(e[0] for e in estimates.values())} runs, "
+                  f"{sum(e[0] * e[4] for e in estimates.values()) / 3600:.1f} H100 GPU-hours (runs that tables share counted once)."]
+    return "\n".join(lines)
