@@ -23,9 +23,10 @@ import sample
 import tasks
 from model import GPT
 from tasks import Batch
-from config import OneLineParser, load_run, usage_errors
+from cli import OneLineParser, UsageError, usage_errors
+from config import load_run
 from figures import pyplot, save_figure
-from runs import UsageError, read_json, read_metrics, write_atomic, write_json
+from runs import read_json, read_metrics, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -50,7 +51,7 @@ class Run:
     @property
     def label(self):
         """The row name in the paper's tables: Random = frozen blocks, Normal = fully trained."""
-        model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.train, self.cfg.train)
+        model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.mode, self.cfg.mode)
         return f"{self.cfg.task} {model} w{self.cfg.width}"
 
 
@@ -457,7 +458,7 @@ def memorization(run: Run) -> dict:
     The memorize task has no held-out split, so its test set is the training
     set and the run's final accuracy and loss are exact match and cross-entropy on it.
     """
-    return tasks.memorization_capacity(run.final["accuracy"], run.final["loss"], len(run.task.train), run.task.VALUES,
+    return tasks.memorization_capacity(run.final["accuracy"], run.final["loss"], len(run.task.train_set), run.task.VALUES,
                                        run.counts["trainable"])
 
 

@@ -4,25 +4,26 @@
 
 Serves the paper's many small trainings (section 4 reports medians over
 seeds): for small models, running N seeds as one stacked model replaces N
-launches of every operation by one. Each step is train.train_step, given a
-loss and a clipping that act per seed, so a seed trained here computes what
-train.train computes for it, up to float rounding.
+launches of every operation by one. Each step is train.train_step's, with
+one loss and one clipping per seed (stacked_step), and the loop's operations
+are runs.Run's (SeedRuns), so a seed trained here computes what train.train
+computes for it, up to float rounding, and its directory holds the same files.
 """
 
 import os
 import sys
 import warnings
 from dataclasses import fields
-from functools import partial
 
 import torch
-from tqdm import tqdm
 
 import runs
-from config import build, parse_args, pick_device, run_record, seed_configs, usage_errors
-from runs import UsageError
+from cli import UsageError, parse_args, usage_errors
+from config import build, seed_configs
+from devices import Ranks, autocast, compile_model, pick_device
+from runs import lr_at
 from tasks import Batch, join_batches
-from train import Clock, compile_model, evaluate, lr_at, make_optimizer, mean_loss, train_step
+from train import evaluate, make_optimizer, set_lr
 
 
 def stacked_forward(base, params):
@@ -80,46 +81,78 @@ def train_batched(cfg) -> list:
         seeds.append(run)
         models.append(model.to(device))
         counts.append(n)
-    starts = [runs.start_or_resume(run, False, model, None, None, run_record(run, n, device))  # every seed checked and built
-              for run, model, n in zip(seeds, models, counts)]
     cfg = seeds[0]  # settings filled in by build, shared by every seed
     params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
-    net = compile_model(stacked_forward(base, params), device, cfg.compile)
+    stacked = compile_model(stacked_forward(base, params), device, cfg.compile)
     # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op: expected, not news.
     warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
     trainable = [p for p in params.values() if p.requires_grad]
     optimizer = make_optimizer(trainable, cfg, device, matrix_dim=3)
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
-    print(f"{cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
-    losses, clock = [], Clock()
-    for step in tqdm(range(cfg.steps + 1), dynamic_ncols=True, disable=None):
-        if step == min(1, cfg.steps):  # the first step succeeded: each seed's run takes its place
-            for run, start in zip(seeds, starts):
-                runs.replace_old_run(run.out, start)
-        if step == cfg.steps or (step % cfg.eval_every == 0 and step > 0):
-            loss = mean_loss(losses) or [None] * len(seeds)
-            steps_per_s = len(losses) / clock.lap() if losses else None
-            results = [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))]
-            for run, seed_loss, metrics in zip(seeds, loss, results):
-                runs.log_eval(run.out, step, seed_loss, lr_at(step, cfg), metrics, clock.elapsed(), steps_per_s)
-                if not sys.stderr.isatty():
-                    runs.print_eval(step, cfg.steps, seed_loss, metrics, steps_per_s, prefix=f"seed {run.seed}: ")
-            losses = []
-            clock.lap()
-        if step == cfg.steps:
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
-        losses.append(train_step(net, partial(seed_losses, task), partial(clip_per_seed, trainable), batch, optimizer, cfg))
-    for i, (run, metrics, n) in enumerate(zip(seeds, results, counts)):
-        state = {k: v[i].detach().clone() for k, v in params.items()}
-        final = {"step": cfg.steps, "elapsed": clock.elapsed(), "parameters": n, **task.summary(metrics, n["trainable"])}
-        runs.save_final(run, state, base.cfg, metrics, final)
-    runs.write_seed_summary(seeds)
-    return results
+    with SeedRuns(seeds, models, params, base, counts, device, task.summary) as run:
+        for step, evaluate_now in run.steps():
+            if evaluate_now:
+                run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
+                continue
+            set_lr(optimizer, lr_at(step, cfg))
+            batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
+            run.losses.append(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
+    return run.metrics
+
+
+def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, precision):
+    """train.train_step for seed-stacked weights and batches: each seed's own mean loss, summed for one
+    backward (the seeds share no weights, so each gets its own gradient), then each seed's own clipping."""
+    batch_loss = 0.0
+    for chunk, weight in batch.length_chunks():
+        with precision:
+            loss = seed_losses(task, stacked(chunk.x, chunk.pos), chunk) * weight  # (N,)
+        loss.sum().backward()
+        batch_loss = batch_loss + loss.detach()
+    clip_per_seed(trainable, max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return batch_loss
+
+
+class SeedRuns(runs.Run):
+    """runs.Run for the seeds' N run directories at once: staged and put in place together, one log
+    line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
+
+    def __init__(self, seeds, models, params, base, counts, device, summary):
+        self.seeds, self.params, self.base, self.summary = seeds, params, base, summary
+        self.cfg, self.counts, self.ranks, self.stop_after = seeds[0], counts, Ranks(), None
+        self.starts = [runs.start_or_resume(run, False, model, None, None, runs.run_record(run, n, device))  # every seed checked and built
+                       for run, model, n in zip(seeds, models, counts)]
+        self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
+        self.clock = runs.Clock()
+        self.slow_run_check = runs.SlowRunCheck(self.cfg, 0, active=device.type == "cpu")
+        print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
+
+    def staged(self) -> bool:
+        return self.starts[0].staged is not None
+
+    def take_place(self):
+        for run, start in zip(self.seeds, self.starts):
+            runs.replace_old_run(run.out, start)
+
+    def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
+        for run, seed_loss, seed_metrics in zip(self.seeds, loss or [None] * len(self.seeds), metrics):
+            runs.log_eval(run.out, step, seed_loss, lr_at(step, self.cfg), seed_metrics, elapsed, steps_per_s)
+            if not sys.stderr.isatty():
+                runs.print_eval(step, self.cfg.steps, seed_loss, seed_metrics, steps_per_s, prefix=f"seed {run.seed}: ")
+
+    def save_stopped(self):
+        pass  # nothing to resume from: the same command with --overwrite starts again
+
+    def save_finished(self):
+        for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.counts)):
+            state = {k: v[i].detach().clone() for k, v in self.params.items()}
+            final = {"step": self.step, "elapsed": self.clock.elapsed(), "parameters": n, **self.summary(metrics, n["trainable"])}
+            runs.save_final(run, state, self.base.cfg, metrics, final)
+        runs.write_seed_summary(self.seeds)
 
 
 def main(argv=None):
@@ -133,6 +166,9 @@ def main(argv=None):
         print("batched_seeds.py: interrupted; a batched run keeps no checkpoint: the same command with --overwrite starts it again",
               file=sys.stderr)
         sys.exit(130)
+    except runs.Diverged as e:
+        print(f"batched_seeds.py: {e}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -43,11 +43,12 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from config import build, config_from_args, make_parser, pick_device, usage_errors, uses_bf16
+from cli import UsageError, config_from_args, make_parser, usage_errors
+from config import build
+from devices import autocast, compile_model, pick_device, uses_bf16
 from model import TRAINING_MODES
-from runs import UsageError
 from tasks import Needle
-from train import compile_model, make_optimizer, train_step
+from train import make_optimizer, train_step
 
 
 def best_seconds(fn, calls, repeats, device):
@@ -77,7 +78,7 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
     lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position.
     """
-    d, trains, early = cfg.width, TRAINING_MODES[cfg.train], cfg.layers - 1
+    d, trains, early = cfg.width, TRAINING_MODES[cfg.mode], cfg.layers - 1
     tokens, answers = lengths.sum().item(), answer_pos.numel()
     pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs
     weights = 24 * d * d * tokens * early + 4 * d * d * tokens + 20 * d * d * answers
@@ -98,15 +99,15 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 def ours(cfg, task, model, device):
     model.to(device)
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip = partial(torch.nn.utils.clip_grad_norm_, [p for p in model.parameters() if p.requires_grad])
+    clip = partial(torch.nn.utils.clip_grad_norm_, [p for p in model.parameters() if p.requires_grad], cfg.clip)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    net = compile_model(model, device, cfg.compile)
+    compile_model(model, device, cfg.compile)
 
     def make_data():
         return task.sample(cfg.batch_size, generator).to(device)
 
     def step():
-        train_step(net, task.loss, clip, make_data(), optimizer, cfg)
+        train_step(model, task.loss, make_data(), optimizer, clip, autocast(device, cfg.dtype))
 
     def rows():
         batch = make_data()
@@ -128,7 +129,7 @@ def needle_example(rng, max_pairs):
 def authors(cfg, task, model, device):
     if cfg.task != "needle":
         raise UsageError("--pipeline authors is implemented for needle only")
-    if cfg.train not in ("frozen", "full"):
+    if cfg.mode not in ("frozen", "full"):
         raise UsageError("--pipeline authors times the frozen and full modes")
     n_positions = task.n_positions
     try:
@@ -138,7 +139,7 @@ def authors(cfg, task, model, device):
                                         n_layer=cfg.layers, n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0,
                                         attn_pdrop=0.0, tie_word_embeddings=False))
         for name, p in hf.named_parameters():
-            p.requires_grad_(cfg.train == "full" or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"))
+            p.requires_grad_(cfg.mode == "full" or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"))
         model, label = hf.to(device), "authors (HF GPT-2)"
         forward = lambda x, labels: model(input_ids=x, labels=labels).loss  # noqa: E731
     except ImportError:
@@ -216,7 +217,7 @@ def main(argv=None):
 
     figures = {
         "pipeline": label, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
-        "config": f"{cfg.task} {cfg.train} w{cfg.width} L{cfg.layers} b{cfg.batch_size}",
+        "config": f"{cfg.task} {cfg.mode} w{cfg.width} L{cfg.layers} b{cfg.batch_size}",
         "steps/s": f"{1 / seconds:.3g}", "tokens/s": f"{lengths.sum().item() / seconds:,.0f}",
         "TFLOP/s": f"{flops / seconds / 1e12:.3g}", "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
         "MFU": f"{flops / seconds / peak:.1%}", "data share": f"{data_seconds / seconds:.1%}",

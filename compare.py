@@ -17,9 +17,10 @@ import re
 import sys
 from dataclasses import asdict, dataclass, fields
 
-from config import OneLineParser, config_from_dict, usage_errors
+from cli import OneLineParser, UsageError, usage_errors
+from config import config_from_dict
 from figures import pyplot, save_figure
-from runs import UsageError, median_range, read_json, read_metrics
+from runs import median_range, read_json, read_metrics
 from tasks import TASKS
 
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran

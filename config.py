@@ -1,26 +1,24 @@
-"""A run's settings: the TrainConfig dataclass, its flags, the paper's defaults, checks, and the cpu scale.
+"""A run's settings: the TrainConfig dataclass, the paper's defaults, checks, and the cpu scale.
 
     from config import TrainConfig, build
-    cfg, task, model, counts = build(TrainConfig(task="needle", train="frozen"))  # the paper's settings filled in
+    cfg, task, model, counts = build(TrainConfig(task="needle", mode="frozen"))  # the paper's settings filled in
 
-Every command reads its settings here. Flags are generated from TrainConfig; a
-setting left unset takes the paper's protocol for the task (docs/protocol.md §3);
-the cpu scale (each task's laptop variant, docs/protocol.md §8) is defined once,
-at the end, for train.py's slow-run hint, bench.py and reproduce.py alike.
+Every command reads its settings here (cli.py turns them into flags). A setting
+is decided in one order: the flag given, then at the cpu scale the task's laptop
+variant (docs/protocol.md §8), then for the learning rate the rule for trained
+blocks (default_lr), then the paper's protocol for the task (docs/protocol.md §3).
 """
 
-import argparse
 import json
 import math
 import os
-import sys
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
-from model import GPT, LSTM, TRAINING_MODES, GPTConfig, apply_training_mode
-from runs import UsageError, load_checkpoint, read_json
+from cli import UsageError
+from runs import load_checkpoint, read_json
+from model import GPT, LSTM, GPTConfig, apply_training_mode, training_mode_help, trains_body
 from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
@@ -34,7 +32,7 @@ PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps i
 @dataclass
 class TrainConfig:
     task: str = field(default="parens", metadata={"help": f"task to train on: {', '.join(TASKS)}"})
-    train: str = field(default="full", metadata={"help": f"what trains: {', '.join(TRAINING_MODES)} (frozen = the paper's random transformer)"})
+    mode: str = field(default="full", metadata={"help": f"what trains: {training_mode_help()}"})
     arch: str = field(default="gpt", metadata={"help": f"model: {', '.join(ARCHS)} (lstm and linear are the paper's baselines)"})
     pos: str = field(default="learned", metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"})
     width: int = field(default=None, metadata={"help": "residual width n_embd (default: the task's, 1024 mostly)"})
@@ -49,11 +47,10 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seeds the model init and the training data"})
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
-    compile: bool = field(default=None, metadata={"help": "torch.compile the training step (default: on CUDA only; "
-                                                  "on the CPU it did not speed up the cpu scale, RESULTS.md)"})
+    compile: bool = field(default=None, metadata={"help": "torch.compile the training step (default: on CUDA only; RESULTS.md has the CPU's timings)"})
     dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
     seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
-    out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<train>-w<width>-s<seed>)"})
+    out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<mode>-w<width>-s<seed>)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
     # task sizes; each task reads only its own
     p: int = field(default=199, metadata={"help": "modadd: the modulus"})
@@ -74,92 +71,9 @@ class TrainConfig:
             raise UsageError(f"--seed must be an integer in [0, 2^64 - --seeds], got {self.seed}")
 
 
-@contextmanager
-def usage_errors(prog: str):
-    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2."""
-    try:
-        yield
-    except UsageError as e:
-        fail(prog, e)
-    except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file
-        fail(prog, f"{e.strerror or e}: {e.filename}" if e.filename else e)
-    except (MemoryError, RuntimeError) as e:
-        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
-            raise
-        fail(prog, f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size")
-
-
-def fail(prog, message):
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-# ---------------------------------------------------------------------------
-# Flags
-# ---------------------------------------------------------------------------
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def make_parser(description="Train one model on one task.", skip=()):
-    """Flags generated from TrainConfig (but those named in skip), plus --frozen and --resume. A flag not
-    given is left out of the parsed namespace (TrainConfig supplies its default), so --resume can tell
-    which were given."""
-    parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.name in skip:
-            continue
-        if f.type is bool and f.default is not False:  # True, or None = decided by the device: a flag to turn it off
-            parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
-        if f.type is bool and f.default is not True:
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        elif f.type is not bool:
-            parser.add_argument(flag, type=f.type, help=f.metadata["help"])
-    parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
-    parser.add_argument("--scale", choices=SCALES, help="paper (default): the paper's protocol for the task; cpu: the task's "
-                        "laptop variant (docs/protocol.md §8) as the defaults, which the other flags given override")
-    if "resume" not in skip:
-        parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config "
-                            "(DIR's own, wherever it was moved; no other flag applies)")
-    return parser
-
-
-def config_from_args(args):
-    """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config and writes to its own directory."""
-    given = vars(args)
-    run_dir = given.pop("resume", None)
-    if run_dir is None:
-        scale = given.pop("scale", "paper")
-        if given.pop("frozen", False):
-            if given.get("train", "frozen") != "frozen":
-                raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['train']}")
-            given["train"] = "frozen"
-        cfg = TrainConfig(**given)
-        return (replace(cpu_variant(cfg), **given) if scale == "cpu" else cfg), False
-    if given:
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
-    config_path = os.path.join(run_dir, "config.json")
-    if not os.path.exists(config_path):
-        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    try:
-        with open(config_path) as f:
-            saved = json.load(f)
-        return replace(config_from_dict(saved), out=run_dir), True
-    except ValueError as e:  # JSONDecodeError is one
-        raise UsageError(f"{config_path} is not a run's config ({e})") from None
-
-
-def parse_args(argv=None, description="Train one model on one task."):
-    return config_from_args(make_parser(description).parse_args(argv))
-
-
 RECORD_KEYS = {"parameters", "device", "resolved_dtype", "torch"}  # what run_record adds to the settings
 RETIRED_KEYS = {"batched_seeds"}  # settings that earlier versions saved (batched_seeds.py is its own command now): ignored
+RENAMED_KEYS = {"train": "mode"}  # earlier versions' names of settings
 
 
 def config_from_dict(saved: dict) -> TrainConfig:
@@ -167,6 +81,7 @@ def config_from_dict(saved: dict) -> TrainConfig:
     for anything else: not an object, an unknown key, a value of the wrong type."""
     if not isinstance(saved, dict):
         raise ValueError(f"a run's config is a JSON object, not {type(saved).__name__}")
+    saved = {RENAMED_KEYS.get(name, name): value for name, value in saved.items()}
     types, defaults = {f.name: f.type for f in fields(TrainConfig)}, {f.name: f.default for f in fields(TrainConfig)}
     unknown = sorted(set(saved) - set(types) - RECORD_KEYS - RETIRED_KEYS)
     if unknown:
@@ -180,17 +95,6 @@ def config_from_dict(saved: dict) -> TrainConfig:
     return TrainConfig(**{name: saved[name] for name in types if name in saved})
 
 
-def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
-    """The settings cfg sets that the run saved in run_dir was not trained with ([] when run_dir holds
-    no run). The device is what the run resolved, the directory may be spelled another way, and
-    overwrite says only how the directory was made: none of them counts."""
-    path = os.path.join(run_dir, "config.json")
-    if not os.path.exists(path):
-        return []
-    saved = read_json(path)
-    return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out") and saved.get(k) != v]
-
-
 def command_line(cfg) -> str:
     """The train.py command for cfg: --task, then every setting that differs from its default."""
     parts = ["python train.py"]
@@ -198,10 +102,11 @@ def command_line(cfg) -> str:
         value = getattr(cfg, f.name)
         if value == f.default and f.name != "task":  # the task always, for the reader
             continue
+        flag = "train" if f.name == "mode" else f.name.replace("_", "-")
         if f.type is bool:
-            parts.append(f"--{f.name.replace('_', '-')}" if value else f"--no-{f.name}")
+            parts.append(f"--{flag}" if value else f"--no-{f.name}")
         else:
-            parts.append(f"--{f.name.replace('_', '-')} {value}")
+            parts.append(f"--{flag} {value}")
     return " ".join(parts)
 
 
@@ -220,28 +125,6 @@ def seed_configs(cfg: TrainConfig) -> list:
 # ---------------------------------------------------------------------------
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
-    if name == "cuda" and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"device {name} is not available on this machine")
-    return torch.device(name)
-
-
-def uses_bf16(device, dtype="auto") -> bool:
-    """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA. Auto stays fp32 on
-    CPU because bf16 is slower there unless the CPU has native bf16 matmuls (docs/protocol.md §8)."""
-    if dtype != "auto":
-        return dtype == "bf16"
-    return device.type == "cuda"
-
-
 def build_task(cfg: TrainConfig):
     """The task cfg names, with cfg's sizes for it (the lm task reads or writes its corpus here)."""
     try:
@@ -252,11 +135,11 @@ def build_task(cfg: TrainConfig):
 
 def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
     """cfg with every setting it leaves as None set to the paper's protocol for the task, and its run directory named."""
-    filled = {name: getattr(task, name) for name in ("batch_size", "lr", "weight_decay", "width", "layers", "heads")
+    filled = {name: getattr(task, name) for name in ("batch_size", "weight_decay", "width", "layers", "heads")
               if getattr(cfg, name) is None}
-    if cfg.lr is None and cfg.arch == "lstm":
-        filled["lr"] = LSTM_LR
     given, cfg = cfg, replace(cfg, **filled)
+    if cfg.lr is None:
+        cfg = replace(cfg, lr=default_lr(cfg, "paper", task))
     if cfg.steps is None:
         cfg = replace(cfg, steps=task.steps_for(cfg.batch_size))  # epochs count passes over the data at the batch size used
     if cfg.warmup is None:
@@ -269,22 +152,22 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
 
 
 # Shown in every run name, or not part of what a run computes.
-NAME_SKIP = ("task", "arch", "pos", "train", "width", "seed", "seeds", "out", "overwrite", "device", "compile")
+NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "out", "overwrite", "device", "compile")
 
 
 def run_name(given: TrainConfig, width: int) -> str:
-    """A default run directory's name: <task>[-<arch>][-<pos>]-<train>-w<width>, then `-cpu` for the
+    """A default run directory's name: <task>[-<arch>][-<pos>]-<mode>-w<width>, then `-cpu` for the
     cpu scale, then each other setting that differs from the scale's (e.g. -lr0.001-digits3), then
     -s<seed>. Two runs that differ in any setting get different names; the scale is the one of the
     two that leaves fewer settings to list."""
-    paper = TrainConfig(task=given.task, train=given.train, arch=given.arch)
+    paper = TrainConfig(task=given.task, mode=given.mode, arch=given.arch)
     differs = lambda reference: [f.name for f in fields(TrainConfig)  # noqa: E731
                                  if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)]
     scale, names = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
     settings = "".join(f"-{name.replace('_', '-')}{getattr(given, name):g}" if type(getattr(given, name)) is float
                        else f"-{name.replace('_', '-')}{getattr(given, name)}" for name in names)
     variant = "".join(f"-{v}" for v in (given.arch, given.pos) if v not in ("gpt", "learned"))
-    return f"{given.task}{variant}-{given.train}-w{width}{scale}{settings}-s{given.seed}"
+    return f"{given.task}{variant}-{given.mode}-w{width}{scale}{settings}-s{given.seed}"
 
 
 def check_config(cfg: TrainConfig, task) -> None:
@@ -343,21 +226,15 @@ def resolve(cfg: TrainConfig):
 
 
 def build_model(cfg: TrainConfig, task):
-    """(model, parameter counts): a freshly initialized model for the task, frozen per cfg.train."""
+    """(model, parameter counts): a freshly initialized model for the task, frozen per cfg.mode."""
     attention = "linear" if cfg.arch == "linear" else "softmax"
     try:
         model_cfg = GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, attention, cfg.pos)
         model = LSTM(model_cfg) if cfg.arch == "lstm" else GPT(model_cfg)
-        counts = apply_training_mode(model, cfg.train)
+        counts = apply_training_mode(model, cfg.mode)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return model, counts
-
-
-def run_record(cfg: TrainConfig, counts: dict, device) -> dict:
-    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
-    return {**asdict(cfg), "parameters": counts, "device": str(device),
-            "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "torch": torch.__version__}
 
 
 def build(cfg: TrainConfig):
@@ -365,6 +242,20 @@ def build(cfg: TrainConfig):
     cfg, task = resolve(cfg)
     model, counts = build_model(cfg, task)
     return cfg, task, model, counts
+
+
+def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
+    """The settings cfg sets that the run saved in run_dir was not trained with ([] when run_dir holds
+    no run). The device is what the run resolved, the directory may be spelled another way, and
+    overwrite says only how the directory was made: none of them counts."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        return []
+    try:
+        saved = asdict(config_from_dict(read_json(path)))
+    except ValueError as e:
+        raise UsageError(f"{path} is not a run's config ({e})") from None
+    return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out") and saved.get(k) != v]
 
 
 def load_run(run_dir):
@@ -402,26 +293,44 @@ CPU_VARIANTS = {  # task -> TrainConfig settings
     "lm": {"width": 128, "epochs": 1, "context": 128},
     "imitate": {"width": 256, "steps": 500, "batch_size": 128, "warmup": 50, "test_size": 1000},
 }
-# The variants' lr suits the frozen model; the fully trained model from width 128 up needs a
-# lower one at batch 64 (docs/protocol.md §8). The LSTM keeps the paper's LSTM_LR.
-CPU_FULL_LR = {"modadd": 1e-3, "needle": 3e-4, "addition": 3e-4, "parens": 3e-4}
-CPU_FULL_LR_MIN_WIDTH = 128
-SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's variant
+# The variants' lr suits the frozen model; a model whose blocks train needs a lower one at batch
+# 64 from width 128 up (docs/protocol.md §8). The LSTM keeps the paper's LSTM_LR.
+CPU_BLOCKS_LR = {"modadd": 1e-3, "needle": 3e-4, "addition": 3e-4, "parens": 3e-4}
+CPU_BLOCKS_LR_MIN_WIDTH = 128
 
 
 def cpu_variant(cfg: TrainConfig) -> TrainConfig:
     """cfg on its task's laptop variant: CPU_VARIANTS' settings, its width unless cfg asks for a
-    narrower one; the LSTM keeps its own lr, the fully trained model from width 128 up takes CPU_FULL_LR."""
+    narrower one, and the lr default_lr gives at the cpu scale."""
     if cfg.task not in CPU_VARIANTS:
         raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
     settings = CPU_VARIANTS[cfg.task]
     width = settings["width"] if cfg.width is None else min(cfg.width, settings["width"])
     cfg = replace(cfg, **{**settings, "width": width})
-    if cfg.arch == "lstm":
-        return replace(cfg, lr=None)
-    if cfg.train == "full" and cfg.task in CPU_FULL_LR and cfg.width >= CPU_FULL_LR_MIN_WIDTH:
-        return replace(cfg, lr=CPU_FULL_LR[cfg.task])
-    return cfg
+    return replace(cfg, lr=default_lr(cfg, "cpu"))
+
+
+def default_lr(cfg: TrainConfig, scale: str, task=None) -> float:
+    """The peak lr of a run given no --lr: the one rule, first match wins.
+
+    1. The LSTM baseline: LSTM_LR at every scale (paper D.3).
+    2. At the cpu scale, any mode that trains the blocks (the body: blocks and ln_f), from width
+       CPU_BLOCKS_LR_MIN_WIDTH up: the task's CPU_BLOCKS_LR.
+    3. At the cpu scale: the variant's lr.
+    4. The paper's lr for the task (task.lr).
+    The cpu scale is applied before the task is built (cpu_variant): there None leaves rules 1 and 4
+    to resolve(), so a run's command shows only what the variant itself sets.
+    """
+    if scale == "cpu":
+        if cfg.arch == "lstm":
+            return None
+        if trains_body(cfg.mode) and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
+            return CPU_BLOCKS_LR[cfg.task]
+        return CPU_VARIANTS[cfg.task].get("lr")
+    return LSTM_LR if cfg.arch == "lstm" else task.lr
+
+
+SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's variant
 
 
 def slow_run_hint(cfg, seconds_per_step, steps_left):
@@ -433,5 +342,5 @@ def slow_run_hint(cfg, seconds_per_step, steps_left):
             f"{seconds / 3600:.1f} h on this CPU")
     if all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
         return hint + " (the task's laptop variant; the machine may be busy)"
-    variant = command_line(TrainConfig(task=cfg.task, train=cfg.train, arch=cfg.arch)) + " --scale cpu"
+    variant = command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu"
     return hint + f"; the task's laptop variant shows its result in under an hour: {variant}"

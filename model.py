@@ -33,42 +33,60 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a fused qkv projection."""
+    """Multi-head causal self-attention with a fused qkv projection.
+
+    One path computes it, for training and for analysis alike: each query at
+    position t mixes the values at positions <= t with weights pattern =
+    softmax(q k^T * scale) (linear attention: the unnormalized all-ones causal
+    matrix instead, Table 9). With a cache the pattern is materialised, stored as
+    "blocks.{i}.attn.pattern" and applied; without one, a fused kernel computes
+    the same mix (scaled_dot_product_attention, or a running sum for linear
+    attention) without ever holding the (T, T) pattern. Edit `scale`, `mask` or
+    `pattern` and both change; the tests check that the two kernels agree.
+    """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
         self.linear = cfg.attention == "linear"
+        self.scale = 1.0 / math.sqrt(cfg.n_embd // cfg.n_head)  # softmax temperature: 1 / sqrt(head size)
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x, cache=None, name="", pos=None):
-        """pos (B, A): attend from those positions only (queries there, keys and values everywhere); (B, A, C)."""
+        """x (B, T, C) -> (B, T, C), or with pos (B, A) the output at those positions only, (B, A, C)."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2) if pos is None else self.project_at(x, pos)
         q, k, v = (t.view(B, t.size(1), self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, *, hs)
-        if self.linear:
-            # softmax(QK^T) replaced by the lower-triangular ones matrix: position t gets the
-            # unnormalized sum of v over positions <= t, so q and k go unused.
-            y = v.cumsum(dim=2)  # (B, nh, T, hs)
+        if cache is not None:
+            pattern = self.pattern(q, k, self.mask(T, pos, x.device))  # (B, nh, A, T)
+            cache[f"{name}.attn.pattern"] = pattern
+            y = pattern @ v
+        elif self.linear:  # pattern @ v with the all-ones causal pattern is a running sum
+            y = v.cumsum(dim=2)
             if pos is not None:
                 y = y.gather(2, pos[:, None, :, None].expand(-1, self.n_head, -1, y.size(-1)))
-            if cache is not None:
-                cache[f"{name}.attn.pattern"] = torch.ones(T, T, device=x.device).tril().expand(B, self.n_head, T, T)
-        elif pos is not None:
-            sees = torch.arange(T, device=x.device) <= pos[:, None, :, None]  # (B, 1, A, T): causal for queries at pos
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sees)
-        elif cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif pos is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         else:
-            # The fused kernel never materialises the pattern, so analysis takes the explicit path.
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            pattern = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-            cache[f"{name}.attn.pattern"] = pattern
-            y = pattern @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(T, pos, x.device), scale=self.scale)
+        y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)  # (B, A, C)
         return self.c_proj(y)
+
+    @staticmethod
+    def mask(T, pos, device):
+        """Which keys each query sees: (T, T) causal, or (B, 1, A, T) for queries at positions pos (B, A)."""
+        keys = torch.arange(T, device=device)
+        if pos is None:
+            return keys <= keys[:, None]
+        return keys <= pos[:, None, :, None]
+
+    def pattern(self, q, k, mask):
+        """The attention weights (B, nh, A, T) that mix the values."""
+        if self.linear:
+            return mask.to(q.dtype).expand(q.size(0), self.n_head, q.size(2), k.size(2))
+        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, A, T)
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
     def project_at(self, x, pos):
         """q at pos only, k and v everywhere: c_attn's query third is skipped where nothing is scored."""
@@ -169,8 +187,8 @@ class GPT(nn.Module):
         if cache is not None:
             cache["embed"] = x
         # Nothing after the last block mixes positions, so where logits are wanted at a few
-        # positions (the answers) it runs only there: ~1.5x less compute per step at width 512.
-        # Analysis (cache) wants every position; language modeling scores every one anyway.
+        # positions (the answers) its queries, MLP and unembedding run only there. Analysis
+        # (cache) wants every position; language modeling scores every one anyway.
         last_at_pos = pos is not None and cache is None and pos.size(1) < T
         for i, block in enumerate(self.h):
             if last_at_pos and i == len(self.h) - 1:
@@ -249,6 +267,15 @@ def parameter_group(name: str) -> str:
     if top in ("h", "ln_f", "lstm"):
         return "body"
     raise ValueError(f"parameter {name!r} belongs to no training-mode group")
+
+
+def trains_body(mode: str) -> bool:
+    """Whether the mode trains the blocks (or the LSTM's recurrence), which sets its cpu-scale lr (config.default_lr)."""
+    return "body" in TRAINING_MODES.get(mode, ())
+
+
+def training_mode_help() -> str:
+    return ", ".join(TRAINING_MODES) + " (frozen = the paper's random transformer)"
 
 
 def apply_training_mode(model: nn.Module, mode: str) -> dict:

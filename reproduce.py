@@ -30,11 +30,11 @@ from datetime import date
 
 import torch
 
-from config import (CPU_FULL_LR, CPU_FULL_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, OneLineParser, TrainConfig,
-                    command_line, cpu_variant, usage_errors)
+from cli import OneLineParser, UsageError, usage_errors
+from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, TrainConfig, command_line, cpu_variant
 from corpus import validation_path
 from figures import CURVE_TABLES, render_picture
-from runs import UsageError, median_range, run_state, write_atomic
+from runs import median_range, run_state, write_atomic
 from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
@@ -42,11 +42,11 @@ SEEDS = {"paper": 10, "cpu": 3}
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
     tasks = dict.fromkeys(cfg.task for cfg in cfgs)
-    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.train == "full" and cfg.lr == CPU_FULL_LR.get(cfg.task, "none"))
+    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.mode == "full" and cfg.lr == CPU_BLOCKS_LR.get(cfg.task, "none"))
     parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
     if full:
-        parts.append(f"the fully trained model from width {CPU_FULL_LR_MIN_WIDTH} up takes lr "
-                     + ", ".join(f"{CPU_FULL_LR[task]:g} on {task}" for task in full))
+        parts.append(f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
+                     + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full))
     if any(cfg.arch == "lstm" for cfg in cfgs):
         parts.append(f"the lstm keeps lr {LSTM_LR:g}")
     return "; ".join(parts) + "."
@@ -98,8 +98,8 @@ class Table:
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
 TABLE1_COLS = {  # column -> settings; "wide" is the paper's 1024, or CPU_WIDTH at cpu scale, and names its columns
-    "Random wide": {"train": "frozen"}, "Random 16": {"train": "frozen", "width": 16}, "Normal wide": {"train": "full"},
-    "Normal 16": {"train": "full", "width": 16}, "LSTM wide": {"train": "full", "arch": "lstm"},
+    "Random wide": {"mode": "frozen"}, "Random 16": {"mode": "frozen", "width": 16}, "Normal wide": {"mode": "full"},
+    "Normal 16": {"mode": "full", "width": 16}, "LSTM wide": {"mode": "full", "arch": "lstm"},
 }
 TABLE1_PAPER = {
     "modadd": [100.0, 1.3, 100.0, 97.2, 100.0],
@@ -131,7 +131,7 @@ def table1(scale):
 
 def table2(scale):
     rows = ["modadd (train)"] + TASK_ROWS
-    configs = {(row, col): task_config(row.split()[0], scale, train=mode) for row in rows for col, mode in TABLE2_COLS.items()}
+    configs = {(row, col): task_config(row.split()[0], scale, mode=mode) for row in rows for col, mode in TABLE2_COLS.items()}
     paper = {(row, col): v for row in rows for col, v in zip(TABLE2_COLS, TABLE2_PAPER[row])}
     return Table("table2", "Table 2: accuracy (%) of wide random transformers when only some embeddings train",
                  "accuracy", rows, list(TABLE2_COLS), configs, paper,
@@ -140,7 +140,7 @@ def table2(scale):
 
 def table3(scale):
     cols = ["accuracy", "bits", "bits_per_parameter"]
-    configs = {(row, col): task_config("memorize", scale, train=mode)
+    configs = {(row, col): task_config("memorize", scale, mode=mode)
                for row, mode in (("Normal", "full"), ("Random", "frozen")) for col in cols}
     paper = {("Normal", "accuracy"): 80.54, ("Normal", "bits"): 1_900_177, ("Normal", "bits_per_parameter"): 2.88,
              ("Random", "accuracy"): 4.53, ("Random", "bits"): 106_876, ("Random", "bits_per_parameter"): 0.41}
@@ -154,7 +154,7 @@ def table9(scale):
     width = {"paper": 512, "cpu": CPU_WIDTH}[scale]
     rows = ["needle", "addition", "parens"]
     cols = {"Softmax random": "gpt", "Linearized random": "linear"}  # the verdict is the contrast, so both are trained
-    configs = {(row, col): task_config(row, scale, train="frozen", arch=arch, width=width) for row in rows for col, arch in cols.items()}
+    configs = {(row, col): task_config(row, scale, mode="frozen", arch=arch, width=width) for row in rows for col, arch in cols.items()}
     paper = {("needle", "Linearized random"): 17.67, ("addition", "Linearized random"): 26.39, ("parens", "Linearized random"): 97.32}
     return Table("table9", "Table 9: test accuracy (%) of random transformers with linearized attention, beside softmax",
                  "accuracy", rows, list(cols), configs, paper,
@@ -166,7 +166,7 @@ def fig7(scale):
     rows = ["needle", "addition", "parens"]
     widths = {"paper": FIG7_WIDTHS, "cpu": [16, 128, CPU_WIDTH]}[scale]
     cols = [f"{kind} {w}" for kind in ("Random", "Normal") for w in widths]
-    configs = {(row, col): task_config(row, scale, train="frozen" if col.startswith("Random") else "full", width=int(col.split()[1]))
+    configs = {(row, col): task_config(row, scale, mode="frozen" if col.startswith("Random") else "full", width=int(col.split()[1]))
                for row in rows for col in cols}
     return Table("fig7", "Figure 7: test accuracy (%) across widths (the paper gives box plots, no numbers)",
                  "accuracy", rows, cols, configs)
@@ -176,7 +176,7 @@ def fig4(scale):
     widths = {"paper": FIG4_WIDTHS, "cpu": [32, 64, 128]}[scale]
     rows = ["Normal", "Random"]
     cols = [f"{layers} layers, width {w}" for layers in (2, 4) for w in widths]
-    configs = {(row, col): task_config("lm", scale, train="full" if row == "Normal" else "frozen", layers=int(col[0]),
+    configs = {(row, col): task_config("lm", scale, mode="full" if row == "Normal" else "frozen", layers=int(col[0]),
                                        width=int(col.split()[-1]))
                for row in rows for col in cols}
     paper = {("Normal", "4 layers, width 1024"): 1.35, ("Random", "2 layers, width 512"): 2.64}
@@ -190,7 +190,7 @@ def fig6(scale):
     targets = {"paper": FIG6_TARGET_WIDTHS, "cpu": [8, 12, 16, 32]}[scale]  # cpu: the paper's 12 -> 16 -> 32 and one below
     rows = ["Normal", "Random"]
     cols = [f"target {w}" for w in targets]
-    configs = {(row, col): task_config("imitate", scale, train="full" if row == "Normal" else "frozen", layers=3,
+    configs = {(row, col): task_config("imitate", scale, mode="full" if row == "Normal" else "frozen", layers=3,
                                        target_width=int(col.split()[1]))
                for row in rows for col in cols}
     return Table("fig6", "Figure 6: circuit imitation test KL across target widths (lower is better)", "kl", rows, cols, configs,

@@ -14,23 +14,27 @@ A new run appears at runs/<name> only once its first step has succeeded.
 import atexit
 import fcntl
 import json
+import math
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
+
+from cli import UsageError
+from devices import uses_bf16
 
 
 UMASK = os.umask(0o022)
 os.umask(UMASK)  # reading the process's umask means setting it: put it back at once
-
-
-class UsageError(Exception):
-    """Bad input from the user (a flag, a file, a directory): reported as one line, exit code 2."""
 
 
 def write_atomic(path, write):
@@ -387,3 +391,208 @@ def write_seed_summary(runs) -> str:
         f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" for k, v in summary["metrics"].items() if k not in ("step", "elapsed")))
     return path
 
+
+
+def run_record(cfg, counts: dict, device) -> dict:
+    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
+    return {**asdict(cfg), "parameters": counts, "device": str(device),
+            "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "torch": torch.__version__}
+
+
+# ---------------------------------------------------------------------------
+# A training run's operations, behind the loop's three calls
+# ---------------------------------------------------------------------------
+
+
+class Diverged(Exception):
+    """The training or test loss became NaN or infinite: the run stops, exit code 3."""
+
+
+class Run:
+    """Everything a training loop needs besides the algorithm, so that train.train reads as the algorithm:
+
+        with Run(cfg, model, optimizer, generator, counts, device, ranks, summary) as run:
+            for step, evaluate_now in run.steps():   # an evaluation is due, or step is the next to train
+                if evaluate_now:
+                    run.log(step, evaluate(...))      # then `continue`
+                ...; run.losses.append(train_step(...))
+
+    On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
+    caught. steps() moves a staged run into place once its first step has succeeded, stops at the
+    last step, at stop_after or at a signal, and says once if the run would take hours on this CPU.
+    log() checks for divergence, appends metrics.jsonl, saves the checkpoint and prints. On exit:
+    a finished run's model.pt and final.json; one stopped by a signal, its checkpoint, then
+    KeyboardInterrupt; one ended by stop_after, nothing more, as if killed (tests resume it).
+    Under torchrun the lead rank (0) alone writes files and prints.
+    """
+
+    def __init__(self, cfg, model, optimizer, generator, counts, device, ranks, summary, resume=False, stop_after=None):
+        self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
+        self.counts, self.ranks, self.summary, self.stop_after = counts, ranks, summary, stop_after
+        self.start = start_or_resume(cfg, resume, model, optimizer, generator, run_record(cfg, counts, device), ranks.lead)
+        self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
+        self.clock = Clock(self.start.elapsed)
+        self.slow_run_check = SlowRunCheck(cfg, self.start.step, active=ranks.lead and device.type == "cpu")
+        if ranks.lead:
+            print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
+
+    def __enter__(self):
+        self.stop = StopOnSignal(self.ranks.world == 1).__enter__()
+        self.bar = tqdm(total=self.cfg.steps, initial=self.start.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
+        return self
+
+    def steps(self):
+        """(step, True) where an evaluation is due after `step` steps, (step, False) for each step to train."""
+        cfg, start = self.cfg, self.start
+        for step in range(start.step, cfg.steps + 1):
+            self.step, last = step, step == cfg.steps
+            if self.staged() and (step > start.step or last):
+                if self.stop.requested:  # during the first step: the old run stays as it was
+                    return
+                self.take_place()
+            if step > start.logged and (last or step > 0 and step % cfg.eval_every == 0):
+                yield step, True
+            if last or step == self.stop_after or self.stop.requested:
+                return
+            self.slow_run_check(step)
+            yield step, False
+            self.bar.update()
+
+    def log(self, step, metrics):
+        """An evaluation's metrics: checked, appended to metrics.jsonl, checkpointed and shown."""
+        loss = self.mean_loss()  # its .item() waits for every queued step: the lap is true training time
+        steps_per_s = len(self.losses) / self.clock.lap() if self.losses else None
+        check_finite(step, loss, metrics)
+        self.metrics = metrics
+        self.write_eval(step, loss, metrics, self.clock.elapsed(), steps_per_s)
+        self.losses = []
+        self.clock.lap()  # evaluation time does not count as training time for steps/s
+
+    def staged(self) -> bool:
+        return self.start.staged is not None
+
+    def take_place(self):
+        replace_old_run(self.cfg.out, self.start)
+
+    def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
+        if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
+            log_eval(self.cfg.out, step, loss, lr_at(step, self.cfg), metrics, elapsed, steps_per_s)
+            save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
+            if not sys.stderr.isatty():
+                print_eval(step, self.cfg.steps, loss, metrics, steps_per_s)
+        self.bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
+
+    def mean_loss(self):
+        """The mean training loss of the steps since the last evaluation (over every rank), or None without steps."""
+        if not self.losses:
+            return None
+        mean = self.ranks.sum(sum(self.losses)) / len(self.losses)  # (,), or (seeds,) for batched seeds
+        return mean.item() if mean.dim() == 0 else mean.tolist()
+
+    def __exit__(self, error, *details):
+        self.bar.close()
+        self.stop.__exit__()
+        if error:
+            return
+        if self.stop.requested and self.staged():
+            print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
+            raise KeyboardInterrupt
+        if self.stop.requested and self.step < self.cfg.steps:
+            self.save_stopped()
+            raise KeyboardInterrupt
+        if self.step < self.cfg.steps:  # stop_after: ended as if killed, after its last checkpoint
+            return
+        if self.ranks.lead:
+            self.save_finished()
+
+    def save_stopped(self):
+        cfg, step = self.cfg, self.step
+        if self.ranks.lead:
+            save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.clock.elapsed(), self.metrics, self.losses)
+            print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
+
+    def save_finished(self):
+        final = {"step": self.step, "elapsed": self.clock.elapsed(), "parameters": self.counts,
+                 **self.summary(self.metrics, self.counts["trainable"])}
+        save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
+
+
+def check_finite(step, loss, metrics):
+    """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot hold it.
+    loss and metrics may be per seed (a list of floats, a list of dicts: batched_seeds.py)."""
+    values = [("training loss", loss)] + [item for m in (metrics if isinstance(metrics, list) else [metrics]) for item in m.items()]
+    bad = {name: value for name, value in values
+           if value is not None and not all(math.isfinite(v) for v in (value if isinstance(value, list) else [value]))}
+    if bad:
+        raise Diverged(f"training diverged by step {step} ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+                       "the run stops at its last checkpoint; a lower --lr may help")
+
+
+def lr_at(step: int, cfg) -> float:
+    """Linear warmup to cfg.lr over cfg.warmup steps, then cosine decay to 0 at cfg.steps."""
+    if step < cfg.warmup:
+        return cfg.lr * step / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+class Clock:
+    """Wall time of a run: elapsed() since it began (a resumed run carries its earlier time), lap() since the last lap."""
+
+    def __init__(self, elapsed=0.0):
+        self.start = time.time() - elapsed
+        self.lap_start = time.time()
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def lap(self) -> float:
+        now, start = time.time(), self.lap_start
+        self.lap_start = now
+        return now - start
+
+
+class SlowRunCheck:
+    """Called before each step: times 3 steps after the first (which allocates and compiles) and,
+    if the run would take hours on this CPU, says once what would finish sooner."""
+
+    def __init__(self, cfg, first_step, active):
+        self.cfg, self.timed, self.active = cfg, (first_step + 1, first_step + 4), active
+
+    def __call__(self, step):
+        from config import slow_run_hint  # config reads saved runs through this module, so not at the top
+
+        if self.active and step == self.timed[0]:
+            self.started = time.time()
+        elif self.active and step == self.timed[1] and (hint := slow_run_hint(self.cfg, (time.time() - self.started) / 3, self.cfg.steps - step)):
+            tqdm.write(hint, file=sys.stderr)
+
+
+class StopOnSignal:
+    """While active, Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal),
+    ask the loop to stop at the next step boundary, where a checkpoint resumes exactly, instead of
+    ending mid-step; a second signal acts at once. Only in the main thread of a single process:
+    data-parallel ranks would stop at different steps."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, active):
+        self.active = active and threading.current_thread() is threading.main_thread()
+        self.requested = False
+
+    def __enter__(self):
+        if self.active:
+            self.previous = {s: signal.signal(s, self.request) for s in self.SIGNALS}
+        return self
+
+    def request(self, signum, frame):
+        self.requested = True
+        self.__exit__()
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        if self.active:
+            for s, handler in self.previous.items():
+                signal.signal(s, handler)
+            self.active = False

@@ -13,8 +13,9 @@ import math
 import torch
 
 from tasks import LanguageModeling
-from config import OneLineParser, load_run, pick_device, usage_errors
-from runs import UsageError
+from cli import OneLineParser, UsageError, usage_errors
+from config import load_run
+from devices import pick_device
 
 
 @torch.no_grad()

@@ -31,8 +31,9 @@ import torch
 
 import train
 from bench import useful_flops
+from cli import UsageError
 from config import TrainConfig, build_task, changed_settings, command_line, load_run, resolve, with_paper_defaults
-from runs import UsageError, run_state, write_json
+from runs import run_state, write_json
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------
@@ -64,7 +65,7 @@ def train_one(cfg: TrainConfig, k=1, n=1):
 def train_split_metrics(run_dir: str) -> dict:
     """A finished modadd run scored on its training split (Table 2's train accuracy)."""
     cfg, task, model, _ = load_run(run_dir)
-    return train.evaluate(model, task, task.train, torch.device("cpu"), dtype=cfg.dtype)
+    return train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=cfg.dtype)
 
 
 def run_cost(cfg: TrainConfig) -> float:
@@ -72,7 +73,7 @@ def run_cost(cfg: TrainConfig) -> float:
     counting 1.5x), enough to start the longest runs first so that --jobs workers finish together
     rather than one of them running the last long run alone."""
     tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
-    body = 1.5 if cfg.train == "full" else 1.0
+    body = 1.5 if cfg.mode == "full" else 1.0
     return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
 
 

@@ -15,7 +15,7 @@ unembedding only at `pos`, so the loss never touches a padded position.
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -50,6 +50,49 @@ class Batch:
     def apply(self, fn):
         """fn applied to every field that is set (target is None outside imitation)."""
         return Batch(*(None if t is None else fn(t) for t in self.tensors()))
+
+    def length_chunks(self, answers=None):
+        """Yield (chunk, weight): the batch cut into chunks of similar length, each trimmed after its last answer.
+
+        Causal attention means no token after a row's last answer can change any
+        answer, so dropping those tokens leaves loss and gradient unchanged up to
+        float rounding. Rows are sorted by last answer and split into LENGTH_CHUNKS
+        chunks, each cut after its longest row; weight = the chunk's answers /
+        `answers` (default: the batch's answer count), so the weighted chunk mean
+        losses add up to the batch's mean. A batch with a leading seed dimension
+        (batched_seeds.py) is sorted per seed and cut at the longest row over seeds;
+        then weight has one entry per seed. One host sync, for the chunk lengths.
+        """
+        answers = (self.y >= 0).sum((-2, -1)) if answers is None else answers
+        last = self.pos.amax(-1)  # (..., B) each row's last answer position
+        order = last.argsort(-1)
+        chunks = [rows for rows in order.tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)]
+        ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
+        if ends[0] == ends[-1]:  # every row the same length: no sorting, one chunk
+            chunks, ends = [None], ends[:1]
+        else:
+            ends = ends[1:]
+        for rows, end in zip(chunks, ends):
+            chunk = self if rows is None else self.take_rows(rows)
+            chunk = replace(chunk, x=chunk.x[..., : end + 1].contiguous())  # one memory layout for every chunk: no recompile
+            yield chunk, (chunk.y >= 0).sum((-2, -1)) / answers
+
+    def take_rows(self, rows):
+        """The given rows (indices (..., b) into the row dimension, the second to last of pos)."""
+        row_dim = self.pos.dim() - 2
+
+        def take(t):
+            index = rows.view(rows.shape + (1,) * (t.dim() - rows.dim()))
+            return torch.take_along_dim(t, index, dim=row_dim)
+
+        return self.apply(take)
+
+
+# Rows are sorted by length and cut into this many chunks, each trimmed after
+# its own last answer. With uniform lengths (needle, parens) n chunks feed
+# (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8, so
+# past 4 the saving is small while each chunk costs its own kernel launches.
+LENGTH_CHUNKS = 4
 
 
 def join_batches(batches, join=torch.cat):
@@ -159,7 +202,7 @@ def uniform_below(n, generator):
 
 
 class FiniteTask(Task):
-    """A task with a fixed training set, `self.train` (a Batch), passed over `epochs` times.
+    """A task with a fixed training set, `self.train_set` (a Batch), passed over `epochs` times.
 
     Each batch draws rows uniformly with replacement, so the paper's shuffled
     epochs become the same number of steps with the same expected passes over
@@ -168,12 +211,12 @@ class FiniteTask(Task):
 
     def steps_for(self, batch_size: int) -> int:
         """The steps that pass over the training set `epochs` times at this batch size."""
-        return math.ceil(self.epochs * len(self.train) / batch_size)
+        return math.ceil(self.epochs * len(self.train_set) / batch_size)
 
     def sample(self, batch_size, generator):
         if getattr(self, "_train_on_device", None) is None or self._train_on_device.x.device != generator.device:
-            self._train_on_device = self.train.to(generator.device)
-        rows = torch.randint(len(self.train), (batch_size,), generator=generator, device=generator.device)
+            self._train_on_device = self.train_set.to(generator.device)
+        rows = torch.randint(len(self.train_set), (batch_size,), generator=generator, device=generator.device)
         return self._train_on_device[rows]
 
 
@@ -210,7 +253,7 @@ class ModularAddition(FiniteTask):
         pairs = Batch(torch.stack([a, b], 1), torch.ones(self.p**2, 1, dtype=torch.long), ((a + b) % self.p)[:, None])[order]
         # The published split is 37,619 train / 1,982 test for p = 199 (docs/protocol.md §4.1).
         n_train = int(0.95 * self.p**2) - 1
-        self.train, self.test = pairs[:n_train], pairs[n_train:]
+        self.train_set, self.test = pairs[:n_train], pairs[n_train:]
 
     def test_set(self):
         return self.test
@@ -465,13 +508,13 @@ class Memorization(FiniteTask):
             raise ValueError(f"memorize needs 1 <= keys <= 512, got {self.keys}")
         x, y = torch.cartesian_prod(torch.arange(self.keys), 512 + torch.arange(self.keys)).T
         z = torch.randint(self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED))
-        self.train = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
+        self.train_set = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
 
     def test_set(self):
-        return self.train
+        return self.train_set
 
     def summary(self, metrics, trainable):
-        return memorization_capacity(metrics["accuracy"], metrics["loss"], len(self.train), self.VALUES, trainable)
+        return memorization_capacity(metrics["accuracy"], metrics["loss"], len(self.train_set), self.VALUES, trainable)
 
 
 def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:

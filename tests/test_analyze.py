@@ -88,7 +88,7 @@ def test_distance_irrelevance_with_an_even_modulus_is_the_std_over_each_differen
 def test_clock_pizza_of_an_even_modulus_model_reads_no_unwritten_memory(monkeypatch):
     p = 6  # even: the sum and the difference of a pair share their parity, so (a, b) -> (s, d) is not one-to-one
     torch.manual_seed(0)
-    _, _, model, _ = config.build(TrainConfig(task="modadd", train="frozen", p=p, width=16, heads=2, device="cpu"))
+    _, _, model, _ = config.build(TrainConfig(task="modadd", mode="frozen", p=p, width=16, heads=2, device="cpu"))
     model.eval()
     first = [analyze.gradient_symmetricity(model, p), analyze.distance_irrelevance(model, p)]
     empty = torch.empty
@@ -140,7 +140,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     sizes = {"modadd": {"p": 7}, "needle": {"max_pairs": 4}, "parens": {"max_parens": 8}}
     for task, size in sizes.items():
-        train.train(TrainConfig(task=task, train="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
+        train.train(TrainConfig(task=task, mode="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
                                device="cpu", out=str(root / task), **size))
     return root
 
@@ -253,7 +253,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(runs, tmp_path, capsys):
 
 def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
     run = tmp_path / "memorize"
-    train.train(TrainConfig(task="memorize", train="frozen", keys=4, steps=3, batch_size=16, warmup=1,
+    train.train(TrainConfig(task="memorize", mode="frozen", keys=4, steps=3, batch_size=16, warmup=1,
                            device="cpu", out=str(run)))
     final = json.loads((run / "final.json").read_text())
     result = analyzed(run)
@@ -266,7 +266,7 @@ def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
 def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
     stories = corpus.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
     run = tmp_path / "lm"
-    train.train(TrainConfig(task="lm", train="frozen", data=stories, vocab=400, context=32, width=16, heads=2,
+    train.train(TrainConfig(task="lm", mode="frozen", data=stories, vocab=400, context=32, width=16, heads=2,
                            steps=3, batch_size=4, warmup=1, device="cpu", out=str(run)))
     samples = analyzed(run, "--only", "samples")["samples"]
     assert samples["prompts"] == analyze.LM_PROMPTS

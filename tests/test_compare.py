@@ -12,7 +12,7 @@ from config import TrainConfig
 
 
 def tiny(out, **overrides):
-    settings = dict(task="needle", train="frozen", width=16, heads=2, steps=4, batch_size=8, lr=3e-3, warmup=1,
+    settings = dict(task="needle", mode="frozen", width=16, heads=2, steps=4, batch_size=8, lr=3e-3, warmup=1,
                     eval_every=2, max_pairs=2, test_size=50, device="cpu", out=str(out))
     return TrainConfig(**{**settings, **overrides})
 

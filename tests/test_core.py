@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+import cli
 import config
 import train
 from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
@@ -61,12 +62,12 @@ def test_training_batches_drop_test_examples_when_they_collide():
 
 def test_modular_addition_split_and_answers():
     task = make_task("modadd")
-    assert (len(task.train), len(task.test)) == (37_619, 1_982)
-    assert not rows(task.train.x) & rows(task.test.x)
-    both = torch.cat([task.train.x, task.test.x])
+    assert (len(task.train_set), len(task.test)) == (37_619, 1_982)
+    assert not rows(task.train_set.x) & rows(task.test.x)
+    both = torch.cat([task.train_set.x, task.test.x])
     assert len(rows(both)) == 199**2
     a, b = both.T
-    answers = torch.cat([task.train.y, task.test.y])[:, 0]
+    answers = torch.cat([task.train_set.y, task.test.y])[:, 0]
     assert torch.equal(answers, (a + b) % 199)
     assert torch.equal(make_task("modadd").test.x, task.test.x)
 
@@ -281,7 +282,7 @@ def test_analysis_cache_matches_the_fused_path():
 
 @pytest.mark.parametrize("mode", list(TRAINING_MODES))
 def test_one_step_changes_exactly_the_trained_tensors(mode):
-    cfg = TrainConfig(task="needle", train=mode, width=16, batch_size=8, steps=1, warmup=0, device="cpu")
+    cfg = TrainConfig(task="needle", mode=mode, width=16, batch_size=8, steps=1, warmup=0, device="cpu")
     torch.manual_seed(0)
     cfg, task, model, counts = config.build(cfg)
     assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
@@ -297,7 +298,7 @@ def test_one_step_changes_exactly_the_trained_tensors(mode):
 
 
 def test_optimizer_decays_matrices_not_biases_or_layernorms():
-    cfg = TrainConfig(task="parens", train="full", width=16, lr=1e-3, weight_decay=0.1)
+    cfg = TrainConfig(task="parens", mode="full", width=16, lr=1e-3, weight_decay=0.1)
     cfg, _, model, _ = config.build(cfg)
     decay, no_decay = train.make_optimizer(model.parameters(), cfg, torch.device("cpu")).param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -318,7 +319,7 @@ def test_learning_rate_warms_up_linearly_then_decays_to_zero():
 
 
 def tiny(tmp_path, **overrides):
-    settings = dict(task="parens", train="frozen", width=16, heads=2, steps=8, batch_size=32, lr=3e-3,
+    settings = dict(task="parens", mode="frozen", width=16, heads=2, steps=8, batch_size=32, lr=3e-3,
                     warmup=2, eval_every=4, max_parens=10, test_size=200, device="cpu", out=str(tmp_path / "run"))
     return TrainConfig(**{**settings, **overrides})
 
@@ -339,7 +340,7 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path, out=str(tmp_path / "cut")), stop_after=4)
     assert not (tmp_path / "cut" / "final.json").exists()
-    cfg, resume = config.parse_args(["--resume", str(tmp_path / "cut")])
+    cfg, resume = cli.parse_args(["--resume", str(tmp_path / "cut")])
     resumed = train.train(cfg, resume=resume)
     assert resumed == whole
     a = torch.load(tmp_path / "whole" / "model.pt")["model"]

@@ -46,15 +46,15 @@ def test_memorization_bits_match_table_3(accuracy, bits, trainable, per_paramete
 
 def test_memorization_trainable_counts_match_table_3():
     for mode, trainable in (("frozen", 262_784), ("full", 659_584)):
-        _, _, _, counts = config.build(TrainConfig(task="memorize", train=mode))
+        _, _, _, counts = config.build(TrainConfig(task="memorize", mode=mode))
         assert counts["trainable"] == trainable
 
 
 def test_memorization_map_is_fixed_by_the_seed_not_the_run():
     torch.manual_seed(1)
-    first = make_task("memorize", keys=16).train
+    first = make_task("memorize", keys=16).train_set
     torch.manual_seed(2)
-    second = make_task("memorize", keys=16).train
+    second = make_task("memorize", keys=16).train_set
     assert torch.equal(first.x, second.x) and torch.equal(first.y, second.y)
     assert first.x[:, 0].unique().tolist() == list(range(16))
     assert first.x[:, 1].unique().tolist() == list(range(512, 528))
@@ -109,7 +109,7 @@ def test_kl_of_the_target_against_itself_is_zero():
 
 
 def test_frozen_student_imitates_a_narrow_target(tmp_path):
-    cfg = tiny(tmp_path, task="imitate", train="frozen", target_width=4, layers=2, steps=150, lr=1e-2)
+    cfg = tiny(tmp_path, task="imitate", mode="frozen", target_width=4, layers=2, steps=150, lr=1e-2)
     _, task, untrained, _ = config.build(cfg)
     start = train.evaluate(untrained, task, task.test_set(), torch.device("cpu"))["kl"]
     assert train.train(cfg)["kl"] < 0.7 * start
@@ -230,7 +230,7 @@ def test_sinusoidal_positions_are_fixed_and_uncounted():
 @pytest.mark.parametrize("arch", ["gpt", "lstm", "linear"])
 def test_every_training_mode_builds_for_every_arch(arch):
     for mode in ("full", "frozen", "unembed", "embed", "token+unembed"):
-        _, _, model, counts = config.build(TrainConfig(task="modadd", arch=arch, train=mode, width=16))
+        _, _, model, counts = config.build(TrainConfig(task="modadd", arch=arch, mode=mode, width=16))
         trainable = {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
         assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
         if mode == "unembed":

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import torch
 
+import cli
 import config
 import dataclasses
 import figures
@@ -16,7 +17,8 @@ import sweep
 import tasks
 import train
 from config import TrainConfig
-from runs import UsageError, aggregate, write_json
+from cli import UsageError
+from runs import aggregate, write_json
 
 
 def write_final(run_dir, **metrics):
@@ -78,7 +80,7 @@ def test_a_sweep_starts_the_longest_runs_first(tmp_path, monkeypatch):
     sweep.sweep(table, runs, jobs=1)
     assert len(trained) == 20
     assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12 and {cfg.width for cfg in trained[12:]} == {16}
-    assert trained[0].task == "parens" and trained[0].train == "full"  # the longest sequences, every weight trained
+    assert trained[0].task == "parens" and trained[0].mode == "full"  # the longest sequences, every weight trained
     costs = [sweep.run_cost(cfg) for cfg in trained]
     assert costs == sorted(costs, reverse=True)
 
@@ -135,7 +137,7 @@ def test_cell_commands_parse_back_to_the_cells_configs():
     for name, make in reproduce.TABLES.items():
         for scale in reproduce.SCALES:
             for cell in reproduce.cell_runs(make(scale), scale, "runs/reproduce", seeds=2).values():
-                cfg, resume = config.parse_args(reproduce.train_command(cell[0], 2).split()[2:])
+                cfg, resume = cli.parse_args(reproduce.train_command(cell[0], 2).split()[2:])
                 assert not resume
                 assert config.seed_configs(cfg) == cell, (name, scale)
 

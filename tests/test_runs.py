@@ -18,6 +18,8 @@ import bench
 import corpus
 import reproduce
 import sample
+import cli
+import devices
 import config
 import runs
 import train
@@ -254,8 +256,8 @@ def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
 
 
 def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path):
-    assert not config.uses_bf16(torch.device("cpu"), "auto") and config.uses_bf16(torch.device("cpu"), "bf16")
-    assert config.uses_bf16(torch.device("cuda"), "auto") and not config.uses_bf16(torch.device("cuda"), "fp32")
+    assert not devices.uses_bf16(torch.device("cpu"), "auto") and devices.uses_bf16(torch.device("cpu"), "bf16")
+    assert devices.uses_bf16(torch.device("cuda"), "auto") and not devices.uses_bf16(torch.device("cuda"), "fp32")
     train.train(tiny(tmp_path, steps=0))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["dtype"] == "auto" and saved["resolved_dtype"] == "fp32"
@@ -309,7 +311,7 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(name, step, par
         assert not (cut / "checkpoint.pt").exists()
     else:
         assert torch.load(cut / "checkpoint.pt")["step"] in (4, 8)  # a whole checkpoint, never a part
-    resumed = train.train(*config.parse_args(["--resume", str(cut)]))
+    resumed = train.train(*cli.parse_args(["--resume", str(cut)]))
     assert resumed == whole and metric_steps(cut) == [4, 8]
     assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
     a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
@@ -322,7 +324,7 @@ def test_resume_drops_a_metrics_line_cut_short(tmp_path):
     train.train(tiny(tmp_path), stop_after=4)
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "lo')
-    assert train.train(*config.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "run")])) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -332,8 +334,8 @@ def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     (tmp_path / "run").rename(tmp_path / "moved")
-    assert train.train(*config.parse_args(["--resume", str(tmp_path / "copy")])) == whole
-    assert train.train(*config.parse_args(["--resume", str(tmp_path / "moved")])) == whole
+    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "copy")])) == whole
+    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "moved")])) == whole
     assert not (tmp_path / "run").exists()  # the directory named in config.json is never recreated
     assert (tmp_path / "copy" / "final.json").exists() and (tmp_path / "moved" / "final.json").exists()
     assert before["config.json"] == (tmp_path / "moved" / "config.json").read_bytes()
@@ -343,12 +345,12 @@ def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
     train.train(tiny(tmp_path), stop_after=4)
     code, err = run_cli(["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "drop --steps, --lr, --frozen" in err
-    train.train(*config.parse_args(["--resume", str(tmp_path / "run")]))
+    train.train(*cli.parse_args(["--resume", str(tmp_path / "run")]))
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
-    with pytest.raises(runs.UsageError, match="has finished"):
-        train.train(config.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
+    with pytest.raises(cli.UsageError, match="has finished"):
+        train.train(cli.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
 
 
@@ -374,7 +376,7 @@ def test_warmup_defaults_to_500_but_at_most_a_tenth_of_the_steps():
         return config.resolve(cfg)[0].warmup
     assert warmup(steps=300) == 30 and warmup(steps=10_000) == 500 and warmup(steps=0) == 0
     assert warmup(steps=300, warmup=200) == 200
-    assert "at most a tenth of --steps" in config.make_parser().format_help()
+    assert "at most a tenth of --steps" in cli.make_parser().format_help()
 
 
 def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path, capsys):
@@ -388,7 +390,7 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_pa
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path), stop_after=4)
     os.remove(tmp_path / "run" / "checkpoint.pt")
-    assert train.train(*config.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "run")])) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -439,13 +441,13 @@ def records(run):
     ("final.json", 1, "unmoved"),  # model.pt written, final.json not
 ])
 def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(name, nth, where, tmp_path):
-    whole = train.train(config.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     cut = tmp_path / "cut"
     killed = subprocess.run([sys.executable, "-c", KILLER, REPO, name, str(nth), where] + TINY_ARGS + ["--out", str(cut)],
                             cwd=tmp_path, capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (cut / "final.json").exists()
-    assert train.train(*config.parse_args(["--resume", str(cut)])) == whole
+    assert train.train(*cli.parse_args(["--resume", str(cut)])) == whole
     assert not [f for f in os.listdir(cut) if f.endswith(".tmp")]  # the kill's temp file is cleared
     assert records(cut) == records(tmp_path / "whole")  # each step once, the same numbers
     a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
@@ -472,7 +474,7 @@ train.main(sys.argv[3:])
 
 @pytest.mark.parametrize("sent, said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGHUP")])
 def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent, said, tmp_path):
-    whole = train.train(config.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
     stopped = subprocess.run([sys.executable, "-c", INTERRUPTER.replace("SIGINT", sent), REPO, "6"] + TINY_ARGS + ["--out", str(run)],
                              cwd=tmp_path, capture_output=True, text=True)
@@ -481,35 +483,35 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
     assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
     assert not (run / ".lock").exists()  # released and removed at exit
-    assert train.train(*config.parse_args(["--resume", str(run)])) == whole
+    assert train.train(*cli.parse_args(["--resume", str(run)])) == whole
     assert records(run) == records(tmp_path / "whole")  # the step-8 loss averages steps 4-7, as uninterrupted
 
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
-    cfg = TrainConfig(task="needle", train="frozen")
+    cfg = TrainConfig(task="needle", mode="frozen")
     hint = config.slow_run_hint(cfg, 9.3, 9990)
     assert "about 25.8 h" in hint
     assert hint.endswith("python train.py --task needle --train frozen --scale cpu")
-    suggested, _ = config.parse_args(hint.split("python train.py ")[1].split())
+    suggested, _ = cli.parse_args(hint.split("python train.py ")[1].split())
     assert suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
-    full = config.slow_run_hint(TrainConfig(task="addition", train="full"), 9.3, 9990)
-    suggested, _ = config.parse_args(full.split("python train.py ")[1].split())
+    full = config.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3, 9990)
+    suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
     assert suggested.digits == 6 and suggested.lr == 3e-4  # the fully trained wide model's own lr
 
 
 def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
-    cfg, _ = config.parse_args(["--task", "parens", "--frozen", "--scale", "cpu"])
-    assert cfg == config.cpu_variant(TrainConfig(task="parens", train="frozen"))
-    cfg, _ = config.parse_args(["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"])
+    cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu"])
+    assert cfg == config.cpu_variant(TrainConfig(task="parens", mode="frozen"))
+    cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"])
     assert (cfg.steps, cfg.width, cfg.max_parens, cfg.batch_size) == (50, 1024, 40, 64)
-    assert config.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens")
+    assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens")
     assert config.slow_run_hint(cfg, 0.1, 9990) is None
     assert config.slow_run_hint(config.cpu_variant(cfg), 9.3, 5990).endswith("(the task's laptop variant; the machine may be busy)")
     assert "--task lm --scale cpu" in config.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
-    lr = {(train_mode, width): config.cpu_variant(TrainConfig(task="needle", train=train_mode, width=width)).lr
+    lr = {(train_mode, width): config.cpu_variant(TrainConfig(task="needle", mode=train_mode, width=width)).lr
           for train_mode in ("full", "frozen") for width in (16, 128, None)}
     assert lr == {("full", 16): 3e-3, ("full", 128): 3e-4, ("full", None): 3e-4,
                   ("frozen", 16): 3e-3, ("frozen", 128): 3e-3, ("frozen", None): 3e-3}
@@ -544,7 +546,7 @@ def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, cap
     finally:
         holder.kill()
         holder.wait()
-    assert train.train(*config.parse_args(["--resume", str(run)]))  # the lock dies with its process
+    assert train.train(*cli.parse_args(["--resume", str(run)]))  # the lock dies with its process
 
 
 FAILING_FIRST_STEP = """
@@ -611,7 +613,7 @@ def test_a_file_system_that_refuses_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_runs_that_differ_in_any_setting_get_their_own_default_directory():
     def out(*flags):
-        return config.resolve(config.parse_args(["--task", "addition", "--frozen", *flags])[0])[0].out
+        return config.resolve(cli.parse_args(["--task", "addition", "--frozen", *flags])[0])[0].out
     assert out() == os.path.join("runs", "addition-frozen-w1024-s0")
     assert out("--scale", "cpu") == os.path.join("runs", "addition-frozen-w512-cpu-s0")
     names = {out("--scale", "cpu", *flags) for flags in ([], ["--digits", "3"], ["--lr", "1e-3"], ["--steps", "99"],
@@ -621,7 +623,7 @@ def test_runs_that_differ_in_any_setting_get_their_own_default_directory():
 
 def test_the_same_seeds_command_after_an_interruption_skips_finished_seeds_and_resumes_the_stopped_one(tmp_path, monkeypatch, capsys):
     argv = TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")]
-    whole = train.train(config.parse_args(TINY_ARGS + ["--seed", "1", "--out", str(tmp_path / "whole")])[0])
+    whole = train.train(cli.parse_args(TINY_ARGS + ["--seed", "1", "--out", str(tmp_path / "whole")])[0])
     original = train.train
 
     def stopped_at_seed_1(cfg, resume=False, stop_after=None):
@@ -642,7 +644,7 @@ def test_the_same_seeds_command_after_an_interruption_skips_finished_seeds_and_r
 
 def test_batched_seeds_interrupted_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     import batched_seeds
-    monkeypatch.setattr(batched_seeds, "train_step", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(batched_seeds, "stacked_step", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(SystemExit) as exit:
         batched_seeds.main(TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
@@ -654,7 +656,7 @@ def test_resume_removes_only_its_own_temp_files(tmp_path):
     run = tmp_path / "run"
     (run / ".notes.tmp").write_text("mine")
     (run / ".checkpoint.pt.k3j2h1.tmp").write_bytes(b"half a checkpoint")
-    train.train(*config.parse_args(["--resume", str(run)]))
+    train.train(*cli.parse_args(["--resume", str(run)]))
     assert (run / ".notes.tmp").read_text() == "mine" and not (run / ".checkpoint.pt.k3j2h1.tmp").exists()
 
 

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny(tmp_path, **overrides):
-    settings = dict(task="parens", train="frozen", width=16, heads=2, steps=6, batch_size=32, lr=3e-3, warmup=2,
+    settings = dict(task="parens", mode="frozen", width=16, heads=2, steps=6, batch_size=32, lr=3e-3, warmup=2,
                     eval_every=3, max_parens=20, test_size=200, device="cpu", dtype="fp32", out=str(tmp_path / "run"))
     return TrainConfig(**{**settings, **overrides})
 
@@ -32,7 +32,7 @@ def gradients(model):
 
 @pytest.mark.parametrize("task", ["needle", "parens", "addition"])
 def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path):
-    cfg = tiny(tmp_path, task=task, train="full")
+    cfg = tiny(tmp_path, task=task, mode="full")
     torch.manual_seed(0)
     cfg, task, model, _ = config.build(cfg)
     batch = task.sample(64, torch.Generator().manual_seed(1))
@@ -45,7 +45,7 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
     padded_loss = backward(batch)
     padded = gradients(model)
     model.zero_grad(set_to_none=True)
-    chunked_loss = sum(backward(chunk, weight) for chunk, weight in train.length_chunks(batch, (batch.y >= 0).sum()))
+    chunked_loss = sum(backward(chunk, weight) for chunk, weight in batch.length_chunks())
     chunked = gradients(model)
     assert set(padded) == set(chunked)
     assert torch.allclose(padded_loss, chunked_loss, rtol=1e-5)
@@ -56,8 +56,8 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
 def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
     _, task, _, _ = config.build(tiny(tmp_path, task="needle"))
     batch = task.sample(64, torch.Generator().manual_seed(1))
-    seen = list(train.length_chunks(batch, (batch.y >= 0).sum()))
-    assert len(seen) == train.LENGTH_CHUNKS and sum(len(chunk) for chunk, _ in seen) == 64
+    seen = list(batch.length_chunks())
+    assert len(seen) == tasks.LENGTH_CHUNKS and sum(len(chunk) for chunk, _ in seen) == 64
     assert sum(weight for _, weight in seen) == pytest.approx(1.0)
     widths = [chunk.x.size(1) for chunk, _ in seen]
     assert widths == sorted(widths) and widths[0] < batch.x.size(1)
@@ -146,6 +146,8 @@ def test_bench_scale_cpu_times_the_step_reproduce_trains(capsys):
 def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
     # Needle rows vary in length, so the chunks do: the first new length recompiles once
     # (automatic dynamic shapes) and no other change (a chunk's memory layout included) does.
+    # The model is compiled in place, so evaluation (no grad: graphs of its own) runs compiled
+    # too, with the same bound: two graphs for the step, two for evaluation.
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
@@ -154,4 +156,4 @@ def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
     compiled = train.train(replace(cfg, out=str(tmp_path / "compiled"), compile=True))
     losses = [[json.loads(line)["loss"] for line in open(tmp_path / run / "metrics.jsonl")] for run in ("eager", "compiled")]
     assert losses[0] == pytest.approx(losses[1], abs=1e-4) and compiled == pytest.approx(eager, abs=1e-4)
-    assert counters["stats"]["unique_graphs"] <= 2 and counters["frames"]["ok"] <= 2
+    assert counters["stats"]["unique_graphs"] <= 4 and counters["frames"]["ok"] <= 4

@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 import compare
+import cli
 import config
 import train
 
@@ -33,16 +34,16 @@ def test_the_tour_has_five_experiments_each_with_its_comparison():
 @pytest.mark.parametrize("title, trainings, comparison", experiments(), ids=[t[:2] for t, _, _ in experiments()])
 def test_each_experiment_runs_at_tiny_size_and_compares_its_own_runs(title, trainings, comparison, tmp_path, capsys):
     for argv in trainings:
-        out = config.resolve(config.parse_args(argv)[0])[0].out  # where the tour's command writes
+        out = config.resolve(cli.parse_args(argv)[0])[0].out  # where the tour's command writes
         assert out in comparison, f"{title}: {out} is not compared"
-        cfg, _ = config.parse_args(argv + TINY + ["--out", str(tmp_path / out)])
+        cfg, _ = cli.parse_args(argv + TINY + ["--out", str(tmp_path / out)])
         train.train(cfg)
     missing = [run for run in comparison if not os.path.isdir(tmp_path / run)]
     # A run the experiment compares but does not train is experiment 1's, the tour's baseline.
     for run in missing:
         argv = next(argv for _, trains, _ in experiments() for argv in trains
-                    if config.resolve(config.parse_args(argv)[0])[0].out == run)
-        train.train(config.parse_args(argv + TINY + ["--out", str(tmp_path / run)])[0])
+                    if config.resolve(cli.parse_args(argv)[0])[0].out == run)
+        train.train(cli.parse_args(argv + TINY + ["--out", str(tmp_path / run)])[0])
     compare.main([str(tmp_path / run) for run in comparison] + ["--plot", str(tmp_path / "compare.png")])
     table = capsys.readouterr().out
     assert table.count("\n| ") == len(comparison) + 1 and os.path.exists(tmp_path / "compare.png")

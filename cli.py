@@ -1,0 +1,105 @@
+"""The command line every script shares: train.py's flags (generated from TrainConfig) and one-line errors.
+
+    cfg, resume = parse_args(["--task", "needle", "--frozen"])   # TrainConfig, and whether --resume was given
+    with usage_errors("train.py"): ...                            # a UsageError inside: one line, exit code 2
+
+Bad input (an unknown task, a wrong flag, a missing file, a corrupt checkpoint)
+is a UsageError wherever it is found; the scripts turn it into one line naming
+the problem, never a traceback.
+"""
+
+import argparse
+import json
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import fields, replace
+
+import torch
+
+
+class UsageError(Exception):
+    """Bad input from the user (a flag, a file, a directory): reported as one line, exit code 2."""
+
+
+@contextmanager
+def usage_errors(prog: str):
+    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2."""
+    try:
+        yield
+    except UsageError as e:
+        fail(prog, e)
+    except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file
+        fail(prog, f"{e.strerror or e}: {e.filename}" if e.filename else e)
+    except (MemoryError, RuntimeError) as e:
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
+            raise
+        fail(prog, f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size")
+
+
+def fail(prog, message):
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def make_parser(description="Train one model on one task.", skip=()):
+    """Flags generated from TrainConfig (but those named in skip), plus --frozen, --scale and --resume.
+    A flag not given is left out of the parsed namespace (TrainConfig supplies its default), so
+    --resume can tell which were given. The mode's flag is --train: it says what trains."""
+    from config import SCALES, TrainConfig  # config reports its own errors as this module's UsageError
+
+    parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
+    for f in fields(TrainConfig):
+        flag = "--" + ("train" if f.name == "mode" else f.name.replace("_", "-"))
+        if f.name in skip:
+            continue
+        if f.type is bool and f.default is not False:  # True, or None = decided by the device: a flag to turn it off
+            parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
+        if f.type is bool and f.default is not True:
+            parser.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
+        elif f.type is not bool:
+            parser.add_argument(flag, dest=f.name, type=f.type, help=f.metadata["help"])
+    parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
+    parser.add_argument("--scale", choices=SCALES, help="paper (default): the paper's protocol for the task; cpu: the task's "
+                        "laptop variant (docs/protocol.md §8) as the defaults, which the other flags given override")
+    if "resume" not in skip:
+        parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config "
+                            "(DIR's own, wherever it was moved; no other flag applies)")
+    return parser
+
+
+def config_from_args(args):
+    """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config and writes to its own directory."""
+    from config import TrainConfig, config_from_dict, cpu_variant
+
+    given = vars(args)
+    run_dir = given.pop("resume", None)
+    if run_dir is None:
+        scale = given.pop("scale", "paper")
+        if given.pop("frozen", False):
+            if given.get("mode", "frozen") != "frozen":
+                raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['mode']}")
+            given["mode"] = "frozen"
+        cfg = TrainConfig(**given)
+        return (replace(cpu_variant(cfg), **given) if scale == "cpu" else cfg), False
+    if given:
+        flags = ", ".join("--" + ("train" if name == "mode" else name.replace("_", "-")) for name in given)
+        raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
+    config_path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(config_path):
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    try:
+        with open(config_path) as f:
+            saved = json.load(f)
+        return replace(config_from_dict(saved), out=run_dir), True
+    except ValueError as e:  # JSONDecodeError is one
+        raise UsageError(f"{config_path} is not a run's config ({e})") from None
+
+
+def parse_args(argv=None, description="Train one model on one task."):
+    return config_from_args(make_parser(description).parse_args(argv))

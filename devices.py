@@ -1,0 +1,115 @@
+"""Where a run computes: the device, its matmul precision, torch.compile, and data parallelism.
+
+    torchrun --nproc_per_node=4 train.py --task needle --frozen   # one global batch over 4 processes
+
+Data parallelism here is plain: every rank draws the whole global batch from the
+shared seed, trains on its own contiguous slice, and the ranks' gradients are
+summed before clipping. Each rank's loss is divided by the global batch's answer
+count, so the sum is exactly the single-process mean (docs/protocol.md §3's batch
+sizes hold whatever the number of GPUs).
+"""
+
+import os
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from cli import UsageError
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
+    if name == "cuda" and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"device {name} is not available on this machine")
+    return torch.device(name)
+
+
+def uses_bf16(device, dtype="auto") -> bool:
+    """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA. Auto stays fp32 on
+    CPU because bf16 is slower there unless the CPU has native bf16 matmuls (docs/protocol.md §8)."""
+    if dtype != "auto":
+        return dtype == "bf16"
+    return device.type == "cuda"
+
+
+def autocast(device, dtype="auto"):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, dtype))
+
+
+def compile_model(model, device, use_compile=None):
+    """model compiled if use_compile (None: on CUDA only): a module in place (model.compile(), so one
+    handle serves training and evaluation), any other callable as torch.compile(model); returned.
+    Automatic dynamic shapes: the first change of chunk length recompiles once, for every length after it.
+
+    A model that fails to compile at its first forward runs eagerly instead of ending the run
+    (suppress_errors); inductor lowers the backward lazily, at the first backward(), outside this guard.
+    """
+    if not (device.type == "cuda" if use_compile is None else use_compile):
+        return model
+    torch._dynamo.config.suppress_errors = True
+    if isinstance(model, torch.nn.Module):
+        model.compile()
+        return model
+    return torch.compile(model)
+
+
+class Ranks:
+    """This process's place among torchrun's processes (rank 0 of 1 without torchrun).
+
+    The lead (rank 0) alone writes files. shard() and clipper() are what the
+    training step needs to be data-parallel; in a single process they change nothing.
+    """
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+        self.rank = int(os.environ.get("RANK", 0))
+        self.lead = self.rank == 0
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+    def device(self, name: str) -> torch.device:
+        device = pick_device(name)
+        if device.type == "cuda" and self.world > 1:
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        return device
+
+    def shard(self, batch):
+        """(this rank's contiguous slice of the global batch, the global batch's answer count) under
+        torchrun, so that the slices' losses add up to the global mean; (batch, None) alone."""
+        if self.world == 1:
+            return batch, None
+        rows = torch.arange(len(batch), device=batch.x.device).tensor_split(self.world)[self.rank]
+        return batch[rows], (batch.y >= 0).sum()
+
+    def clipper(self, params, max_norm: float):
+        """clip(): the ranks' gradients summed (each already a share of the global mean), then clipped."""
+        params = [p for p in params if p.requires_grad]
+        clip = partial(torch.nn.utils.clip_grad_norm_, params, max_norm)
+        if self.world == 1:
+            return clip
+
+        def sum_then_clip():
+            for p in params:
+                if p.grad is not None:  # None on every rank alike: the ranks run the same graph
+                    dist.all_reduce(p.grad)
+            clip()
+        return sum_then_clip
+
+    def sum(self, total: torch.Tensor) -> torch.Tensor:
+        """total summed over the ranks (each rank's step loss is its share of the global mean)."""
+        if self.world > 1:
+            dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def close():
+        if dist.is_initialized():
+            dist.destroy_process_group()
