@@ -6,7 +6,7 @@ Serves the paper's many small trainings (section 4 reports medians over
 seeds): for small models, running N seeds as one stacked model replaces N
 launches of every operation by one. Each step is train.train_step's, with
 one loss and one clipping per seed (stacked_step), and the loop's operations
-are runs.Run's (SeedRuns), so a seed trained here computes what train.train
+are train.Run's (SeedRuns), so a seed trained here computes what train.train
 computes for it, up to float rounding, and its directory holds the same files.
 """
 
@@ -21,9 +21,8 @@ import runs
 from cli import UsageError, parse_args, usage_errors
 from config import build, seed_configs
 from devices import Ranks, autocast, compile_model, pick_device
-from runs import lr_at
 from tasks import Batch, join_batches
-from train import evaluate, make_optimizer, set_lr
+from train import Clock, Diverged, Run, SlowRunCheck, evaluate, lr_at, make_optimizer, set_lr
 
 
 def stacked_forward(base, params):
@@ -117,8 +116,8 @@ def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, pr
     return batch_loss
 
 
-class SeedRuns(runs.Run):
-    """runs.Run for the seeds' N run directories at once: staged and put in place together, one log
+class SeedRuns(Run):
+    """train.Run for the seeds' N run directories at once: staged and put in place together, one log
     line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
     def __init__(self, seeds, models, params, base, counts, device, summary):
@@ -127,8 +126,8 @@ class SeedRuns(runs.Run):
         self.starts = [runs.start_or_resume(run, False, model, None, None, runs.run_record(run, n, device))  # every seed checked and built
                        for run, model, n in zip(seeds, models, counts)]
         self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
-        self.clock = runs.Clock()
-        self.slow_run_check = runs.SlowRunCheck(self.cfg, 0, active=device.type == "cpu")
+        self.clock = Clock()
+        self.slow_run_check = SlowRunCheck(self.cfg, 0, active=device.type == "cpu")
         print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
 
     def staged(self) -> bool:
@@ -166,7 +165,7 @@ def main(argv=None):
         print("batched_seeds.py: interrupted; a batched run keeps no checkpoint: the same command with --overwrite starts it again",
               file=sys.stderr)
         sys.exit(130)
-    except runs.Diverged as e:
+    except Diverged as e:
         print(f"batched_seeds.py: {e}", file=sys.stderr)
         sys.exit(3)
 

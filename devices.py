@@ -64,7 +64,7 @@ def compile_model(model, device, use_compile=None):
 class Ranks:
     """This process's place among torchrun's processes (rank 0 of 1 without torchrun).
 
-    The lead (rank 0) alone writes files. shard() and clipper() are what the
+    The lead (rank 0) alone writes files. shard_task() and clipper() are what the
     training step needs to be data-parallel; in a single process they change nothing.
     """
 
@@ -81,13 +81,9 @@ class Ranks:
             device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         return device
 
-    def shard(self, batch):
-        """(this rank's contiguous slice of the global batch, the global batch's answer count) under
-        torchrun, so that the slices' losses add up to the global mean; (batch, None) alone."""
-        if self.world == 1:
-            return batch, None
-        rows = torch.arange(len(batch), device=batch.x.device).tensor_split(self.world)[self.rank]
-        return batch[rows], (batch.y >= 0).sum()
+    def shard_task(self, task):
+        """The task as this rank trains on it: alone, the task itself; under torchrun, ShardedTask."""
+        return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
 
     def clipper(self, params, max_norm: float):
         """clip(): the ranks' gradients summed (each already a share of the global mean), then clipped."""
@@ -113,3 +109,24 @@ class Ranks:
     def close():
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class ShardedTask:
+    """A task whose training batches are this rank's contiguous slice of the global batch, which every
+    rank draws whole from the shared seed; its loss is scaled by the slice's share of the global
+    batch's answers, so the ranks' summed losses and gradients are the single-process mean."""
+
+    def __init__(self, task, rank, world):
+        self.task, self.rank, self.world = task, rank, world
+
+    def sample(self, batch_size, generator):
+        batch = self.task.sample(batch_size, generator)
+        rows = torch.arange(len(batch), device=batch.x.device).tensor_split(self.world)[self.rank]
+        self.share = (batch.y[rows] >= 0).sum() / (batch.y >= 0).sum()
+        return batch[rows]
+
+    def loss(self, logits, batch):
+        return self.task.loss(logits, batch) * self.share.to(logits.device)
+
+    def __getattr__(self, name):  # everything else (test set, metrics, summary) is the task's own
+        return getattr(self.task, name)

@@ -11,19 +11,26 @@ cosine decay to zero, gradient clipping at 1.0, loss only at answer positions,
 and a `--train` mode choosing which parameters learn (model.py). Settings and
 their flags are in config.py; each run writes runs/<name>/ through runs.py.
 
-Read train() first: build, then loop: evaluate at each eval boundary, draw a batch,
-train_step (forward, loss, backward, clip, optimizer step). Below it, the step's pieces.
+Read train() first: build, then the loop: at each evaluation boundary evaluate and
+hand the numbers to the run, else set the lr, draw a batch and train_step (forward,
+loss, backward, clip, optimizer step). Below it the step's pieces, then Run: the
+operations beside the loop (run directory, checkpoints, logs, progress, stops).
 """
 
+import math
+import signal
 import sys
+import threading
+import time
 from dataclasses import replace
 
 import torch
+from tqdm import tqdm
 
+import runs
 from cli import parse_args, usage_errors
-from config import build, changed_settings, resolve, seed_configs
+from config import build, changed_settings, resolve, seed_configs, slow_run_hint
 from devices import Ranks, autocast, compile_model
-from runs import Diverged, Run, lr_at, run_state, write_seed_summary
 from tasks import Batch
 
 
@@ -31,41 +38,40 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     """Train per cfg and return the final test metrics.
 
     resume: continue from cfg.out/checkpoint.pt. stop_after: end after this many steps as if
-    interrupted (tests use it to prove resuming is exact). Under torchrun with several processes
-    each trains on its slice of every batch (devices.Ranks). Everything operational (the run
-    directory, checkpoints, logs, progress, signals) is runs.Run's.
+    killed (tests use it to prove resuming is exact). Under torchrun each process trains on its
+    slice of every batch (devices.Ranks). The run's directory, checkpoints, logs, progress and
+    stops are Run's, below.
     """
     ranks = Ranks()
     torch.manual_seed(cfg.seed)  # the model's init
     cfg, task, model, counts = build(cfg)
     device = ranks.device(cfg.device)
     model.to(device)
-    optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip = ranks.clipper(model.parameters(), cfg.clip)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
-    test = task.test_set()
     compile_model(model, device, cfg.compile)
+    optimizer = make_optimizer(model.parameters(), cfg, device)
+    clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
+    test, task = task.test_set(), ranks.shard_task(task)
     with Run(cfg, model, optimizer, generator, counts, device, ranks, task.summary, resume, stop_after) as run:
         for step, evaluate_now in run.steps():
             if evaluate_now:
                 run.log(step, evaluate(model, task, test, device, cfg.dtype))
                 continue
             set_lr(optimizer, lr_at(step, cfg))
-            batch, answers = ranks.shard(task.sample(cfg.batch_size, generator).to(device))
-            run.losses.append(train_step(model, task.loss, batch, optimizer, clip, autocast(device, cfg.dtype), answers))
+            batch = task.sample(cfg.batch_size, generator).to(device)
+            run.losses.append(train_step(model, task.loss, batch, optimizer, clip, precision))
     return run.metrics
 
 
-def train_step(model, loss_fn, batch: Batch, optimizer, clip, precision, answers=None):
+def train_step(model, loss_fn, batch: Batch, optimizer, clip, precision):
     """One optimizer step on batch; returns its mean answer loss (a tensor: no host sync).
 
-    Per length chunk (Batch.length_chunks): forward under the precision context,
-    loss_fn(logits, chunk) (task.loss), backward, the gradients adding up over
-    chunks; then clip() and optimizer.step(). answers: the answer count the loss
-    is a mean over (default: the batch's; under torchrun the global batch's).
+    Per length chunk (Batch.length_chunks): forward under the precision context
+    (bf16 autocast or none), loss_fn(logits, chunk) (task.loss), backward, the
+    gradients adding up over chunks; then clip() and optimizer.step().
     """
     batch_loss = 0.0
-    for chunk, weight in batch.length_chunks(answers):
+    for chunk, weight in batch.length_chunks():
         with precision:
             loss = loss_fn(model(chunk.x, chunk.pos), chunk) * weight
         loss.backward()
@@ -96,6 +102,14 @@ def evaluate(model, task, test: Batch, device, dtype="auto") -> dict:
     return {name: torch.cat(values).mean().item() for name, values in scores.items()}
 
 
+def lr_at(step: int, cfg) -> float:
+    """Linear warmup to cfg.lr over cfg.warmup steps, then cosine decay to 0 at cfg.steps."""
+    if step < cfg.warmup:
+        return cfg.lr * step / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 def set_lr(optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -118,7 +132,7 @@ def seed_state(cfg) -> str:
     """How the same --seeds command, run again, goes on with this seed: "finished" (skip it), "resume"
     (it was stopped; its directory holds this very run) or "new" (train it; train() refuses a
     directory that holds anything else)."""
-    state = run_state(cfg.out)
+    state = runs.run_state(cfg.out)
     return "new" if state == "fresh" or changed_settings(cfg, cfg.out) else state
 
 
@@ -137,7 +151,7 @@ def main(argv=None):
                     continue
                 train(run, resume=resume or state == "resume")
             if len(seeds) > 1:
-                write_seed_summary([resolve(run)[0] for run in seeds])
+                runs.write_seed_summary([resolve(run)[0] for run in seeds])
     except KeyboardInterrupt:
         print("train.py: interrupted", file=sys.stderr)
         sys.exit(130)
@@ -146,6 +160,195 @@ def main(argv=None):
         sys.exit(3)
     finally:
         Ranks.close()
+
+
+# ---------------------------------------------------------------------------
+# The operations beside the loop: a run's directory, logs, progress and stops
+# ---------------------------------------------------------------------------
+
+
+class Diverged(Exception):
+    """The training or test loss became NaN or infinite: the run stops, exit code 3."""
+
+
+class Run:
+    """Everything a training loop needs besides the algorithm, so that train() reads as the algorithm:
+
+        with Run(cfg, model, optimizer, generator, counts, device, ranks, summary) as run:
+            for step, evaluate_now in run.steps():   # an evaluation is due, or step is the next to train
+                if evaluate_now:
+                    run.log(step, evaluate(...))      # then `continue`
+                ...; run.losses.append(train_step(...))
+
+    On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
+    caught. steps() moves a staged run into place once its first step has succeeded, stops at the
+    last step, at stop_after or at a signal, and says once if the run would take hours on this CPU.
+    log() checks for divergence, appends metrics.jsonl, saves the checkpoint and prints. On exit:
+    a finished run's model.pt and final.json; one stopped by a signal, its checkpoint, then
+    KeyboardInterrupt; one ended by stop_after, nothing more, as if killed (tests resume it).
+    Under torchrun the lead rank (0) alone writes files and prints.
+    """
+
+    def __init__(self, cfg, model, optimizer, generator, counts, device, ranks, summary, resume=False, stop_after=None):
+        self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
+        self.counts, self.ranks, self.summary, self.stop_after = counts, ranks, summary, stop_after
+        self.start = runs.start_or_resume(cfg, resume, model, optimizer, generator, runs.run_record(cfg, counts, device), ranks.lead)
+        self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
+        self.clock = Clock(self.start.elapsed)
+        self.slow_run_check = SlowRunCheck(cfg, self.start.step, active=ranks.lead and device.type == "cpu")
+        if ranks.lead:
+            print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
+
+    def __enter__(self):
+        self.stop = StopOnSignal(self.ranks.world == 1).__enter__()
+        self.bar = tqdm(total=self.cfg.steps, initial=self.start.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
+        return self
+
+    def steps(self):
+        """(step, True) where an evaluation is due after `step` steps, (step, False) for each step to train."""
+        cfg, start = self.cfg, self.start
+        for step in range(start.step, cfg.steps + 1):
+            self.step, last = step, step == cfg.steps
+            if self.staged() and (step > start.step or last):
+                if self.stop.requested:  # during the first step: the old run stays as it was
+                    return
+                self.take_place()
+            if step > start.logged and (last or step > 0 and step % cfg.eval_every == 0):
+                yield step, True
+            if last or step == self.stop_after or self.stop.requested:
+                return
+            self.slow_run_check(step)
+            yield step, False
+            self.bar.update()
+
+    def log(self, step, metrics):
+        """An evaluation's metrics: checked, appended to metrics.jsonl, checkpointed and shown."""
+        loss = self.mean_loss()  # its .item() waits for every queued step: the lap is true training time
+        steps_per_s = len(self.losses) / self.clock.lap() if self.losses else None
+        check_finite(step, loss, metrics)
+        self.metrics = metrics
+        self.write_eval(step, loss, metrics, self.clock.elapsed(), steps_per_s)
+        self.losses = []
+        self.clock.lap()  # evaluation time does not count as training time for steps/s
+
+    def staged(self) -> bool:
+        return self.start.staged is not None
+
+    def take_place(self):
+        runs.replace_old_run(self.cfg.out, self.start)
+
+    def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
+        if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
+            runs.log_eval(self.cfg.out, step, loss, lr_at(step, self.cfg), metrics, elapsed, steps_per_s)
+            runs.save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
+            if not sys.stderr.isatty():
+                runs.print_eval(step, self.cfg.steps, loss, metrics, steps_per_s)
+        self.bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
+
+    def mean_loss(self):
+        """The mean training loss of the steps since the last evaluation (over every rank), or None without steps."""
+        if not self.losses:
+            return None
+        mean = self.ranks.sum(sum(self.losses)) / len(self.losses)  # (,), or (seeds,) for batched seeds
+        return mean.item() if mean.dim() == 0 else mean.tolist()
+
+    def __exit__(self, error, *details):
+        self.bar.close()
+        self.stop.__exit__()
+        if error:
+            return
+        if self.stop.requested and self.staged():
+            print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
+            raise KeyboardInterrupt
+        if self.stop.requested and self.step < self.cfg.steps:
+            self.save_stopped()
+            raise KeyboardInterrupt
+        if self.step < self.cfg.steps:  # stop_after: ended as if killed, after its last checkpoint
+            return
+        if self.ranks.lead:
+            self.save_finished()
+
+    def save_stopped(self):
+        cfg, step = self.cfg, self.step
+        if self.ranks.lead:
+            runs.save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.clock.elapsed(), self.metrics, self.losses)
+            print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
+
+    def save_finished(self):
+        final = {"step": self.step, "elapsed": self.clock.elapsed(), "parameters": self.counts,
+                 **self.summary(self.metrics, self.counts["trainable"])}
+        runs.save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
+
+
+def check_finite(step, loss, metrics):
+    """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot hold it.
+    loss and metrics may be per seed (a list of floats, a list of dicts: batched_seeds.py)."""
+    values = [("training loss", loss)] + [item for m in (metrics if isinstance(metrics, list) else [metrics]) for item in m.items()]
+    bad = {name: value for name, value in values
+           if value is not None and not all(math.isfinite(v) for v in (value if isinstance(value, list) else [value]))}
+    if bad:
+        raise Diverged(f"training diverged by step {step} ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+                       "the run stops at its last checkpoint; a lower --lr may help")
+
+
+class Clock:
+    """Wall time of a run: elapsed() since it began (a resumed run carries its earlier time), lap() since the last lap."""
+
+    def __init__(self, elapsed=0.0):
+        self.start = time.time() - elapsed
+        self.lap_start = time.time()
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def lap(self) -> float:
+        now, start = time.time(), self.lap_start
+        self.lap_start = now
+        return now - start
+
+
+class SlowRunCheck:
+    """Called before each step: times 3 steps after the first (which allocates and compiles) and,
+    if the run would take hours on this CPU, says once what would finish sooner."""
+
+    def __init__(self, cfg, first_step, active):
+        self.cfg, self.timed, self.active = cfg, (first_step + 1, first_step + 4), active
+
+    def __call__(self, step):
+        if self.active and step == self.timed[0]:
+            self.started = time.time()
+        elif self.active and step == self.timed[1] and (hint := slow_run_hint(self.cfg, (time.time() - self.started) / 3, self.cfg.steps - step)):
+            tqdm.write(hint, file=sys.stderr)
+
+
+class StopOnSignal:
+    """While active, Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal),
+    ask the loop to stop at the next step boundary, where a checkpoint resumes exactly, instead of
+    ending mid-step; a second signal acts at once. Only in the main thread of a single process:
+    data-parallel ranks would stop at different steps."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, active):
+        self.active = active and threading.current_thread() is threading.main_thread()
+        self.requested = False
+
+    def __enter__(self):
+        if self.active:
+            self.previous = {s: signal.signal(s, self.request) for s in self.SIGNALS}
+        return self
+
+    def request(self, signum, frame):
+        self.requested = True
+        self.__exit__()
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        if self.active:
+            for s, handler in self.previous.items():
+                signal.signal(s, handler)
+            self.active = False
 
 
 if __name__ == "__main__":
