@@ -16,6 +16,7 @@ analysis.json. Everything runs on the CPU; nothing here trains.
 import json
 import math
 import os
+import time
 
 import torch
 
@@ -24,7 +25,7 @@ import tasks
 from model import GPT
 from tasks import Batch
 from cli import OneLineParser, UsageError, usage_errors
-from config import load_run
+from config import build, config_from_dict, load_run
 from figures import pyplot, save_figure
 from runs import read_json, read_metrics, write_atomic, write_json
 
@@ -662,9 +663,42 @@ def analyze(run: Run, args) -> dict:
     return results
 
 
+def watch(run_dir):
+    """While a parentheses run trains in run_dir, score each checkpoint it saves on the test strings
+    training never shows (parens_lengths) and append {step, unseen, n_unseen, seen, accuracy} to
+    run_dir/unseen.jsonl, which compare.py draws; ends once the run has written final.json."""
+    while not os.path.exists(os.path.join(run_dir, "config.json")):
+        time.sleep(5)
+    cfg, task, model, _ = build(config_from_dict(read_json(os.path.join(run_dir, "config.json"))))
+    if cfg.task != "parens":
+        raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
+    scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
+    while True:
+        finished = os.path.exists(os.path.join(run_dir, "final.json"))
+        for name in ("checkpoint.pt", "model.pt"):
+            try:
+                saved = torch.load(os.path.join(run_dir, name), map_location="cpu", weights_only=True)
+            except Exception:  # not written yet, or being replaced
+                continue
+            step = saved.get("step", cfg.steps)
+            if step not in scored:
+                scored.add(step)
+                model.load_state_dict(saved["model"])
+                probe = type("Probe", (), {"task": task, "model": model.eval()})
+                result = parens_lengths(probe)
+                with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
+                    f.write(json.dumps({"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
+                                        "seen": result["seen"]["accuracy"], "accuracy": result["accuracy"]}) + "\n")
+        if finished:
+            return
+        time.sleep(15)
+
+
 def parse_args(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
+    parser.add_argument("--watch", action="store_true", help="follow one parentheses run while it trains: its accuracy on the "
+                        "test strings training never shows at each checkpoint, into RUN/unseen.jsonl (compare.py draws it)")
     parser.add_argument("--only", choices=list(ANALYSES), help="run just this analysis (default: every one that applies)")
     parser.add_argument("--examples", type=int, default=1000, help="inputs for the explained variance (capped at %d hidden states)" % MAX_VECTORS)
     parser.add_argument("--tokens", type=int, nargs="+", help="token ids of the attention input (default: Figure 2's for needle, else the first test example)")
@@ -677,6 +711,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     with usage_errors("analyze.py"):
+        if args.watch:
+            return watch(args.runs[0])
         runs = [Run(path) for path in args.runs]
         for run in runs:  # every run is checked before any is analyzed
             check_request(run, args)

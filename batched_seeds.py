@@ -18,8 +18,8 @@ from dataclasses import fields
 import torch
 
 import runs
-from cli import UsageError, parse_args, usage_errors
-from config import build, seed_configs
+from cli import UsageError, parse_args, seed_configs, usage_errors
+from config import build
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
 from train import Clock, Diverged, Run, SlowRunCheck, evaluate, lr_at, make_optimizer, set_lr

@@ -18,6 +18,9 @@ from dataclasses import fields, replace
 import torch
 
 
+MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
+
+
 class UsageError(Exception):
     """Bad input from the user (a flag, a file, a directory): reported as one line, exit code 2."""
 
@@ -103,3 +106,30 @@ def config_from_args(args):
 
 def parse_args(argv=None, description="Train one model on one task."):
     return config_from_args(make_parser(description).parse_args(argv))
+
+
+def seed_configs(cfg) -> list:
+    """One config per seed of --seeds, each a complete single run (its config.json reproduces it alone)."""
+    if not 1 <= cfg.seeds <= MAX_SEEDS:
+        raise UsageError(f"--seeds must be between 1 and {MAX_SEEDS:,}")
+    if cfg.seeds == 1:
+        return [cfg]
+    return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")  # out None: named by with_paper_defaults
+            for s in range(cfg.seed, cfg.seed + cfg.seeds)]
+
+
+def command_line(cfg) -> str:
+    """The train.py command for cfg: --task, then every setting that differs from its default."""
+    from config import TrainConfig
+
+    parts = ["python train.py"]
+    for f in fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        if value == f.default and f.name != "task":  # the task always, for the reader
+            continue
+        flag = "train" if f.name == "mode" else f.name.replace("_", "-")
+        if f.type is bool:
+            parts.append(f"--{flag}" if value else f"--no-{f.name}")
+        else:
+            parts.append(f"--{flag} {value}")
+    return " ".join(parts)

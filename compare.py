@@ -26,7 +26,8 @@ from tasks import TASKS
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
 TASK_SIZES = {f.name for task in TASKS.values() for f in fields(task)}  # p, max_pairs, ...: each task reads its own
 SEED_SUFFIX = re.compile(r"-s\d+$")
-CURVES = ((("test_accuracy",), "test accuracy"), (("test_loss", "test_kl"), "test loss (imitate: KL)"))  # panels: their keys, title
+CURVES = ((("test_accuracy",), "test accuracy"), (("test_loss", "test_kl"), "test loss (imitate: KL)"),  # panels: their keys, title
+          (("unseen",), "parens: test strings training never shows (analyze.py --watch)"))
 
 
 @dataclass
@@ -50,7 +51,11 @@ def load(path) -> Run:
     settings = {k: v for k, v in asdict(cfg).items() if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)}
     final_path = os.path.join(path, "final.json")
     final = read_json(final_path) if os.path.isfile(final_path) else None  # None: still training, or killed
-    return Run(path, settings, saved.get("parameters", {}).get("trainable"), final, read_metrics(path))
+    log = read_metrics(path)
+    unseen = {record["step"]: record for record in read_metrics(path, "unseen.jsonl")}  # analyze.py --watch's, where there is one
+    for record in log:
+        record.update({k: v for k, v in unseen.get(record["step"], {}).items() if k == "unseen"})
+    return Run(path, settings, saved.get("parameters", {}).get("trainable"), final, log)
 
 
 def seed_groups(runs) -> list:
@@ -122,8 +127,11 @@ def setting_text(value) -> str:
 def plot(groups, path):
     """Test accuracy and test loss against step: one line per run, a seed group's median with its min-max band."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    for ax, (keys, title) in zip(axes, CURVES):
+    panels = [(keys, title) for keys, title in CURVES if any(r.get(k) is not None for g in groups for run in g for r in run.log for k in keys)]
+    panels = panels or CURVES[:2]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), layout="constrained", squeeze=False)
+    axes = axes[0]
+    for ax, (keys, title) in zip(axes, panels):
         for group in groups:
             # imitate's test loss is its KL, logged as test_kl
             key = next((k for k in keys if any(r.get(k) is not None for r in group[0].log)), keys[0])
@@ -139,7 +147,9 @@ def plot(groups, path):
         ax.set_xlabel("step")
         if ax.has_data():
             ax.legend(fontsize=7)
-    axes[1].set_yscale("log")
+    for ax, (keys, _) in zip(axes, panels):
+        if "test_loss" in keys:
+            ax.set_yscale("log")
     save_figure(plt, fig, path)
 
 

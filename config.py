@@ -25,7 +25,6 @@ ARCHS = ("gpt", "lstm", "linear")
 SCALES = ("paper", "cpu")
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
-MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
 PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
 
 
@@ -93,31 +92,6 @@ def config_from_dict(saved: dict) -> TrainConfig:
         if kind and not fits:
             raise ValueError(f"{name} is {json.dumps(value)}, not {'null or ' if nullable else ''}{kind.__name__}")
     return TrainConfig(**{name: saved[name] for name in types if name in saved})
-
-
-def command_line(cfg) -> str:
-    """The train.py command for cfg: --task, then every setting that differs from its default."""
-    parts = ["python train.py"]
-    for f in fields(TrainConfig):
-        value = getattr(cfg, f.name)
-        if value == f.default and f.name != "task":  # the task always, for the reader
-            continue
-        flag = "train" if f.name == "mode" else f.name.replace("_", "-")
-        if f.type is bool:
-            parts.append(f"--{flag}" if value else f"--no-{f.name}")
-        else:
-            parts.append(f"--{flag} {value}")
-    return " ".join(parts)
-
-
-def seed_configs(cfg: TrainConfig) -> list:
-    """One config per seed of --seeds, each a complete single run (its config.json reproduces it alone)."""
-    if not 1 <= cfg.seeds <= MAX_SEEDS:
-        raise UsageError(f"--seeds must be between 1 and {MAX_SEEDS:,}")
-    if cfg.seeds == 1:
-        return [cfg]
-    return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")  # out None: named by with_paper_defaults
-            for s in range(cfg.seed, cfg.seed + cfg.seeds)]
 
 
 # ---------------------------------------------------------------------------
@@ -328,19 +302,3 @@ def default_lr(cfg: TrainConfig, scale: str, task=None) -> float:
             return CPU_BLOCKS_LR[cfg.task]
         return CPU_VARIANTS[cfg.task].get("lr")
     return LSTM_LR if cfg.arch == "lstm" else task.lr
-
-
-SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's variant
-
-
-def slow_run_hint(cfg, seconds_per_step, steps_left):
-    """On CPU, the line that warns of a run longer than SLOW_RUN_SECONDS and names a smaller one; else None."""
-    seconds = seconds_per_step * steps_left
-    if seconds <= SLOW_RUN_SECONDS:
-        return None
-    hint = (f"note: at {seconds_per_step:.2g} s per step, the {steps_left:,} steps left take about "
-            f"{seconds / 3600:.1f} h on this CPU")
-    if all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
-        return hint + " (the task's laptop variant; the machine may be busy)"
-    variant = command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu"
-    return hint + f"; the task's laptop variant shows its result in under an hour: {variant}"

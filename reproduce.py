@@ -30,8 +30,8 @@ from datetime import date
 
 import torch
 
-from cli import OneLineParser, UsageError, usage_errors
-from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, TrainConfig, command_line, cpu_variant
+from cli import OneLineParser, UsageError, command_line, usage_errors
+from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
 from figures import CURVE_TABLES, render_picture
 from runs import median_range, run_state, write_atomic

@@ -76,7 +76,7 @@ def load_checkpoint(path, device="cpu", keys=("model", "config")):
 # What train.py, reproduce.py and analyze.py write into a run directory (analyze.py's figures
 # are its *.png): --overwrite deletes a directory only if it holds nothing else.
 RUN_FILES = {"config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "final.json", "train_split.json",
-             "analysis.json", "analysis.md", ".lock"}
+             "analysis.json", "analysis.md", "unseen.jsonl", ".lock"}
 
 
 def is_run_file(name):
@@ -314,10 +314,11 @@ def print_eval(step, steps, loss, metrics, steps_per_s, prefix=""):
     print(", ".join(parts), flush=True)
 
 
-def read_metrics(run_dir):
-    """The records of run_dir/metrics.jsonl ([] if it has none yet). A last line cut short by a kill
-    is dropped (resuming rewrites it); any other line that is not JSON is a UsageError."""
-    path = os.path.join(run_dir, "metrics.jsonl")
+def read_metrics(run_dir, name="metrics.jsonl"):
+    """The records of run_dir/metrics.jsonl (or another log of per-step records, e.g. analyze.py
+    --watch's unseen.jsonl; [] if it has none yet). A last line cut short by a kill is dropped
+    (resuming rewrites it); any other line that is not JSON is a UsageError."""
+    path = os.path.join(run_dir, name)
     if not os.path.exists(path):
         return []
     with open(path) as f:

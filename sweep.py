@@ -31,8 +31,8 @@ import torch
 
 import train
 from bench import useful_flops
-from cli import UsageError
-from config import TrainConfig, build_task, changed_settings, command_line, load_run, resolve, with_paper_defaults
+from cli import UsageError, command_line
+from config import TrainConfig, build_task, changed_settings, load_run, resolve, with_paper_defaults
 from runs import run_state, write_json
 from tasks import TASKS, StreamTask
 

@@ -28,8 +28,8 @@ import torch
 from tqdm import tqdm
 
 import runs
-from cli import parse_args, usage_errors
-from config import build, changed_settings, resolve, seed_configs, slow_run_hint
+from cli import command_line, parse_args, seed_configs, usage_errors
+from config import CPU_VARIANTS, TrainConfig, build, changed_settings, resolve
 from devices import Ranks, autocast, compile_model
 from tasks import Batch
 
@@ -305,6 +305,22 @@ class Clock:
         now, start = time.time(), self.lap_start
         self.lap_start = now
         return now - start
+
+
+SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's variant
+
+
+def slow_run_hint(cfg, seconds_per_step, steps_left):
+    """On CPU, the line that warns of a run longer than SLOW_RUN_SECONDS and names a smaller one; else None."""
+    seconds = seconds_per_step * steps_left
+    if seconds <= SLOW_RUN_SECONDS:
+        return None
+    hint = (f"note: at {seconds_per_step:.2g} s per step, the {steps_left:,} steps left take about "
+            f"{seconds / 3600:.1f} h on this CPU")
+    if all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
+        return hint + " (the task's laptop variant; the machine may be busy)"
+    variant = command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu"
+    return hint + f"; the task's laptop variant shows its result in under an hour: {variant}"
 
 
 class SlowRunCheck:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import analyze
+import compare
 import corpus
 import tasks
 import config
@@ -329,3 +330,14 @@ def test_nan_in_the_metrics_is_reported_as_nan(runs, tmp_path):
     assert math.isnan(curves["final"]["test_loss"])
     assert "test_loss nan" in (run / "analysis.md").read_text()
     assert_figure(run / "curves.png")
+
+
+def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compare_draws_it(runs, tmp_path):
+    run = copied(runs, "parens", tmp_path)
+    analyze.main(["--watch", str(run)])  # finished already: scores model.pt once and ends
+    (record,) = [json.loads(line) for line in (run / "unseen.jsonl").read_text().splitlines()]
+    lengths = analyze.parens_lengths(analyze.Run(str(run)))
+    assert record["step"] == 3 and record["unseen"] == lengths["unseen"]["accuracy"] and record["n_unseen"] == lengths["unseen"]["test"]
+    compare.main([str(run), "--plot", str(tmp_path / "unseen.png")])
+    assert_figure(tmp_path / "unseen.png")
+    assert [r.get("unseen") for r in compare.load(str(run)).log][-1] == record["unseen"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import cli
+import analyze
 import config
 import train
 from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
@@ -375,3 +376,26 @@ def test_frozen_model_learns_needle(tmp_path):
     metrics = train.train(tiny(tmp_path, task="needle", width=64, heads=4, max_pairs=3, test_size=1000,
                               steps=300, batch_size=64, lr=3e-3, warmup=30, eval_every=300))
     assert metrics["accuracy"] > 0.4  # chance is 1/127; measured 0.55 in fp32
+
+
+def test_one_attention_path_trains_and_is_analyzed():
+    # A temperature on the attention scores changes both what training optimizes (the loss at
+    # the answers, through the fused kernel) and the pattern analyze.py reads (materialised).
+    torch.manual_seed(0)
+    _, task, model, _ = config.build(TrainConfig(task="needle", mode="frozen", width=32, heads=4, max_pairs=3, test_size=50))
+    batch = task.sample(16, torch.Generator().manual_seed(0))
+    names = ["blocks.0.attn.pattern", "blocks.1.attn.pattern"]
+
+    def observed():
+        with torch.no_grad():
+            logits = model(batch.x, batch.pos)
+            patterns = analyze.run_with_cache(model, batch.x, names)
+            assert torch.allclose(logits, model(batch.x, batch.pos, cache={}), atol=1e-5)  # the two kernels agree
+        return task.loss(logits, batch), patterns
+
+    loss, patterns = observed()
+    for block in model.h:
+        block.attn.scale *= 4.0
+    hotter_loss, hotter_patterns = observed()
+    assert not torch.equal(loss, hotter_loss)
+    assert all(not torch.allclose(patterns[name], hotter_patterns[name]) for name in names)

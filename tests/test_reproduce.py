@@ -139,7 +139,7 @@ def test_cell_commands_parse_back_to_the_cells_configs():
             for cell in reproduce.cell_runs(make(scale), scale, "runs/reproduce", seeds=2).values():
                 cfg, resume = cli.parse_args(reproduce.train_command(cell[0], 2).split()[2:])
                 assert not resume
-                assert config.seed_configs(cfg) == cell, (name, scale)
+                assert cli.seed_configs(cfg) == cell, (name, scale)
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
