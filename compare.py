@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from cli import OneLineParser, UsageError, usage_errors
 from config import config_from_dict
 from figures import pyplot, save_figure
-from runs import median_range, read_json, read_metrics
+from runs import FINAL_KEYS, median_range, read_json, read_metrics
 from tasks import TASKS
 
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
@@ -50,7 +50,7 @@ def load(path) -> Run:
     own_sizes = {f.name for f in fields(TASKS[cfg.task])} if cfg.task in TASKS else TASK_SIZES
     settings = {k: v for k, v in asdict(cfg).items() if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)}
     final_path = os.path.join(path, "final.json")
-    final = read_json(final_path) if os.path.isfile(final_path) else None  # None: still training, or killed
+    final = read_json(final_path, optional=FINAL_KEYS) if os.path.isfile(final_path) else None  # None: still training, or killed
     log = read_metrics(path)
     unseen = {record["step"]: record for record in read_metrics(path, "unseen.jsonl")}  # analyze.py --watch's, where there is one
     for record in log:

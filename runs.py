@@ -8,14 +8,20 @@
 
 A kill at any moment leaves each file whole, old or new (write_atomic), and
 start_or_resume turns whatever a killed run left into the exact point to go on from.
-A new run appears at runs/<name> only once its first step has succeeded.
+A new run is staged in the hidden sibling .<name>.new and takes runs/<name>'s place only
+once its first step has succeeded, in one step (replace_old_run); whatever a kill leaves
+of that, the next start or --resume completes or undoes (finish_swap). Every JSON file
+the project reads goes through read_json: a malformed one is one UsageError line.
 """
 
 import atexit
+import ctypes
+import errno
 import fcntl
 import json
 import os
 import shutil
+import stat
 import statistics
 import sys
 import tempfile
@@ -53,7 +59,14 @@ def write_json(path, obj):
 
 
 def save_torch(path, obj):
-    write_atomic(path, lambda f: torch.save(obj, f))
+    """torch.save through write_atomic; a failed write (torch's zip writer raises RuntimeError, a full
+    disk among its causes) is the OSError it is, so it reads as one line and leaves the old file."""
+    def write(f):
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            raise OSError(errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk full?)", path) from None
+    write_atomic(path, write)
 
 
 CHECKPOINT_KEYS = ("model", "optimizer", "rng", "step", "elapsed")
@@ -94,7 +107,7 @@ def is_temp_file(name):
 class Start:
     """Where a run's loop begins; logged: the last step already in metrics.jsonl (-1: none).
     staged: a new run's directory until its first step (then replace_old_run moves it to cfg.out);
-    locks: held for as long as this object lives (lock_run_dir)."""
+    locks: held until close() (RunLock)."""
 
     step: int = 0
     elapsed: float = 0.0
@@ -103,6 +116,16 @@ class Start:
     logged: int = -1
     staged: str = None
     locks: list = field(default_factory=list)
+
+    def close(self):
+        """Done with the run directory: a staged run that never took its place goes, and every lock with
+        its file (a lock file left behind marks a killed process). Also at exit, if not called before."""
+        atexit.unregister(self.close)
+        if self.staged:
+            shutil.rmtree(self.staged, ignore_errors=True)
+            self.staged = None
+        for lock in self.locks:
+            lock.release()
 
 
 def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
@@ -118,36 +141,56 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     """
     if resume:
         return resume_run(cfg, model, optimizer, generator, lead)
-    check_run_dir(cfg)
+    check_run_dir(cfg, lead)
     if dist.is_initialized():
         dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
     if not lead:
         return Start()
-    locks = [lock_run_dir(cfg.out)] if os.path.isdir(cfg.out) else []  # refused while another process trains the old run
-    staged = beside(cfg.out, "new")
-    if os.path.isdir(staged):  # left by a run that failed before its first step, unless one is starting now
-        locks.append(lock_run_dir(staged))
-        shutil.rmtree(staged)
-    os.makedirs(staged)
-    atexit.register(shutil.rmtree, staged, ignore_errors=True)  # a run that ends before its first step leaves nothing
-    locks.append(lock_run_dir(staged))
-    write_json(os.path.join(staged, "config.json"), record)
-    return Start(staged=staged, locks=locks)
+    start, staged = Start(), beside(cfg.out, "new")
+    atexit.register(start.close)  # a run that ends before its first step leaves nothing
+    try:
+        if os.path.isdir(cfg.out):
+            start.locks.append(RunLock(cfg.out))  # refused while another process trains the old run
+        if os.path.isdir(staged):  # left since finish_swap looked by a run that failed before its first step, unless one is starting now
+            lock = RunLock(staged)
+            shutil.rmtree(staged)
+            lock.release()
+        os.makedirs(staged)
+        start.staged = staged
+        start.locks.append(RunLock(staged))
+        write_json(os.path.join(staged, "config.json"), record)
+    except BaseException:
+        start.close()
+        raise
+    return start
 
 
 def resume_run(cfg, model, optimizer, generator, lead) -> Start:
-    checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
+    if lead:
+        finish_swap(cfg.out)
     if os.path.exists(os.path.join(cfg.out, "final.json")):
         raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
-    locks = [lock_run_dir(cfg.out)] if lead else []
+    start = Start(locks=[RunLock(cfg.out)] if lead else [])
+    try:
+        restore(cfg, start, model, optimizer, generator, lead)
+    except BaseException:  # refused: the lock goes with its file
+        start.close()
+        raise
+    return start
+
+
+def restore(cfg, start: Start, model, optimizer, generator, lead):
+    """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
+    file changes; then drop what metrics.jsonl holds after it. No checkpoint yet: start over in place."""
+    checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
         if lead:
             print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
             remove_temp_files(cfg.out)
             truncate_metrics(cfg.out, 0)
-        return Start(locks=locks)
+        return
     checkpoint = load_checkpoint(checkpoint_path, generator.device, CHECKPOINT_KEYS)
-    try:  # every state is restored and checked before any file changes
+    try:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_states(checkpoint["rng"], generator)
@@ -159,22 +202,72 @@ def resume_run(cfg, model, optimizer, generator, lead) -> Start:
     if lead:
         remove_temp_files(cfg.out)
         truncate_metrics(cfg.out, step)
-    return Start(step, elapsed, checkpoint.get("metrics", {}), checkpoint.get("losses", []), logged=step, locks=locks)
+    start.step, start.elapsed, start.logged = step, elapsed, step
+    start.metrics, start.losses = checkpoint.get("metrics", {}), checkpoint.get("losses", [])
 
 
 def replace_old_run(out, start: Start):
-    """Move the staged new run to out, where the old run (if any) was: two renames, then the old
-    run is deleted. The old one is renamed away first, so a kill while deleting it leaves a
-    partial hidden copy (removed by the next --overwrite), never a partial run at out."""
-    old = beside(out, "old")
-    if os.path.isdir(old):
-        shutil.rmtree(old)
-    if os.path.isdir(out):
-        os.rename(out, old)
-    os.rename(start.staged, out)
-    atexit.register(remove_if_present, os.path.join(out, ".lock"))  # the lock file moved with the run
+    """Put the staged new run, past its first step, at out, where the old run (if any) was, so that
+    out holds one whole run at every instant: the two directories trade places in one step
+    (exchange), and the old run, now at .NAME.new, is deleted. Where the system cannot exchange,
+    two renames (out -> .NAME.old, .NAME.new -> out) leave out missing between them, and
+    finish_swap completes the swap at the next start or --resume."""
+    staged, old = start.staged, beside(out, "old")
+    if not (os.path.isdir(out) and exchange(staged, out)):
+        if os.path.isdir(out):
+            os.rename(out, old)  # never over a hidden old run: finish_swap settled any, under the locks held
+        os.rename(staged, out)
     start.staged = None
-    shutil.rmtree(old, ignore_errors=True)
+    for lock in start.locks:
+        lock.run_dir = out if lock.run_dir == staged else lock.run_dir  # the lock file moved with its run
+    for replaced in (staged, old):
+        shutil.rmtree(replaced, ignore_errors=True)
+
+
+def finish_swap(out):
+    """Complete or undo what a killed command left of putting a new run at out, read from the hidden
+    siblings on disk. A new run is staged in .NAME.new until its first step; then replace_old_run
+    exchanges it with out (or renames out -> .NAME.old, then .NAME.new -> out) and deletes the old.
+      - out missing, .NAME.old and .NAME.new: killed between the two renames: the new run, past its
+        first step, takes out, and the old run it was asked to replace goes;
+      - out missing, .NAME.old alone: the old run goes back to out;
+      - .NAME.old beside out: killed while deleting the replaced run: the rest of it goes;
+      - .NAME.new beside out, or alone: a new run killed before its first step (out is as it was), or
+        the old run an exchange replaced: it goes.
+    A lock file a killed process left in out goes too. Without hidden siblings nothing is touched;
+    while another process holds a lock there (it is starting or swapping now), UsageError."""
+    new, old = beside(out, "new"), beside(out, "old")
+    if not (os.path.isdir(new) or os.path.isdir(old)) or os.path.lexists(out) and not os.path.isdir(out):
+        return
+    locks = [RunLock(path) for path in (out, new, old) if os.path.isdir(path)]
+    try:
+        if not os.path.exists(out) and os.path.isdir(old):
+            back = new if os.path.isdir(new) else old
+            os.rename(back, out)
+            for lock in locks:
+                lock.run_dir = out if lock.run_dir == back else lock.run_dir
+        for hidden in (new, old):
+            if os.path.isdir(hidden):
+                shutil.rmtree(hidden)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+RENAME_EXCHANGE, AT_FDCWD = 2, -100  # linux/fs.h, fcntl.h
+
+
+def exchange(a, b) -> bool:
+    """Swap the directories at paths a and b in one step (Linux's renameat2 with RENAME_EXCHANGE);
+    False, touching nothing, where the system or the file system cannot."""
+    renameat2 = getattr(LIBC, "renameat2", None)
+    if renameat2 is None or renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return renameat2 is not None
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), b)
 
 
 def beside(out, what):
@@ -183,23 +276,47 @@ def beside(out, what):
     return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{what}")
 
 
-def lock_run_dir(run_dir):
-    """An exclusive lock on run_dir/.lock, held while the returned file stays open and released by
-    the OS when this process ends however it ends; UsageError naming the holder if another has it."""
-    f = open(os.path.join(run_dir, ".lock"), "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise UsageError(f"{run_dir} is being written by another process (pid {holder}); "
-                         "wait for it to finish or stop it") from None
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    atexit.register(remove_if_present, f.name)  # a lock file stays only where a process was killed
-    return f
+class RunLock:
+    """An exclusive lock on run_dir/.lock, held until release() and freed by the OS when this process
+    ends however it ends; UsageError naming the holder if another process has it. The file is opened
+    without following a symbolic link, which would lead the pid into a file outside the run."""
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+        path = os.path.join(run_dir, ".lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise UsageError(f"{path} is a symbolic link, not a lock of this run; remove it") from None
+        self.file = os.fdopen(fd, "r+")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            self.file.close()
+            raise UsageError(f"{path} is not a plain file, so not a lock of this run; remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self.file.read().strip() or "unknown"
+            self.file.close()
+            raise UsageError(f"{run_dir} is being written by another process (pid {holder}); "
+                             "wait for it to finish or stop it") from None
+        self.file.truncate(0)
+        self.file.write(f"{os.getpid()}\n")
+        self.file.flush()
+
+    def release(self):
+        """Free the lock and delete its file, if run_dir/.lock is still this lock's file (a swap may
+        have deleted it with the old run): a lock file stays only where a process was killed."""
+        if self.file.closed:
+            return
+        path = os.path.join(self.run_dir, ".lock")
+        try:
+            if os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(self.file.fileno())):
+                os.remove(path)
+        except FileNotFoundError:
+            pass
+        self.file.close()
 
 
 def remove_if_present(path):
@@ -225,10 +342,13 @@ def check_out_path(out):
         raise UsageError(f"--out {out} lies under {parent}, which is a file")
 
 
-def check_run_dir(cfg):
+def check_run_dir(cfg, lead=True):
     """UsageError unless cfg.out may become a new run: absent, empty, or (with --overwrite) an old
-    run: a directory holding config.json and only files that this program writes."""
+    run: a directory holding config.json and only files that this program writes. First the lead
+    process settles what a killed start left beside it (finish_swap)."""
     check_out_path(cfg.out)
+    if lead:
+        finish_swap(cfg.out)
     if not os.path.exists(cfg.out) or not os.listdir(cfg.out):
         return
     if not cfg.overwrite and os.path.exists(os.path.join(cfg.out, "final.json")):
@@ -251,16 +371,75 @@ def run_state(run_dir) -> str:
     return "fresh"
 
 
-def read_json(path) -> dict:
-    """The JSON object in path (a run's config.json or final.json); UsageError for anything else."""
+NUMBER = (int, float)
+FINAL_KEYS = {"step": int, "elapsed": NUMBER}  # what every final.json holds besides the task's metrics (checked where read)
+MAX_JSON_DEPTH = 32  # deeper than any file runs write: nesting beyond it is damage (and would exhaust Python's recursion)
+JSON_NAMES = {dict: "a JSON object", list: "a JSON array", str: "a string", int: "an integer", float: "a number",
+              bool: "true or false", type(None): "null"}
+
+
+def read_json(path, expect=dict, keys=None, optional=None):
+    """The JSON in file `path`, checked: the one reader of every JSON file the project reads (config.json,
+    final.json, analysis.json, claims.json). expect: the top-level type; keys: {key: type} an object must
+    hold (for a list, each of its items); optional: {key: type} checked where present. A type is a
+    Python type, a tuple of them, or [type] for a list of it. Any malformation is one UsageError naming
+    the file and what is wrong: bytes that are not UTF-8, text that is not JSON, nesting deeper than
+    MAX_JSON_DEPTH, the wrong type at the top, a key missing or of the wrong type."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse_json(data, path, expect, keys, optional)
+
+
+def parse_json(data: bytes, where: str, expect=dict, keys=None, optional=None):
+    """read_json for bytes already read (a line of a .jsonl file); `where` names them in the error."""
     try:
-        with open(path) as f:
-            record = json.load(f)
+        record = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{where} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+    except RecursionError:
+        raise UsageError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes") from None
     except ValueError as e:
-        raise UsageError(f"{path} is not JSON ({e})") from None
-    if not isinstance(record, dict):
-        raise UsageError(f"{path} is not a run's record (not a JSON object)")
+        raise UsageError(f"{where} is not JSON ({e})") from None
+    if json_depth(record) > MAX_JSON_DEPTH:
+        raise UsageError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes")
+    if expect is not None and not is_json_type(record, expect):
+        raise UsageError(f"{where} holds {JSON_NAMES[type(record)]}, not {json_type_name(expect)}")
+    for i, item in enumerate(record if isinstance(record, list) else [record]):
+        item_where = f"{where} item {i + 1}" if isinstance(record, list) else where
+        if (keys or optional) and not isinstance(item, dict):
+            raise UsageError(f"{item_where} is {JSON_NAMES[type(item)]}, not a JSON object")
+        for name, kind in [*(keys or {}).items(), *(optional or {}).items()]:
+            if name not in item and name in (keys or {}):
+                raise UsageError(f"{item_where} lacks {name!r}")
+            if name in item and not is_json_type(item[name], kind):
+                raise UsageError(f"{item_where}: {name} is {json.dumps(item[name])[:60]}, not {json_type_name(kind)}")
     return record
+
+
+def json_depth(value) -> int:
+    """How deeply value's lists and objects nest (0 for a number or string), without recursion."""
+    depth, level = 0, [(value, 1)]
+    while level:
+        value, d = level.pop()
+        if isinstance(value, (dict, list)):
+            depth = max(depth, d)
+            level += [(item, d + 1) for item in (value.values() if isinstance(value, dict) else value)]
+    return depth
+
+
+def is_json_type(value, kind) -> bool:
+    """Whether a JSON value is of kind (a type, a tuple of types, [type] for a list of it); true and
+    false are no numbers, and an integer is a float."""
+    if isinstance(kind, list):
+        return isinstance(value, list) and all(is_json_type(item, kind[0]) for item in value)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return type(value) in kinds or type(value) is int and float in kinds
+
+
+def json_type_name(kind) -> str:
+    if isinstance(kind, list):
+        return f"a JSON array of {json_type_name(kind[0]).split(' ')[-1]}s"
+    return " or ".join(JSON_NAMES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
 def remove_temp_files(run_dir):
@@ -321,18 +500,19 @@ def read_metrics(run_dir, name="metrics.jsonl"):
     path = os.path.join(run_dir, name)
     if not os.path.exists(path):
         return []
-    with open(path) as f:
+    with open(path, "rb") as f:
         lines = f.read().splitlines()
     records = []
     for i, line in enumerate(lines):
+        where = f"{path} line {i + 1}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # the last append, cut short
+            record = parse_json(line, where, expect=None)
+        except UsageError as e:
+            if i == len(lines) - 1 and str(e).startswith(f"{where} is not JSON"):  # the last append, cut short
                 break
-            raise UsageError(f"{path} line {i + 1} is not JSON") from None
+            raise
         if not (isinstance(record, dict) and type(record.get("step")) is int):
-            raise UsageError(f"{path} line {i + 1} is not an evaluation record (an object with an integer step)")
+            raise UsageError(f"{where} is not an evaluation record (an object with an integer step)")
         records.append(record)
     return records
 
@@ -349,12 +529,11 @@ def truncate_metrics(run_dir, step):
 def save_final(cfg, state_dict, model_cfg, metrics, final):
     """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`):
     final.json marks a run finished, so it is written last. A finished run cannot be resumed, so
-    its checkpoint.pt (model and optimizer, 3x model.pt) goes, and it has no more writes to guard."""
+    its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
     final = {**metrics, **final}
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)
-    for name in ("checkpoint.pt", ".lock"):
-        remove_if_present(os.path.join(cfg.out, name))
+    remove_if_present(os.path.join(cfg.out, "checkpoint.pt"))
     print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({final['elapsed']:.1f}s)")
     if "bits" in final:
         print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
@@ -363,11 +542,10 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
 
 def aggregate(run_dirs) -> dict:
     """Median, min and max over runs of each numeric metric in their final.json; names the runs."""
-    finals = []
-    for run_dir in run_dirs:
-        with open(os.path.join(run_dir, "final.json")) as f:
-            finals.append(json.load(f))
-    names = [k for k, v in finals[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    paths = [os.path.join(run_dir, "final.json") for run_dir in run_dirs]
+    first = read_json(paths[0], optional=FINAL_KEYS)
+    names = {k: NUMBER for k, v in first.items() if is_json_type(v, NUMBER)}
+    finals = [first] + [read_json(path, keys=names) for path in paths[1:]]
     summary = {name: dict(zip(("median", "min", "max"), median_range([final[name] for final in finals]))) for name in names}
     return {"runs": list(run_dirs), "metrics": summary}
 

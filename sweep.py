@@ -16,7 +16,6 @@ or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then dra
 """
 
 import ctypes
-import json
 import math
 import multiprocessing
 import os
@@ -25,15 +24,15 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
 import train
 from bench import useful_flops
 from cli import UsageError, command_line
-from config import TrainConfig, build_task, changed_settings, load_run, resolve, with_paper_defaults
-from runs import run_state, write_json
+from config import TrainConfig, build_task, config_from_dict, load_run, resolve, with_paper_defaults
+from runs import FINAL_KEYS, NUMBER, read_json, run_state, write_json
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------
@@ -41,11 +40,26 @@ from tasks import TASKS, StreamTask
 # ---------------------------------------------------------------------------
 
 
+# Not what a run computes: where it ran and was written, how its directory was made, whose defaults filled it in.
+UNCOMPARED = ("device", "compile", "out", "overwrite", "scale")
+
+
 def check_same_config(cfg: TrainConfig):
-    """A run directory made by another protocol must not pass as this one's."""
-    changed = changed_settings(cfg, cfg.out)
-    if changed:
-        raise UsageError(f"{cfg.out} was trained with other settings ({', '.join(changed)}); delete it to rerun")
+    """A run directory made by another protocol must not pass as this one's: the run's saved settings
+    must equal the cell's once resolved (every default filled in), so a setting the cell leaves to the
+    scale's default counts as much as one it names. UsageError naming the first that differs."""
+    path = os.path.join(cfg.out, "config.json")
+    if not os.path.exists(path):
+        return
+    try:
+        saved = config_from_dict(read_json(path))
+    except ValueError as e:
+        raise UsageError(f"{path} is not a run's config ({e})") from None
+    resolved = resolve(cfg)[0]
+    for f in fields(TrainConfig):
+        if f.name not in UNCOMPARED and getattr(saved, f.name) != getattr(resolved, f.name):
+            raise UsageError(f"{cfg.out} was trained with other settings ({f.name} {getattr(saved, f.name)!r}, this cell's "
+                             f"{getattr(resolved, f.name)!r}); delete it to rerun")
 
 
 def train_one(cfg: TrainConfig, k=1, n=1):
@@ -57,8 +71,8 @@ def train_one(cfg: TrainConfig, k=1, n=1):
         train.train(replace(cfg, overwrite=True), resume=state == "resume")
     if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
         write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
-    with open(os.path.join(cfg.out, "final.json")) as f:
-        return json.load(f), state, time.time() - start
+    final = read_json(os.path.join(cfg.out, "final.json"), optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)})
+    return final, state, time.time() - start
 
 
 @torch.no_grad()

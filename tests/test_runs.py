@@ -11,10 +11,12 @@ import sys
 
 import pytest
 import torch
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import analyze
+import batched_seeds
 import bench
+import compare
 import corpus
 import reproduce
 import sample
@@ -34,8 +36,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ---------------------------------------------------------------------------
 
 SCRIPTS = {"train.py": train.main, "analyze.py": analyze.main, "reproduce.py": reproduce.main,
-           "bench.py": bench.main, "sample.py": sample.main}
-# Appended to a train.py call that neither resumes nor names its own --out: a tiny model, no steps.
+           "bench.py": bench.main, "sample.py": sample.main, "compare.py": compare.main, "batched_seeds.py": batched_seeds.main}
+# Before the flags of a train.py or batched_seeds.py call that does not resume (with --out NEW where it names
+# none): a tiny model, no steps.
 TRAIN_BASE = ["--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu"]
 
 # (script, argv, part of the error line); upper-case words name paths in the `world` fixture.
@@ -83,7 +86,7 @@ BAD_INPUTS = [
     ("train.py", ["--task", "lm", "--data", "NEW/text-train.txt"], "no training text at"),
     ("train.py", ["--task", "lm", "--vocab", "100"], "257 <= vocab <= 65536"),
     ("train.py", ["--resume", "NEW"], "not a run directory"),
-    ("train.py", ["--resume", "CORRUPT"], "is not a run's config"),
+    ("train.py", ["--resume", "CORRUPT"], "config.json is not JSON"),
     ("train.py", ["--resume", "RUN"], "has finished"),
     ("train.py", ["--resume", "STOPPED", "--steps", "600"], "drop --steps"),
     ("train.py", ["--resume", "BADCHECKPOINT"], "does not load"),
@@ -95,7 +98,7 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "EMPTYRECORDLOG"], "line 1 is not an evaluation record"),
     ("train.py", ["--resume", "STRINGWIDTH"], 'width is "16", not null or int'),
     ("train.py", ["--resume", "FLOATSTEPS"], "steps is 8.5, not null or int"),
-    ("train.py", ["--resume", "LISTCONFIG"], "is a JSON object, not list"),
+    ("train.py", ["--resume", "LISTCONFIG"], "config.json holds a JSON array, not a JSON object"),
     ("train.py", ["--resume", "UNKNOWNKEY"], "unknown setting 'colour'"),
     ("train.py", ["--task", "addition", "--digits", "1"], "81 distinct inputs"),
     ("train.py", ["--task", "parens", "--max-parens", "4"], "30 distinct inputs"),
@@ -119,6 +122,7 @@ BAD_INPUTS = [
     ("analyze.py", ["RUN", "--only", "embedding"], "does not apply to a parens run"),
     ("analyze.py", ["NOFINAL"], "has model.pt but no final.json"),
     ("analyze.py", ["LISTANALYSIS", "--only", "curves"], "is not results this analyze.py can read"),
+    ("analyze.py", ["ODDANALYSIS", "--only", "curves"], "is not results this analyze.py can read"),
     ("analyze.py", ["DIVERGED"], "has NaN or infinite weights"),
     ("analyze.py", ["RUN", "--only", "nothing"], "invalid choice"),
     ("analyze.py", ["RUN", "--tokens", "9999"], "--tokens must be"),
@@ -145,6 +149,47 @@ BAD_INPUTS = [
     ("sample.py", ["RUN", "--top-k", "0"], "--top-k >= 1"),
     ("sample.py", ["RUN"], "needs an lm run"),
     ("sample.py", ["STOPPED"], "has no model.pt"),
+    # Data loss: a lock that is a symbolic link would write the pid into the file it points to.
+    ("train.py", ["--resume", "LOCKLINK"], "is a symbolic link, not a lock of this run"),
+    ("train.py", ["--out", "LOCKLINKRUN", "--overwrite"], "is a symbolic link, not a lock of this run"),
+    ("train.py", ["--resume", "LOCKDIR"], "Is a directory"),
+    ("batched_seeds.py", ["--seeds", "2", "--out", "LOCKLINKSEEDS", "--overwrite"], "is a symbolic link, not a lock of this run"),
+    # Wrong results: a sweep's run trained with another value of a setting the cell leaves to the scale's default.
+    ("reproduce.py", ["table9", "--runs", "OTHERLR"], "was trained with other settings (lr "),
+    ("reproduce.py", ["table9", "--runs", "OTHEREVAL"], "was trained with other settings (eval_every "),
+    ("reproduce.py", ["table9", "--runs", "OTHERS", "--print-commands"], "was trained with other settings"),
+    # Malformed JSON, in every file the project reads: one line naming the file and what is wrong.
+    ("train.py", ["--resume", "BYTESCONFIG"], "config.json is not UTF-8 text (byte 12 is 0xff)"),
+    ("train.py", ["--resume", "DEEPCONFIG"], "config.json is nested deeper than 32 levels"),
+    ("train.py", ["--resume", "NESTEDCONFIG"], "config.json is nested deeper than 32 levels"),
+    ("train.py", ["--resume", "BYTESLOG"], "metrics.jsonl line 1 is not UTF-8 text"),
+    ("train.py", ["--resume", "DEEPLOG"], "metrics.jsonl line 1 is nested deeper than 32 levels"),
+    ("train.py", ["--seeds", "2", "--out", "SEEDJSON"], "SEEDJSON-s0/final.json is not JSON"),
+    ("train.py", ["--seeds", "2", "--out", "SEEDTYPE"], 'SEEDTYPE-s1/final.json: accuracy is "high", not an integer or a number'),
+    ("train.py", ["--seeds", "2", "--out", "SEEDLIST"], "SEEDLIST-s1/final.json holds a JSON array, not a JSON object"),
+    ("train.py", ["--seeds", "2", "--out", "SEEDDEEP"], "SEEDDEEP-s0/final.json is nested deeper than 32 levels"),
+    ("compare.py", ["BYTESLOG"], "metrics.jsonl line 1 is not UTF-8 text"),
+    ("compare.py", ["DEEPLOG"], "metrics.jsonl line 1 is nested deeper"),
+    ("compare.py", ["FINALSTRING"], 'final.json: elapsed is "1.5", not an integer or a number'),
+    ("compare.py", ["BYTESCONFIG"], "config.json is not UTF-8 text"),
+    ("analyze.py", ["FINALGARBAGE"], "final.json is not JSON"),
+    ("analyze.py", ["DEEPANALYSIS", "--only", "curves"], "analysis.json is nested deeper than 32 levels"),
+    ("analyze.py", ["BYTESANALYSIS", "--only", "curves"], "analysis.json is not UTF-8 text"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSJSON"], "claims.json is not JSON"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSNOROW"], "claims.json item 1 lacks 'row'"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSOBJECT"], "claims.json holds a JSON object, not a JSON array"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSRUNS"], "claims.json item 1: runs is [3], not a JSON array of strings"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSDEEP"], "claims.json is nested deeper than 32 levels"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSFINALLIST"], "final.json holds a JSON array, not a JSON object"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSFINALEMPTY"], "final.json lacks 'accuracy'"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSFINALGARBAGE"], "final.json is not JSON"),
+    ("reproduce.py", ["claims", "--results", "CLAIMSFINALSTRING"], 'final.json: elapsed is "1.5", not an integer or a number'),
+    # Each command's own checks, for the two added to this table.
+    ("batched_seeds.py", ["--resume", "STOPPED"], "nothing to resume"),
+    ("batched_seeds.py", ["--seeds", "1"], "--seeds must be >= 2"),
+    ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDS"], "holds a finished run"),
+    ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDS", "--overwrite", "--lr", "nan"], "--lr must be a number > 0"),
+    ("compare.py", ["NEW"], "not a run directory"),
 ]
 
 
@@ -195,7 +240,47 @@ def world(tmp_path_factory):
     other = root / "OTHERS" / "table9-cpu" / "needle-linearized-random-s0"
     other.mkdir(parents=True)
     (other / "config.json").write_text(json.dumps({"task": "needle", "width": 99}))
+    cell = next(iter(reproduce.cell_runs(reproduce.TABLES["table9"]("cpu"), "cpu", "", 1).values()))[0]
+    resolved = config.resolve(cell)[0]
+    for name, setting in (("OTHERLR", {"lr": resolved.lr / 2}), ("OTHEREVAL", {"eval_every": resolved.eval_every + 1})):
+        (root / name / cell.out).mkdir(parents=True)  # the cell's own run directory under --runs NAME
+        (root / name / cell.out / "config.json").write_text(json.dumps(asdict(replace(resolved, **setting))))
+    for name, target in (("LOCKLINK", "STOPPED"), ("LOCKLINKRUN", "RUN"), ("LOCKDIR", "STOPPED")):
+        shutil.copytree(root / target, root / name)
+        (root / name / ".lock").mkdir() if name == "LOCKDIR" else (root / name / ".lock").symlink_to(root / "FILE")
+    nested = "[" * 100_000 + "]" * 100_000  # past Python's recursion limit
+    for name, text in (("BYTESCONFIG", b'{"task": "pa\xffrens"}'), ("DEEPCONFIG", nested.encode()),
+                       ("NESTEDCONFIG", b'{"task": ' + b"[" * 40 + b"]" * 40 + b"}")):
+        shutil.copytree(root / "STOPPED", root / name)
+        (root / name / "config.json").write_bytes(text)
+    for name, line in (("BYTESLOG", b'{"step": 4, "loss": "\xff"}'), ("DEEPLOG", b'{"step": 4, "x": ' + nested.encode() + b"}")):
+        shutil.copytree(root / "STOPPED", root / name)
+        (root / name / "metrics.jsonl").write_bytes(line + b"\n" + (root / name / "metrics.jsonl").read_bytes())
+    for name, text in (("FINALGARBAGE", "garbage"), ("FINALLIST", "[]"), ("FINALEMPTY", "{}"),
+                       ("FINALSTRING", '{"step": 8, "elapsed": "1.5", "accuracy": 0.5}')):
+        shutil.copytree(root / "RUN", root / name)
+        (root / name / "final.json").write_text(text)
+        (root / f"CLAIMS{name}").mkdir()
+        (root / f"CLAIMS{name}" / "claims.json").write_text(json.dumps([dict(CLAIM, runs=[str(root / name)])]))
+    for name, text in (("DEEPANALYSIS", nested.encode()), ("BYTESANALYSIS", b"{\xff}"), ("ODDANALYSIS", b'{"curves": 3}')):
+        shutil.copytree(root / "RUN", root / name)
+        (root / name / "analysis.json").write_bytes(text)
+    for name, claims in (("CLAIMSJSON", "[{"), ("CLAIMSNOROW", json.dumps([{k: v for k, v in CLAIM.items() if k != "row"}])),
+                         ("CLAIMSOBJECT", json.dumps(CLAIM)), ("CLAIMSRUNS", json.dumps([dict(CLAIM, runs=[3])])), ("CLAIMSDEEP", nested)):
+        (root / name).mkdir()
+        (root / name / "claims.json").write_text(claims)
+    train.main(TRAIN_BASE + ["--seeds", "2", "--out", str(root / "SEEDS")])
+    for name, seed, text in (("SEEDJSON", 0, "{"), ("SEEDTYPE", 1, None), ("SEEDLIST", 1, "[]"), ("SEEDDEEP", 0, nested)):
+        for s in (0, 1):
+            shutil.copytree(root / f"SEEDS-s{s}", root / f"{name}-s{s}")
+        final = root / f"{name}-s{seed}" / "final.json"
+        final.write_text(text or json.dumps({**json.loads(final.read_text()), "accuracy": "high"}))
+    shutil.copytree(root / "SEEDS-s0", root / "LOCKLINKSEEDS-s0")
+    (root / "LOCKLINKSEEDS-s0" / ".lock").symlink_to(root / "FILE")
     return root
+
+
+CLAIM = {"claim": "random wide solves parens", "table": "table1", "row": "parens", "col": "Random 512", "verdict": "reproduced"}
 
 
 def broken_copy(root, name, config=None, checkpoint=None, metrics=None):
@@ -217,7 +302,7 @@ def snapshot(root):
 @pytest.mark.parametrize("script, argv, message", BAD_INPUTS, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(script, argv, message, world, capsys):
     argv = [str(world / a) if a.split("/")[0].isupper() and a.split("/")[0].isalpha() else a for a in argv]
-    if script == "train.py" and "--resume" not in argv:
+    if script in ("train.py", "batched_seeds.py") and "--resume" not in argv:
         argv = TRAIN_BASE + ([] if "--out" in argv else ["--out", str(world / "NEW")]) + argv  # argv last: its flags win
     if script == "reproduce.py":  # never the repository's own runs/ and results/
         argv += [] if "--runs" in argv else ["--runs", str(world / "NEW")]
@@ -462,7 +547,8 @@ import train
 nth, train_step, calls = int(sys.argv[2]), train.train_step, []
 
 def interrupted_train_step(*args):
-    calls.append(1)
+    if sys._getframe(1).f_code.co_name == "train":  # the loop's steps, not a step timed before them
+        calls.append(1)
     if len(calls) == nth:
         os.kill(os.getpid(), signal.SIGINT)
     return train_step(*args)
@@ -525,7 +611,7 @@ HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import runs
-lock = runs.lock_run_dir(sys.argv[2])
+lock = runs.RunLock(sys.argv[2])
 print("locked", flush=True)
 time.sleep(60)
 """
@@ -575,12 +661,83 @@ def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_
     assert failed.returncode == 2 and snapshot(tmp_path) == before  # a new run that never stepped leaves nothing
 
 
+def test_ctrl_c_in_the_first_step_of_an_overwrite_leaves_the_old_run_byte_identical(tmp_path):
+    run = tmp_path / "run"
+    train.train(cli.parse_args(TINY_ARGS + ["--steps", "4", "--out", str(run)])[0])
+    before = snapshot(tmp_path)
+    stopped = subprocess.run([sys.executable, "-c", INTERRUPTER, REPO, "1"] + TINY_ARGS + ["--out", str(run), "--overwrite"],
+                             cwd=tmp_path, capture_output=True, text=True)
+    assert stopped.returncode == 130 and f"interrupted before the first step; {run} is as it was" in stopped.stderr, stopped.stderr
+    assert snapshot(tmp_path) == before  # the old run whole, no lock, no staged copy beside it
+
+
+# A kill at each point of the swap that puts a new run in the old one's place (runs.replace_old_run):
+# this program runs train.py's main and SIGKILLs itself there.
+SWAPPER = """
+import os, shutil, signal, sys
+sys.path.insert(0, sys.argv[1])
+import runs
+import train
+where, exchange, rename, rmtree = sys.argv[2], runs.exchange, os.rename, shutil.rmtree
+
+def die(*args):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def delete_a_file_and_die(path, ignore_errors=False):
+    if os.path.isdir(path):
+        os.remove(os.path.join(path, "model.pt"))
+        die()
+
+if where.startswith("renames"):  # a system that cannot exchange two directories
+    runs.exchange = lambda a, b: False
+if where == "exchange: before":
+    runs.exchange = die
+if where == "exchange: after":
+    runs.exchange = lambda a, b: (exchange(a, b), die())
+if where == "renames: between":
+    os.rename = lambda src, dst: (rename(src, dst), die() if dst.endswith(".old") else None)
+if where.endswith("deleting the old run"):
+    runs.shutil.rmtree = delete_a_file_and_die
+train.main(sys.argv[3:])
+"""
+
+
+@pytest.mark.parametrize("where", ["exchange: before", "exchange: after", "exchange: deleting the old run",
+                                   "renames: between", "renames: deleting the old run"])
+def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command_completes_it(where, tmp_path):
+    whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    run = tmp_path / "run"
+    train.train(cli.parse_args(TINY_ARGS + ["--steps", "4", "--out", str(run)])[0])
+    old = snapshot(run)
+    killed = subprocess.run([sys.executable, "-c", SWAPPER, REPO, where] + TINY_ARGS + ["--out", str(run), "--overwrite"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    if where == "renames: between":  # out missing for a moment: the new run and the old are hidden beside it
+        assert not run.exists() and (tmp_path / ".run.new" / "config.json").exists() and (tmp_path / ".run.old" / "final.json").exists()
+    elif where == "exchange: before":
+        assert {k: v for k, v in snapshot(run).items() if k != ".lock"} == old  # the old run, whole
+    else:
+        assert json.loads((run / "config.json").read_text())["steps"] == 8 and not (run / "final.json").exists()  # the new one
+    if (run / "final.json").exists():  # the old run: the same command again replaces it
+        assert train.train(cli.parse_args(TINY_ARGS + ["--out", str(run), "--overwrite"])[0]) == whole
+    else:  # the new run, or out missing: --resume completes the swap and the run
+        assert train.train(*cli.parse_args(["--resume", str(run)])) == whole
+    assert sorted(os.listdir(tmp_path)) == ["run", "whole"]  # nothing hidden left beside it
+    assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]  # no stale lock
+    assert records(run) == records(tmp_path / "whole")
+
+
 def test_overwrite_replaces_the_old_run_only_after_the_first_step(tmp_path, monkeypatch):
     train.train(tiny(tmp_path, steps=4))
     run = tmp_path / "run"
     seen = []
     step = train.train_step
-    monkeypatch.setattr(train, "train_step", lambda *a: (seen.append(json.loads((run / "config.json").read_text())["steps"]), step(*a))[1])
+
+    def seeing_train_step(*args):
+        if sys._getframe(1).f_code.co_name == "train":  # the loop's steps, not a step timed before them
+            seen.append(json.loads((run / "config.json").read_text())["steps"])
+        return step(*args)
+    monkeypatch.setattr(train, "train_step", seeing_train_step)
     train.train(tiny(tmp_path, steps=8, overwrite=True))
     assert seen[0] == 4 and seen[1:] == [8] * 7  # the old run stayed in place during the new run's first step
     assert sorted(os.listdir(tmp_path)) == ["run"] and json.loads((run / "final.json").read_text())["step"] == 8
@@ -590,6 +747,46 @@ def test_a_run_whose_loss_diverges_stops_with_exit_code_3(tmp_path, capsys):
     code, err = run_cli(TINY_ARGS + ["--lr", "1e30", "--weight-decay", "0", "--out", str(tmp_path / "run")], capsys)
     assert code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run" / "final.json").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_batched_seeds_that_diverge_stop_with_exit_code_3_and_write_no_nan(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        batched_seeds.main(TINY_ARGS + ["--lr", "1e30", "--weight-decay", "0", "--seeds", "2", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1, err
+    for seed in (0, 1):
+        assert sorted(os.listdir(tmp_path / f"run-s{seed}")) == ["config.json"]  # no metrics, no final.json
+    assert not (tmp_path / "run-seeds.json").exists()
+
+
+def test_a_full_disk_during_torch_save_is_one_line_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    save = torch.save
+
+    def disk_full_at_step_8(obj, f, *args, **kwargs):
+        if obj.get("step") == 8:  # torch's zip writer reports a full disk as a RuntimeError
+            f.write(b"x" * 100)
+            raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/0: file write failed")
+        return save(obj, f, *args, **kwargs)
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", disk_full_at_step_8)
+        code, err = run_cli(TINY_ARGS + ["--out", str(run)], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "PytorchStreamWriter failed writing" in err and "checkpoint.pt" in err, err
+    assert sorted(os.listdir(run)) == ["checkpoint.pt", "config.json", "metrics.jsonl"]  # no temp file, no lock
+    assert torch.load(run / "checkpoint.pt")["step"] == 4
+    assert train.train(*cli.parse_args(["--resume", str(run)])) == whole
+
+
+def test_a_table_of_finished_runs_with_a_final_json_lacking_elapsed_is_one_usage_error(tmp_path):
+    table = reproduce.TABLES["table9"]("cpu")
+    runs = reproduce.cell_runs(table, "cpu", str(tmp_path), 1)
+    cell = next(iter(runs.values()))[0]
+    os.makedirs(cell.out)
+    (tmp_path / cell.out / "final.json").write_text('{"step": 8, "accuracy": 0.5}')
+    with pytest.raises(cli.UsageError, match="final.json lacks 'elapsed'"):
+        reproduce.render(table, "cpu", runs, 1, "python reproduce.py table9", "CPU")
 
 
 def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_path):
