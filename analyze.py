@@ -27,7 +27,7 @@ from tasks import Batch
 from cli import OneLineParser, UsageError, usage_errors
 from config import build, config_from_dict, load_run
 from figures import pyplot, save_figure
-from runs import read_json, read_metrics, write_atomic, write_json
+from runs import FINAL_KEYS, read_json, read_metrics, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -63,7 +63,7 @@ def read_final(path) -> dict:
     if not os.path.isfile(final_path):
         raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
                          f"finish it with: python train.py --resume {path}")
-    return read_json(final_path)
+    return read_json(final_path, optional=FINAL_KEYS)
 
 
 def last_answer_position(batch: Batch):
@@ -316,7 +316,8 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     patterns = torch.stack([cache[name][0] for name in names])  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)
     plot_attention(patterns, labels, os.path.join(run.path, "attention.png"), run.label)
-    result = {"tokens": tokens, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels)}
+    result = {"tokens": tokens, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels),
+              "patterns": patterns.mul(1e4).round().div(1e4).tolist()}  # (L, nh, T, T): the figure redrawn without weights
     if run.cfg.task == "needle":
         result.update(needle_test_scores(run, names))
     return result
@@ -503,18 +504,24 @@ def parens_lengths(run: Run) -> dict:
     the answer "balanced": this tells misses there apart from misses of the rule itself.
     """
     task, test = run.task, run.task.test_set()
-    correct = task.metrics(run.model(test.x, test.pos), test)["accuracy"]
+    logits = run.model(test.x, test.pos)
+    correct = task.metrics(logits, test)["accuracy"]
+    predicted = logits[:, 0, [tasks.CLOSE, tasks.OPEN]].argmax(-1)  # 0: balanced, 1: unbalanced
     stream = task.sample(STREAM_SAMPLE, torch.Generator().manual_seed(0))
     trained = set(zip(stream.pos[:, 0].tolist(), stream.y[:, 0].tolist()))
     test_pairs = list(zip(test.pos[:, 0].tolist(), test.y[:, 0].tolist()))  # (length, answer) of each test string
-    rows = []
+    names = {tasks.CLOSE: "balanced", tasks.OPEN: "unbalanced"}
+    rows, unseen_strings = [], []
     for length in range(1, task.max_parens + 1):
-        for answer, name in ((tasks.CLOSE, "balanced"), (tasks.OPEN, "unbalanced")):
+        for answer, name in names.items():
             picked = [i for i, pair in enumerate(test_pairs) if pair == (length, answer)]
             if picked:
                 rows.append({"length": length, "answer": name, "test": len(picked),
                              "accuracy": correct[picked].mean().item(), "in_training": (length, answer) in trained})
-    return {"rows": rows, "accuracy": correct.mean().item(), "stream_sample": STREAM_SAMPLE,
+            if picked and (length, answer) not in trained:  # each string and what the model answered
+                unseen_strings += [{"string": "".join("()"[t - tasks.OPEN] for t in test.x[i, :length].tolist()), "answer": name,
+                                    "predicted": ("balanced", "unbalanced")[predicted[i]]} for i in picked]
+    return {"rows": rows, "accuracy": correct.mean().item(), "stream_sample": STREAM_SAMPLE, "unseen_strings": unseen_strings,
             "unseen": pooled([r for r in rows if not r["in_training"]]), "seen": pooled([r for r in rows if r["in_training"]])}
 
 
@@ -626,10 +633,9 @@ def earlier_results(run: Run) -> dict:
     if not os.path.isfile(path):
         return {}
     try:
-        with open(path) as f:
-            results = json.load(f)
-    except ValueError:
-        raise UsageError(f"{path} is not JSON; delete it or run analyze.py without --only") from None
+        results = read_json(path, expect=None)  # renders() says whether it is results at all
+    except UsageError as e:
+        raise UsageError(f"{e}; delete it or run analyze.py without --only") from None
     if not renders(run, results):
         raise UsageError(f"{path} is not results this analyze.py can read; delete it or run analyze.py without --only")
     return results

@@ -22,7 +22,7 @@ from cli import UsageError, parse_args, seed_configs, usage_errors
 from config import build
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
-from train import Clock, Diverged, Run, SlowRunCheck, evaluate, lr_at, make_optimizer, set_lr
+from train import Clock, Diverged, Run, evaluate, lr_at, make_optimizer, set_lr
 
 
 def stacked_forward(base, params):
@@ -123,11 +123,15 @@ class SeedRuns(Run):
     def __init__(self, seeds, models, params, base, counts, device, summary):
         self.seeds, self.params, self.base, self.summary = seeds, params, base, summary
         self.cfg, self.counts, self.ranks, self.stop_after = seeds[0], counts, Ranks(), None
-        self.starts = [runs.start_or_resume(run, False, model, None, None, runs.run_record(run, n, device))  # every seed checked and built
-                       for run, model, n in zip(seeds, models, counts)]
+        self.starts = []
+        try:  # every seed checked and staged, or none
+            for run, model, n in zip(seeds, models, counts):
+                self.starts.append(runs.start_or_resume(run, False, model, None, None, runs.run_record(run, n, device)))
+        except BaseException:
+            self.close()
+            raise
         self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
         self.clock = Clock()
-        self.slow_run_check = SlowRunCheck(self.cfg, 0, active=device.type == "cpu")
         print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
 
     def staged(self) -> bool:
@@ -136,6 +140,16 @@ class SeedRuns(Run):
     def take_place(self):
         for run, start in zip(self.seeds, self.starts):
             runs.replace_old_run(run.out, start)
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)  # closes the first seed's Start
+        finally:
+            self.close()
+
+    def close(self):
+        for start in self.starts:
+            start.close()
 
     def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
         for run, seed_loss, seed_metrics in zip(self.seeds, loss or [None] * len(self.seeds), metrics):

@@ -78,7 +78,7 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
     lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position.
     """
-    d, trains, early = cfg.width, TRAINING_MODES[cfg.mode], cfg.layers - 1
+    d, trains, early = cfg.width, TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}), cfg.layers - 1  # a mask: counted as full
     tokens, answers = lengths.sum().item(), answer_pos.numel()
     pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs
     weights = 24 * d * d * tokens * early + 4 * d * d * tokens + 20 * d * d * answers

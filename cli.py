@@ -59,7 +59,7 @@ def make_parser(description="Train one model on one task.", skip=()):
     parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
     for f in fields(TrainConfig):
         flag = "--" + ("train" if f.name == "mode" else f.name.replace("_", "-"))
-        if f.name in skip:
+        if f.name in skip or f.name == "scale":
             continue
         if f.type is bool and f.default is not False:  # True, or None = decided by the device: a flag to turn it off
             parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
@@ -68,8 +68,9 @@ def make_parser(description="Train one model on one task.", skip=()):
         elif f.type is not bool:
             parser.add_argument(flag, dest=f.name, type=f.type, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
-    parser.add_argument("--scale", choices=SCALES, help="paper (default): the paper's protocol for the task; cpu: the task's "
-                        "laptop variant (docs/protocol.md §8) as the defaults, which the other flags given override")
+    parser.add_argument("--scale", choices=("auto",) + SCALES, help="whose defaults the settings not given take: paper, the "
+                        "paper's protocol for the task (docs/protocol.md §3); cpu, the task's laptop variant (§8), minutes on "
+                        "one core; auto (default): paper on a CUDA GPU, cpu elsewhere")
     if "resume" not in skip:
         parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config "
                             "(DIR's own, wherever it was moved; no other flag applies)")
@@ -79,28 +80,33 @@ def make_parser(description="Train one model on one task.", skip=()):
 def config_from_args(args):
     """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config and writes to its own directory."""
     from config import TrainConfig, config_from_dict, cpu_variant
+    from devices import pick_device
 
     given = vars(args)
     run_dir = given.pop("resume", None)
     if run_dir is None:
-        scale = given.pop("scale", "paper")
+        scale = given.pop("scale", "auto")
+        if scale == "auto":
+            scale = "paper" if pick_device(given.get("device", "auto")).type == "cuda" else "cpu"
         if given.pop("frozen", False):
             if given.get("mode", "frozen") != "frozen":
                 raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['mode']}")
             given["mode"] = "frozen"
         cfg = TrainConfig(**given)
-        return (replace(cpu_variant(cfg), **given) if scale == "cpu" else cfg), False
+        return (replace(cpu_variant(cfg), **given) if scale == "cpu" else replace(cfg, scale="paper")), False
     if given:
         flags = ", ".join("--" + ("train" if name == "mode" else name.replace("_", "-")) for name in given)
         raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
+    from runs import finish_swap, read_json
+
     config_path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(config_path):
+        finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completed first
     if not os.path.exists(config_path):
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
     try:
-        with open(config_path) as f:
-            saved = json.load(f)
-        return replace(config_from_dict(saved), out=run_dir), True
-    except ValueError as e:  # JSONDecodeError is one
+        return replace(config_from_dict(read_json(config_path)), out=run_dir), True
+    except ValueError as e:
         raise UsageError(f"{config_path} is not a run's config ({e})") from None
 
 
@@ -127,7 +133,7 @@ def command_line(cfg) -> str:
         value = getattr(cfg, f.name)
         if value == f.default and f.name != "task":  # the task always, for the reader
             continue
-        flag = "train" if f.name == "mode" else f.name.replace("_", "-")
+        flag = "train" if f.name == "mode" else f.name.replace("_", "-")  # --scale is a flag too, not generated
         if f.type is bool:
             parts.append(f"--{flag}" if value else f"--no-{f.name}")
         else:

@@ -18,11 +18,11 @@ import torch
 
 from cli import UsageError
 from runs import load_checkpoint, read_json
-from model import GPT, LSTM, GPTConfig, apply_training_mode, training_mode_help, trains_body
+from model import GPT, LSTM, GPTConfig, apply_training_mode, mode_label, training_mode_help, trains_body
 from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
-SCALES = ("paper", "cpu")
+SCALES = ("paper", "cpu")  # and "auto" on the command line: paper on a CUDA GPU, else cpu
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
 PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
@@ -51,6 +51,8 @@ class TrainConfig:
     seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<mode>-w<width>-s<seed>)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
+    scale: str = field(default=None, metadata={"help": "whose defaults the settings not given took: paper (docs/protocol.md §3) "
+                                               "or cpu, the task's laptop variant (§8); recorded, never compared"})
     # task sizes; each task reads only its own
     p: int = field(default=199, metadata={"help": "modadd: the modulus"})
     max_pairs: int = field(default=30, metadata={"help": "needle: most marker/value pairs in a sequence"})
@@ -126,7 +128,7 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
 
 
 # Shown in every run name, or not part of what a run computes.
-NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "out", "overwrite", "device", "compile")
+NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "out", "overwrite", "device", "compile", "scale")
 
 
 def run_name(given: TrainConfig, width: int) -> str:
@@ -141,7 +143,7 @@ def run_name(given: TrainConfig, width: int) -> str:
     settings = "".join(f"-{name.replace('_', '-')}{getattr(given, name):g}" if type(getattr(given, name)) is float
                        else f"-{name.replace('_', '-')}{getattr(given, name)}" for name in names)
     variant = "".join(f"-{v}" for v in (given.arch, given.pos) if v not in ("gpt", "learned"))
-    return f"{given.task}{variant}-{given.mode}-w{width}{scale}{settings}-s{given.seed}"
+    return f"{given.task}{variant}-{mode_label(given.mode)}-w{width}{scale}{settings}-s{given.seed}"
 
 
 def check_config(cfg: TrainConfig, task) -> None:
@@ -220,8 +222,9 @@ def build(cfg: TrainConfig):
 
 def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
     """The settings cfg sets that the run saved in run_dir was not trained with ([] when run_dir holds
-    no run). The device is what the run resolved, the directory may be spelled another way, and
-    overwrite says only how the directory was made: none of them counts."""
+    no run). The device is what the run resolved, the directory may be spelled another way,
+    overwrite says only how the directory was made, and the scale only whose defaults filled in
+    what the other settings already say: none of them counts."""
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
         return []
@@ -229,7 +232,7 @@ def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
         saved = asdict(config_from_dict(read_json(path)))
     except ValueError as e:
         raise UsageError(f"{path} is not a run's config ({e})") from None
-    return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out") and saved.get(k) != v]
+    return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out", "scale") and saved.get(k) != v]
 
 
 def load_run(run_dir):
@@ -280,7 +283,7 @@ def cpu_variant(cfg: TrainConfig) -> TrainConfig:
         raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
     settings = CPU_VARIANTS[cfg.task]
     width = settings["width"] if cfg.width is None else min(cfg.width, settings["width"])
-    cfg = replace(cfg, **{**settings, "width": width})
+    cfg = replace(cfg, **{**settings, "width": width}, scale="cpu")
     return replace(cfg, lr=default_lr(cfg, "cpu"))
 
 

@@ -102,6 +102,12 @@ def save_with_legend(plt, fig, handles: list, path: str):
     save_figure(plt, fig, path, bbox_inches="tight")
 
 
+def paper_label(table) -> str:
+    """The stars' legend: the paper's Tables 1 and 2 train width 1,024 where the cpu scale trains 512."""
+    narrower = table.name in ("table1", "table2") and any(cfg.width == 512 for cfg in table.configs.values())
+    return "paper (its width 1,024 where ours is 512)" if narrower else "paper"
+
+
 def plot_seeds(table, cells: dict, title: str, path: str):
     """A table as a picture: per column the seeds as points with a median bar (a box plot from 5 seeds), the paper's number as a star."""
     from matplotlib.lines import Line2D
@@ -137,7 +143,7 @@ def plot_seeds(table, cells: dict, title: str, path: str):
     boxes = any(len(values) >= 5 for values, _ in cells.values())
     handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
                Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
-               Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label="paper")]
+               Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label=paper_label(table))]
     if any(line == "exact match" for _, line, _ in cells):
         handles.insert(1, Line2D([], [], marker="o", color="tab:green", markerfacecolor="none", linestyle="",
                                  label="our seeds, whole sum exact (addition)"))
@@ -169,7 +175,7 @@ def plot_lines(table, cells: dict, title: str, path: str):
             p, line, x = picture_key(table, row, col)
             if p == panel and (p, line, x) not in cells:
                 ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
-                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}", (0.02, paper), xycoords=("axes fraction", "data"),
+                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}" + (" (TinyStories, not our corpus)" if table.name == "fig4" else ""), (0.02, paper), xycoords=("axes fraction", "data"),
                             xytext=(0, 3), textcoords="offset points", fontsize=8, color=COLORS.get(line))
         widths = sorted({x for p, _, x in cells if p == panel})
         ax.set_xscale("log", base=2)
@@ -222,6 +228,27 @@ def plot_curves(table, runs: dict, title: str, path: str):
     save_with_legend(plt, fig, [Line2D([], [], color=colors[col], label=col) for col in table.cols], path)
 
 
+def plot_convergence(table, runs: dict, title: str, path: str):
+    """Figure 8: test accuracy per seed against step, a panel per model, with the lr schedule beside it
+    (dashed, right axis), so a curve that flattens only where the lr reaches zero shows as such."""
+    from matplotlib.lines import Line2D
+
+    plt, fig, axes = new_figure(table.rows, title)
+    for row, ax in axes.items():
+        for cfg in runs[row, table.cols[0]]:
+            points = accuracy_curve(cfg.out)
+            if points:
+                ax.plot(*zip(*points), color=COLORS.get(row), linewidth=1, alpha=0.8, marker=".")
+        log = read_metrics(runs[row, table.cols[0]][0].out)
+        lr_ax = ax.twinx()
+        lr_ax.plot([r["step"] for r in log], [r["lr"] for r in log], color="gray", linestyle="--", linewidth=1)
+        lr_ax.set_ylabel("learning rate", color="gray")
+        ax.set(title=row, xlabel="step", ylabel="test accuracy (%)", ylim=(0, 105))
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
+    save_with_legend(plt, fig, handles + [Line2D([], [], color="gray", linestyle="--", label="lr (right axis)")], path)
+
+
 def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files, and for the
     task tables <table>-<scale>-curves.png from their metrics.jsonl; trains nothing."""
@@ -229,6 +256,8 @@ def render_picture(table, scale: str, runs: dict, path: str):
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
     if any(paper is not None for _, paper in cells.values()):
         title += "; stars: the paper's numbers"
+    if table.name == "fig8":
+        return plot_convergence(table, runs, table.title + f"\nours at {scale} scale: Table 3's runs", path)
     (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
     if table.name in CURVE_TABLES:
         plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",

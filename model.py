@@ -13,6 +13,7 @@ Names follow GPT-2 (wte wpe h ln_1 attn.c_attn c_proj mlp.c_fc ln_2 ln_f
 lm_head) so weights map onto GPT-2 checkpoints and readers recognise them.
 """
 
+import fnmatch
 import math
 from dataclasses import dataclass
 
@@ -257,6 +258,7 @@ TRAINING_MODES = {
     "embed": {"wte", "wpe"},  # Table 2: E only
     "token+unembed": {"wte", "lm_head"},  # Table 2: E_token & U
 }
+BODY = ("h", "ln_f", "lstm")  # the top-level names of the body's parameters
 
 
 def parameter_group(name: str) -> str:
@@ -264,26 +266,53 @@ def parameter_group(name: str) -> str:
     top = name.split(".")[0]
     if top in ("wte", "wpe", "lm_head"):
         return top
-    if top in ("h", "ln_f", "lstm"):
+    if top in BODY:
         return "body"
     raise ValueError(f"parameter {name!r} belongs to no training-mode group")
 
 
+def mask_patterns(mode: str) -> list:
+    """A mode that is no named mode is a mask: comma-separated parameter-name patterns (fnmatch), each
+    naming the parameters it matches or those under it: "wte,wpe,lm_head,h.1.*", "h.0.attn", "ln_f"."""
+    return [] if mode in TRAINING_MODES else [p.strip() for p in mode.split(",") if p.strip()]
+
+
+def matches(name: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
+
+
 def trains_body(mode: str) -> bool:
-    """Whether the mode trains the blocks (or the LSTM's recurrence), which sets its cpu-scale lr (config.default_lr)."""
-    return "body" in TRAINING_MODES.get(mode, ())
+    """Whether the mode trains any of the body (blocks, ln_f, the LSTM), which sets its cpu-scale lr (config.default_lr)."""
+    if mode in TRAINING_MODES:
+        return "body" in TRAINING_MODES[mode]
+    return any(fnmatch.fnmatchcase(top, pattern.split(".")[0]) for pattern in mask_patterns(mode) for top in BODY)
+
+
+def mode_label(mode: str) -> str:
+    """The mode as a run directory's name shows it: a mask's patterns joined by +, * read as all."""
+    return mode if mode in TRAINING_MODES else "+".join(p.removesuffix(".*").replace("*", "all") for p in mask_patterns(mode))
 
 
 def training_mode_help() -> str:
-    return ", ".join(TRAINING_MODES) + " (frozen = the paper's random transformer)"
+    return (", ".join(TRAINING_MODES) + " (frozen = the paper's random transformer), or a mask: comma-separated "
+            "parameter-name patterns, e.g. wte,wpe,lm_head,h.1.* (block 1 trained too)")
 
 
 def apply_training_mode(model: nn.Module, mode: str) -> dict:
-    """Freeze every parameter the mode does not train; return trainable/frozen counts."""
-    if mode not in TRAINING_MODES:
-        raise ValueError(f"unknown training mode {mode!r}; choose from {', '.join(TRAINING_MODES)}")
+    """Freeze every parameter the mode (a named mode or a mask) does not train; return trainable/frozen counts."""
+    named = dict(model.named_parameters())
+    if mode in TRAINING_MODES:
+        trained = {name for name in named if parameter_group(name) in TRAINING_MODES[mode]}
+    else:
+        patterns = mask_patterns(mode)
+        unmatched = [p for p in patterns if not any(matches(name, p) for name in named)]
+        if not patterns or unmatched:
+            groups = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in named))
+            raise ValueError(f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
+                             f"({', '.join(TRAINING_MODES)}) or patterns of these: {groups}")
+        trained = {name for name in named if any(matches(name, p) for p in patterns)}
     counts = {"trainable": 0, "frozen": 0}
-    for name, p in model.named_parameters():
-        p.requires_grad_(parameter_group(name) in TRAINING_MODES[mode])
+    for name, p in named.items():
+        p.requires_grad_(name in trained)
         counts["trainable" if p.requires_grad else "frozen"] += p.numel()
     return counts

@@ -34,7 +34,7 @@ from cli import OneLineParser, UsageError, command_line, usage_errors
 from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
 from figures import CURVE_TABLES, render_picture
-from runs import median_range, run_state, write_atomic
+from runs import FINAL_KEYS, NUMBER, median_range, read_json, read_metrics, run_state, write_atomic
 from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
@@ -56,7 +56,7 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
     """The TrainConfig of one cell: the paper's protocol for the task, or its cpu variant."""
     cfg = TrainConfig(task=task, **settings)
     if scale == "paper":
-        return cfg
+        return replace(cfg, scale="paper")
     return cpu_variant(cfg)
 
 
@@ -77,10 +77,16 @@ class Table:
     configs: dict
     paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
     note: str = ""
+    read: dict = None  # col -> (run directory -> its number or None): the explanation tables, read from analyses or logs
+    analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
 
     def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
         """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
-        final.json (train_split.json for a "(train)" row); the .md and the .png both read it from here."""
+        final.json (train_split.json for a "(train)" row, or the table's `read` of its analysis.json or
+        metrics.jsonl); the .md and the .png both read it from here."""
+        if self.read:
+            values = [self.read[col](cfg.out) if run_state(cfg.out) == "finished" else None for cfg in cell]
+            return [value for value in values if value is not None]
         source = "train_split.json" if row.endswith("(train)") else "final.json"
         own = col if self.metric == "column" else self.metric
         metric = metric or own
@@ -88,8 +94,7 @@ class Table:
         for cfg in cell:
             path = os.path.join(cfg.out, source)
             if os.path.exists(path):
-                with open(path) as f:
-                    record = json.load(f)
+                record = read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
                 # only a named extra metric may be missing (a record without exact_match draws no ring)
                 if metric == own or metric in record:
                     values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
@@ -197,8 +202,159 @@ def fig6(scale):
                  note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact numbers).")
 
 
+def paper_comparison(cfg: TrainConfig, final: dict):
+    """'<ours>; the paper's <cell>: <number> (<table>)' for a finished run standing for a cell of Tables 1,
+    2, 3 or 9 (same task, mode and architecture; width 16 for the narrow columns, else the wide ones,
+    whatever the scale), or None where the paper has no comparable number."""
+    for build in (table1, table2, table3, table9):
+        table = build("paper")
+        for (row, col), cell in table.configs.items():
+            metric = col if table.metric == "column" else table.metric
+            if ((cell.task, cell.mode, cell.arch, cell.width == 16) == (cfg.task, cfg.mode, cfg.arch, cfg.width == 16)
+                    and (row, col) in table.paper and not row.endswith("(train)") and metric in final):
+                ours = final[metric] * (100 if metric in ("accuracy", "exact_match") else 1)
+                unit = "%" if metric in ("accuracy", "exact_match") else ""
+                model = col.lower() if table.metric != "column" else row.lower()
+                return (f"{number(ours)}{unit} test {metric.replace('_', ' ')}; the paper's {model}: "
+                        f"{number(table.paper[row, col])} ({table.title.split(':')[0]})")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Why random transformers can: the explanation's tables (section 4.2, section 6,
+# appendix E), read from each run's analysis.json or metrics.jsonl
+# ---------------------------------------------------------------------------
+
+
+def analysis(run_dir: str, name: str):
+    """The run's analyze.py result `name` (its analysis.json), or None before the run is analysed."""
+    path = os.path.join(run_dir, "analysis.json")
+    return read_json(path).get(name) if os.path.exists(path) else None
+
+
+def variance_reader(kind: str, layer: int):
+    """% of hidden-state variance in the top 10 principal components (kind "pc") or neurons after layer (0: Emb)."""
+    def read(run_dir):
+        result = analysis(run_dir, "variance")
+        return None if result is None else 100 * result[f"{kind}_top10"][layer]
+    return read
+
+
+VARIANCE_COLS = {f"{kind} {layer}": variance_reader(kind.lower(), i)
+                 for kind in ("PC", "Neuron") for i, layer in enumerate(("Emb", "L1", "L2"))}
+TABLE4_PAPER = {  # row -> PC Emb, L1, L2, neuron Emb, L1, L2 (%), width 1024 (memorization 128)
+    "modadd Normal": [42.0, 21.5, 13.8, 3.8, 1.6, 3.4], "modadd Random": [72.9, 63.6, 44.7, 2.8, 3.3, 2.9],
+    "memorize Normal": [15.0, 25.3, 23.4, 10.2, 12.2, 10.5], "memorize Random": [27.5, 27.5, 24.7, 9.9, 9.8, 9.7],
+}
+TABLE7_PAPER = {  # the same at width 512
+    "addition Normal": [40.7, 91.6, 89.6, 3.3, 6.4, 6.8], "addition Random": [73.3, 62.6, 51.4, 4.3, 4.0, 3.6],
+    "needle Normal": [31.4, 75.4, 42.5, 2.8, 5.6, 3.9], "needle Random": [51.3, 42.6, 33.9, 4.4, 4.6, 3.9],
+    "parens Normal": [47.5, 100.0, 99.9, 7.0, 11.1, 9.4], "parens Random": [85.2, 89.1, 84.7, 9.7, 8.0, 6.7],
+}
+
+
+def variance_table(name: str, title: str, rows: dict, paper: dict, note: str) -> Table:
+    """Tables 4 and 7: per row (a task and model, rows[row] its cell's config) the explained variance columns."""
+    configs = {(row, col): cfg for row, cfg in rows.items() for col in VARIANCE_COLS}
+    cells = {(row, col): v for row, values in paper.items() for col, v in zip(VARIANCE_COLS, values)}
+    return Table(name, title, "column", list(rows), list(VARIANCE_COLS), configs, cells, note, VARIANCE_COLS, ("variance",))
+
+
+def table7(scale):
+    wide = table1(scale).configs
+    rows = {f"{task} {model}": wide[task, f"{model} {CPU_WIDTH if scale == 'cpu' else 1024}"]
+            for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
+    if scale == "paper":
+        rows = {row: replace(cfg, width=512) for row, cfg in rows.items()}
+    return variance_table("table7", "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
+                          "neurons, width 512", rows, TABLE7_PAPER, "Table 1's runs at width 512, each analysed by "
+                          "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 test inputs, every "
+                          "position up to the last answer).")
+
+
+def table4(scale):
+    wide, memorize = table1(scale).configs, table3(scale).configs
+    width = CPU_WIDTH if scale == "cpu" else 1024
+    rows = {f"modadd {model}": wide["modadd", f"{model} {width}"] for model in ("Normal", "Random")}
+    rows |= {f"memorize {model}": memorize[model, "accuracy"] for model in ("Normal", "Random")}
+    return variance_table("table4", f"Table 4: % of hidden-state variance in the top 10 principal components and the top "
+                          f"10 neurons, modadd at width {width}, memorization at 128", rows, TABLE4_PAPER,
+                          "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python analyze.py RUN "
+                          "--only variance`; the paper's modadd is at width 1,024.")
+
+
+def fig2(scale):
+    """Figure 2: needle's two attention heads, found per seed: the layer-1 head where each value attends to
+    its marker, the layer-2 head where the query attends to the queried value (mean attention over the test set)."""
+    width = CPU_WIDTH if scale == "cpu" else 1024
+    cols = {f"L{layer + 1} {name}": (key, layer) for key, name in (("value_to_marker", "value -> its marker"),
+                                                                  ("query_to_value", "query -> queried value")) for layer in (0, 1)}
+
+    def best_head(key, layer):
+        def read(run_dir):
+            result = analysis(run_dir, "attention")
+            return None if result is None else 100 * max(result[key][layer])
+        return read
+    wide = table1(scale).configs
+    configs = {(model, col): wide["needle", f"{model} {width}"] for model in ("Random", "Normal") for col in cols}
+    return Table("fig2", "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
+                 "column", ["Random", "Normal"], list(cols), configs, {},
+                 "Per seed the strongest head of the layer; what a head attending evenly over the positions it sees "
+                 "would score is each run's analysis.json attention.uniform. The paper shows the patterns, no numbers: "
+                 "values attend to their markers in layer 1, the query to the queried value in layer 2.",
+                 {col: best_head(*key) for col, key in cols.items()}, ("attention",))
+
+
+def fig3(scale):
+    """Figure 3 and section 4.2: modadd's token embedding is a circle (principal components 1 and 3), and the
+    network is a Clock: gradient symmetricity and distance irrelevance, the paper's 0.88 and 0.88."""
+    width = CPU_WIDTH if scale == "cpu" else 1024
+    cols = {"circularity of PCs 1 and 3": ("embedding", lambda r: (r["circularity"]["components"][0] + r["circularity"]["components"][2]) / 2),
+            "gradient symmetricity": ("clock_pizza", lambda r: r["gradient_symmetricity"]),
+            "distance irrelevance": ("clock_pizza", lambda r: r["distance_irrelevance"])}
+
+    def reader(name, value):
+        def read(run_dir):
+            result = analysis(run_dir, name)
+            return None if result is None else value(result)
+        return read
+    wide = table1(scale).configs
+    configs = {(model, col): wide["modadd", f"{model} {width}"] for model in ("Random", "Normal") for col in cols}
+    paper = {("Random", "gradient symmetricity"): 0.88, ("Random", "distance irrelevance"): 0.88}
+    return Table("fig3", "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza", "column",
+                 ["Random", "Normal"], list(cols), configs, paper,
+                 "Circularity: 1 for a pure cosine over the residues, about 2 ln(p) / p for a random direction. "
+                 "A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 (docs/protocol.md §6).",
+                 {col: reader(*spec) for col, spec in cols.items()}, ("embedding", "clock_pizza"))
+
+
+def flat_from(run_dir: str):
+    """(the first evaluation step from which test accuracy stays within half a point of its last value,
+    the lr there as % of the peak); None before the run has finished."""
+    if run_state(run_dir) != "finished":
+        return None
+    log = read_metrics(run_dir)
+    peak = max(r["lr"] for r in log)
+    step = next(r for i, r in enumerate(log) if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:]))
+    return step["step"], 100 * step["lr"] / peak
+
+
+def fig8(scale):
+    """Figure 8: Table 3's memorization runs over training. Converged in the paper's sense means flat while the
+    lr is still up; a curve that flattens only as the cosine schedule takes the lr to zero has not."""
+    cols = {"final accuracy": lambda d: None if run_state(d) != "finished" else 100 * read_metrics(d)[-1]["test_accuracy"],
+            "flat from step": lambda d: (flat_from(d) or (None,))[0],
+            "lr there (% of peak)": lambda d: (flat_from(d) or (None, None))[1]}
+    configs = {(row, col): cfg for (row, _), cfg in table3(scale).configs.items() for col in cols}
+    return Table("fig8", "Figure 8: memorization accuracy during training, and whether it converged", "column",
+                 ["Normal", "Random"], list(cols), configs, {},
+                 "Table 3's runs, read from their metrics.jsonl (nothing trains). Flat: within half a point of the "
+                 "final accuracy from that evaluation on. A run flat while its lr is well above zero has converged; "
+                 "one flat only where the lr is a few % of its peak stopped because the lr decayed.", cols)
+
+
 # In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling, imitation, widths.
-TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7)}
+TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7, fig8, fig2, fig3, table7, table4)}
 
 
 # ---------------------------------------------------------------------------
@@ -213,11 +369,13 @@ def slug(text: str) -> str:
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     """(row, col) -> the cell's per-seed configs with their run directories. Table 3's columns
     share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
-    trains exactly a Table 1 cell (Figure 7's width 16 and widest) shares Table 1's runs."""
-    table1_cells = table1(scale).configs.items()
+    trains exactly a Table 1 or Table 3 cell (Figure 7's width 16 and widest, the explanation's
+    tables) shares its runs."""
+    owners = [("table1", key, other) for key, other in table1(scale).configs.items()]
+    owners += [("table3", key, other) for key, other in table3(scale).configs.items()]
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner, (owner_row, owner_col) = next((("table1", key) for key, other in table1_cells if other == cfg),
+        owner, (owner_row, owner_col) = next(((name, key) for name, key, other in owners if other == cfg and name != table.name),
                                              (table.name, (row, col)))
         name = slug(owner_row.split()[0]) + ("" if owner == "table3" else "-" + slug(owner_col))
         out = os.path.join(root, f"{owner}-{scale}", name)
@@ -255,8 +413,7 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
     for cfg in cfgs:
         if run_state(cfg.out) == "finished":
-            with open(os.path.join(cfg.out, "final.json")) as f:
-                finals.append(json.load(f))
+            finals.append(read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS))
     minutes = sum(final["elapsed"] for final in finals) / 60
     lines = [f"# {table.title}", "",
              f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
@@ -352,8 +509,8 @@ def claims(args, path="RESULTS.md") -> str:
     ours, from the cell's runs or from the runs the claim names; a verdict's {table/row/col} reads that cell's median."""
     if not os.path.isfile(os.path.join(args.results, "claims.json")):
         raise UsageError(f"no {os.path.join(args.results, 'claims.json')}: the claims to tabulate")
-    with open(os.path.join(args.results, "claims.json")) as f:
-        listed = json.load(f)
+    listed = read_json(os.path.join(args.results, "claims.json"), expect=list, keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
+                       optional={"paper": (str, int, float), "runs": [str]})
     lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
     for claim in listed:
         cell = claim["row"], claim["col"]

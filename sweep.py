@@ -28,6 +28,7 @@ from dataclasses import fields, replace
 
 import torch
 
+import analyze
 import train
 from bench import useful_flops
 from cli import UsageError, command_line
@@ -62,17 +63,30 @@ def check_same_config(cfg: TrainConfig):
                              f"{getattr(resolved, f.name)!r}); delete it to rerun")
 
 
-def train_one(cfg: TrainConfig, k=1, n=1):
-    """Finish one run, run k of the sweep's n (fresh, or resumed from its checkpoint): (its final.json,
-    what was done, seconds). The unit of work of a sweep's pool."""
+def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
+    """Finish one run, run k of the sweep's n (fresh, or resumed from its checkpoint), and make the
+    analyze.py analyses its table reads: (its final.json, what was done, seconds). The unit of work
+    of a sweep's pool."""
     state, start = run_state(cfg.out), time.time()
     if state != "finished":
         print(f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})", flush=True)
         train.train(replace(cfg, overwrite=True), resume=state == "resume")
     if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
         write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
+    analyse(cfg.out, analyses)
     final = read_json(os.path.join(cfg.out, "final.json"), optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)})
     return final, state, time.time() - start
+
+
+def analyse(run_dir: str, names):
+    """The analyses `names` of a finished run that its analysis.json lacks, made now: its weights
+    (model.pt) stay on this machine, so a run is analysed as soon as it finishes, and once its
+    analysis.json is committed a fresh clone redraws the table without weights or training."""
+    path = os.path.join(run_dir, "analysis.json")
+    done = read_json(path) if os.path.exists(path) else {}
+    for name in names:
+        if name not in done and os.path.exists(os.path.join(run_dir, "model.pt")):
+            analyze.main([run_dir, "--only", name])
 
 
 @torch.no_grad()
@@ -99,7 +113,8 @@ def sweep(table, runs: dict, jobs: int) -> int:
         check_same_config(cfg)
     start, trained, cost_left, cost_done = time.time(), 0, sum(map(run_cost, todo)), 0.0
     with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
-        results = (pool.map if pool else map)(train_one, todo, range(1, len(todo) + 1), [len(todo)] * len(todo))
+        results = (pool.map if pool else map)(train_one, todo, range(1, len(todo) + 1), [len(todo)] * len(todo),
+                                              [table.analyses] * len(todo))
         for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
             done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
             metrics = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final)

@@ -17,6 +17,7 @@ loss, backward, clip, optimizer step). Below it the step's pieces, then Run: the
 operations beside the loop (run directory, checkpoints, logs, progress, stops).
 """
 
+import copy
 import math
 import signal
 import sys
@@ -30,6 +31,7 @@ from tqdm import tqdm
 import runs
 from cli import command_line, parse_args, seed_configs, usage_errors
 from config import CPU_VARIANTS, TrainConfig, build, changed_settings, resolve
+from model import mode_label
 from devices import Ranks, autocast, compile_model
 from tasks import Batch
 
@@ -52,7 +54,7 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
     test, task = task.test_set(), ranks.shard_task(task)
-    with Run(cfg, model, optimizer, generator, counts, device, ranks, task.summary, resume, stop_after) as run:
+    with Run(cfg, task, model, optimizer, generator, counts, device, ranks, resume, stop_after) as run:
         for step, evaluate_now in run.steps():
             if evaluate_now:
                 run.log(step, evaluate(model, task, test, device, cfg.dtype))
@@ -128,6 +130,18 @@ def make_optimizer(params, cfg, device, matrix_dim=2) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda")
 
 
+def result_line(cfg, metrics) -> str:
+    """A finished run's result beside the paper's comparable number, where it has one (reproduce.py holds the paper's tables)."""
+    from reproduce import paper_comparison  # reproduce.py trains through this module, so not at the top
+
+    cfg = resolve(cfg)[0]
+    scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its own settings")
+    model = {"frozen": "random", "full": "normal"}.get(cfg.mode, mode_label(cfg.mode))
+    what = f"{cfg.task}, {cfg.arch + ' ' if cfg.arch != 'gpt' else ''}{model} {cfg.width} ({scale})"
+    compared = paper_comparison(cfg, metrics)
+    return f"{what}: " + (compared or ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items()) + "; the paper has no comparable number")
+
+
 def seed_state(cfg) -> str:
     """How the same --seeds command, run again, goes on with this seed: "finished" (skip it), "resume"
     (it was stopped; its directory holds this very run) or "new" (train it; train() refuses a
@@ -149,7 +163,8 @@ def main(argv=None):
                 if state == "finished":
                     print(f"{run.out} finished before; skipped")
                     continue
-                train(run, resume=resume or state == "resume")
+                metrics = train(run, resume=resume or state == "resume")
+                print(result_line(run, metrics), flush=True)
             if len(seeds) > 1:
                 runs.write_seed_summary([resolve(run)[0] for run in seeds])
     except KeyboardInterrupt:
@@ -174,7 +189,7 @@ class Diverged(Exception):
 class Run:
     """Everything a training loop needs besides the algorithm, so that train() reads as the algorithm:
 
-        with Run(cfg, model, optimizer, generator, counts, device, ranks, summary) as run:
+        with Run(cfg, task, model, optimizer, generator, counts, device, ranks) as run:
             for step, evaluate_now in run.steps():   # an evaluation is due, or step is the next to train
                 if evaluate_now:
                     run.log(step, evaluate(...))      # then `continue`
@@ -182,22 +197,24 @@ class Run:
 
     On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
     caught. steps() moves a staged run into place once its first step has succeeded, stops at the
-    last step, at stop_after or at a signal, and says once if the run would take hours on this CPU.
+    last step, at stop_after or at a signal. The first line, before any step, says what trains and
+    how long it will take here (a step timed on a copy of the model).
     log() checks for divergence, appends metrics.jsonl, saves the checkpoint and prints. On exit:
     a finished run's model.pt and final.json; one stopped by a signal, its checkpoint, then
     KeyboardInterrupt; one ended by stop_after, nothing more, as if killed (tests resume it).
     Under torchrun the lead rank (0) alone writes files and prints.
     """
 
-    def __init__(self, cfg, model, optimizer, generator, counts, device, ranks, summary, resume=False, stop_after=None):
+    def __init__(self, cfg, task, model, optimizer, generator, counts, device, ranks, resume=False, stop_after=None):
         self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
-        self.counts, self.ranks, self.summary, self.stop_after = counts, ranks, summary, stop_after
+        self.counts, self.ranks, self.summary, self.stop_after = counts, ranks, task.summary, stop_after
         self.start = runs.start_or_resume(cfg, resume, model, optimizer, generator, runs.run_record(cfg, counts, device), ranks.lead)
         self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
+        seconds = seconds_per_step(cfg, task, model, device, ranks) if self.start.step < cfg.steps else 0.0
         self.clock = Clock(self.start.elapsed)
-        self.slow_run_check = SlowRunCheck(cfg, self.start.step, active=ranks.lead and device.type == "cpu")
-        if ranks.lead:
-            print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
+        if ranks.lead:  # the first lines, before any step, wherever the output goes
+            print(first_line(cfg, counts, device, seconds, cfg.steps - self.start.step), flush=True)
+            print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}", flush=True)
 
     def __enter__(self):
         self.stop = StopOnSignal(self.ranks.world == 1).__enter__()
@@ -217,7 +234,6 @@ class Run:
                 yield step, True
             if last or step == self.stop_after or self.stop.requested:
                 return
-            self.slow_run_check(step)
             yield step, False
             self.bar.update()
 
@@ -243,7 +259,8 @@ class Run:
             runs.save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
             if not sys.stderr.isatty():
                 runs.print_eval(step, self.cfg.steps, loss, metrics, steps_per_s)
-        self.bar.set_postfix(loss=loss, acc=metrics.get("accuracy"), steps_per_s=steps_per_s)
+        # every headline metric (addition: exact sums beside per-token accuracy); the log line has them all
+        self.bar.set_postfix(loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s)
 
     def mean_loss(self):
         """The mean training loss of the steps since the last evaluation (over every rank), or None without steps."""
@@ -255,18 +272,21 @@ class Run:
     def __exit__(self, error, *details):
         self.bar.close()
         self.stop.__exit__()
-        if error:
-            return
-        if self.stop.requested and self.staged():
-            print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
-            raise KeyboardInterrupt
-        if self.stop.requested and self.step < self.cfg.steps:
-            self.save_stopped()
-            raise KeyboardInterrupt
-        if self.step < self.cfg.steps:  # stop_after: ended as if killed, after its last checkpoint
-            return
-        if self.ranks.lead:
-            self.save_finished()
+        try:
+            if error:
+                return
+            if self.stop.requested and self.staged():
+                print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
+                raise KeyboardInterrupt
+            if self.stop.requested and self.step < self.cfg.steps:
+                self.save_stopped()
+                raise KeyboardInterrupt
+            if self.step < self.cfg.steps:  # stop_after: ended as if killed, after its last checkpoint
+                return
+            if self.ranks.lead:
+                self.save_finished()
+        finally:  # a run that never took its place goes; the locks go with their files
+            self.start.close()
 
     def save_stopped(self):
         cfg, step = self.cfg, self.step
@@ -323,18 +343,36 @@ def slow_run_hint(cfg, seconds_per_step, steps_left):
     return hint + f"; the task's laptop variant shows its result in under an hour: {variant}"
 
 
-class SlowRunCheck:
-    """Called before each step: times 3 steps after the first (which allocates and compiles) and,
-    if the run would take hours on this CPU, says once what would finish sooner."""
+def seconds_per_step(cfg, task, model, device, ranks) -> float:
+    """A training step's seconds here, timed on copies of the model and optimizer with a batch of
+    their own, so that the run's weights, optimizer and data stay untouched: the second of two
+    steps (the first allocates), or the first alone where it took over 5 s."""
+    model = copy.deepcopy(model)
+    optimizer = make_optimizer(model.parameters(), cfg, device)
+    clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    seconds = []
+    while len(seconds) < 2 and sum(seconds) <= 5:
+        start = time.time()
+        train_step(model, task.loss, task.sample(cfg.batch_size, generator).to(device), optimizer, clip, precision).item()
+        seconds.append(time.time() - start)
+    return seconds[-1]
 
-    def __init__(self, cfg, first_step, active):
-        self.cfg, self.timed, self.active = cfg, (first_step + 1, first_step + 4), active
 
-    def __call__(self, step):
-        if self.active and step == self.timed[0]:
-            self.started = time.time()
-        elif self.active and step == self.timed[1] and (hint := slow_run_hint(self.cfg, (time.time() - self.started) / 3, self.cfg.steps - step)):
-            tqdm.write(hint, file=sys.stderr)
+def first_line(cfg, counts, device, seconds, steps_left) -> str:
+    """What the run trains, by whose protocol, and how long it will take on this machine."""
+    what = {"frozen": "the random transformer", "full": "the fully trained transformer"}.get(cfg.mode, f"--train {cfg.mode}")
+    what = "the LSTM" if cfg.arch == "lstm" else what.replace("transformer", "linearized transformer") if cfg.arch == "linear" else what
+    protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its saved settings")
+    minutes = seconds * steps_left / 60
+    took = f"{60 * minutes:.0f} s" if minutes < 1 else f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+    line = (f"{cfg.task}, {what} (width {cfg.width}; {counts['trainable']:,} of {counts['trainable'] + counts['frozen']:,} "
+            f"parameters train), {protocol}: {steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
+            f"(a step timed, {seconds:.2g} s)")
+    if cfg.scale == "cpu":
+        return line + "; --scale paper insists on the paper's protocol"
+    hint = device.type == "cpu" and slow_run_hint(cfg, seconds, steps_left)
+    return line + (f"; {hint.split('; ', 1)[1]}" if hint and "; " in hint else "")
 
 
 class StopOnSignal:

@@ -156,6 +156,7 @@ def assert_figure(path):
     assert path.is_file() and path.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_modadd_run_gets_every_modadd_analysis(runs):
     result = analyzed(runs / "modadd")
     assert set(result) == {"curves", "variance", "embedding", "clock_pizza", "attention"}
@@ -174,6 +175,7 @@ def test_modadd_run_gets_every_modadd_analysis(runs):
     assert "Gradient symmetricity" in report
 
 
+@pytest.mark.slow
 def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
     result = analyzed(runs / "needle")
     assert set(result) == {"curves", "variance", "attention"}
@@ -206,6 +208,7 @@ def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
     assert "nats per answer token" in loss_ax.get_ylabel()
 
 
+@pytest.mark.slow
 def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
     analyzed(runs / "parens")
     (runs / "parens" / "attention.png").unlink()
@@ -252,6 +255,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(runs, tmp_path, capsys):
     assert err.count("\n") == 1 and "does not load" in err
 
 
+@pytest.mark.slow
 def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
     run = tmp_path / "memorize"
     train.train(TrainConfig(task="memorize", mode="frozen", keys=4, steps=3, batch_size=16, warmup=1,
@@ -264,6 +268,7 @@ def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
     assert capacity["bits_per_parameter"] == pytest.approx(final["bits_per_parameter"])
 
 
+@pytest.mark.slow
 def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
     stories = corpus.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
     run = tmp_path / "lm"

@@ -298,6 +298,34 @@ def test_one_step_changes_exactly_the_trained_tensors(mode):
     assert changed == {name for name, _ in model.named_parameters() if parameter_group(name) in TRAINING_MODES[mode]}
 
 
+@pytest.mark.parametrize("mask, trained", [
+    ("wte,wpe,lm_head,h.1.*", lambda name: name.split(".")[0] in ("wte", "wpe", "lm_head") or name.startswith("h.1.")),
+    ("h.0.attn", lambda name: name.startswith("h.0.attn.")),
+    ("ln_f", lambda name: name.startswith("ln_f.")),
+])
+def test_a_mask_trains_exactly_the_tensors_it_names_and_leaves_the_rest_bit_identical(mask, trained, tmp_path):
+    cfg = tiny(tmp_path, task="needle", mode=mask, steps=2, max_pairs=3, test_size=50)
+    torch.manual_seed(cfg.seed)
+    before = dict(config.build(cfg)[2].named_parameters())
+    train.train(cfg)
+    after = torch.load(os.path.join(config.resolve(cfg)[0].out, "model.pt"))["model"]
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed == {name for name in before if trained(name)}
+
+
+def test_a_mask_that_names_no_parameter_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        train.main(["--task", "needle", "--train", "wte,h.9.*", "--width", "16", "--heads", "2", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "'h.9.*' names no parameter" in err and "h.1.mlp.c_fc" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_mask_that_trains_a_block_takes_the_blocks_cpu_lr():
+    lr = lambda mode: config.cpu_variant(TrainConfig(task="needle", mode=mode)).lr  # noqa: E731
+    assert lr("wte,wpe,lm_head,h.1.*") == lr("full") == config.CPU_BLOCKS_LR["needle"] and lr("wte,wpe,lm_head") == lr("frozen")
+
+
 def test_optimizer_decays_matrices_not_biases_or_layernorms():
     cfg = TrainConfig(task="parens", mode="full", width=16, lr=1e-3, weight_decay=0.1)
     cfg, _, model, _ = config.build(cfg)
@@ -362,6 +390,7 @@ def test_zero_steps_only_builds_counts_and_evaluates(tmp_path):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_frozen_model_learns_parentheses(tmp_path):
     # Long strings, so that the test set (whose strings never occur in training) does not
     # swallow every string of a short length; measured: 0.70 against a majority rate of 0.52.
@@ -372,6 +401,7 @@ def test_frozen_model_learns_parentheses(tmp_path):
     assert majority < 0.56 and metrics["accuracy"] > 0.64
 
 
+@pytest.mark.slow
 def test_frozen_model_learns_needle(tmp_path):
     metrics = train.train(tiny(tmp_path, task="needle", width=64, heads=4, max_pairs=3, test_size=1000,
                               steps=300, batch_size=64, lr=3e-3, warmup=30, eval_every=300))

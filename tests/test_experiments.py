@@ -62,6 +62,7 @@ def test_memorization_map_is_fixed_by_the_seed_not_the_run():
     assert 0 <= first.y.min() and first.y.max() < 512
 
 
+@pytest.mark.slow
 def test_memorize_run_reports_bits_per_trainable_parameter(tmp_path):
     cfg = tiny(tmp_path, task="memorize", keys=8, batch_size=64, steps=150, lr=1e-2)
     metrics = train.train(cfg)
@@ -108,6 +109,7 @@ def test_kl_of_the_target_against_itself_is_zero():
     assert task.loss(torch.zeros(50, 1, 512), test) > 1.0  # a uniform student is far from the target
 
 
+@pytest.mark.slow
 def test_frozen_student_imitates_a_narrow_target(tmp_path):
     cfg = tiny(tmp_path, task="imitate", mode="frozen", target_width=4, layers=2, steps=150, lr=1e-2)
     _, task, untrained, _ = config.build(cfg)
@@ -162,6 +164,7 @@ def test_missing_validation_file_is_a_one_line_error(tmp_path, capsys):
     assert "\n" not in message and "mytext-valid.txt" in message
 
 
+@pytest.mark.slow
 def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
     cfg = tiny(tmp_path, task="lm", data=corpus, vocab=600, context=64, batch_size=16, steps=80, lr=3e-3)
     _, task, model, _ = config.build(cfg)
@@ -209,6 +212,7 @@ def test_linear_attention_is_an_unnormalized_prefix_sum():
 
 
 @pytest.mark.parametrize("arch", ["lstm", "linear"])
+@pytest.mark.slow
 def test_baselines_learn_parentheses_above_chance(tmp_path, arch):
     # Strings of up to 20: with fewer, the few short strings all land in the test set and
     # training, which never sees a test string, meets a different distribution.

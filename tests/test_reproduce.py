@@ -182,6 +182,7 @@ def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
                       ("accuracy (%)", None, "Normal"): ([], 80.54), ("accuracy (%)", None, "Random"): ([], 4.53)}
 
 
+@pytest.mark.slow
 def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
@@ -216,6 +217,7 @@ def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_p
         figures.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
 
 
+@pytest.mark.slow
 def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
     import matplotlib.pyplot as plt
 
@@ -253,6 +255,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     assert "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for cell in reproduce.cell_runs(reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3).values():
@@ -275,6 +278,7 @@ def gpu_once_both_workers_run(barrier):
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
+@pytest.mark.slow
 def test_each_pool_worker_takes_a_gpu_of_its_own(monkeypatch):
     """Two GPUs faked: the count torch reports, and the CUDA_VISIBLE_DEVICES a scheduler gave the job."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -304,6 +308,7 @@ def tiny_table9(scale):
     return table
 
 
+@pytest.mark.slow
 def test_printed_commands_finish_each_run_even_after_a_kill_and_the_plain_command_then_trains_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(reproduce.TABLES, "table9", tiny_table9)
     flags = ["table9", "--seeds", "1", "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
@@ -332,6 +337,7 @@ def test_printed_commands_finish_each_run_even_after_a_kill_and_the_plain_comman
     assert "this command trained 0 runs" in text and "not run" not in text
 
 
+@pytest.mark.slow
 def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained"))

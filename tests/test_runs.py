@@ -44,7 +44,7 @@ TRAIN_BASE = ["--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu"
 # (script, argv, part of the error line); upper-case words name paths in the `world` fixture.
 BAD_INPUTS = [
     ("train.py", ["--task", "sorting"], "unknown task"),
-    ("train.py", ["--train", "half"], "unknown training mode"),
+    ("train.py", ["--train", "half"], "'half' names no parameter"),
     ("train.py", ["--frozen", "--train", "u"], "drop one of --frozen and --train u"),
     ("train.py", ["--width", "30", "--heads", "4"], "not divisible"),
     ("train.py", ["--max-parens", "100"], "exceed the model's 80 positions"),
@@ -102,7 +102,7 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "UNKNOWNKEY"], "unknown setting 'colour'"),
     ("train.py", ["--task", "addition", "--digits", "1"], "81 distinct inputs"),
     ("train.py", ["--task", "parens", "--max-parens", "4"], "30 distinct inputs"),
-    ("train.py", ["--task", "needle", "--max-pairs", "1"], "3,810 distinct inputs"),
+    ("train.py", ["--task", "needle", "--max-pairs", "1", "--scale", "paper"], "3,810 distinct inputs"),
     ("train.py", ["--out", "PROJECT", "--overwrite"], "holds src, which no run writes"),
     ("train.py", ["--out", ""], "--out is empty"),
     ("train.py", ["--out", "."], "holds the current directory"),
@@ -127,7 +127,7 @@ BAD_INPUTS = [
     ("analyze.py", ["RUN", "--only", "nothing"], "invalid choice"),
     ("analyze.py", ["RUN", "--tokens", "9999"], "--tokens must be"),
     ("analyze.py", ["RUN", "--examples", "0"], "--examples must be >= 1"),
-    ("reproduce.py", ["table4"], "invalid choice"),
+    ("reproduce.py", ["table6"], "invalid choice"),
     ("reproduce.py", ["table1", "--scale", "gpu"], "invalid choice"),
     ("reproduce.py", ["table1", "--seeds", "0"], "--seeds and --jobs must be >= 1"),
     ("reproduce.py", ["table1", "--jobs", "0"], "--seeds and --jobs must be >= 1"),
@@ -140,7 +140,7 @@ BAD_INPUTS = [
     ("bench.py", ["--repeats", "0"], "--steps-timed and --repeats must be >= 1"),
     ("bench.py", ["--peak-tflops", "nan"], "--peak-tflops must be a finite number > 0"),
     ("bench.py", ["--task", "sorting"], "unknown task"),
-    ("bench.py", ["--train", "half"], "unknown training mode"),
+    ("bench.py", ["--train", "half"], "'half' names no parameter"),
     ("bench.py", ["--device", "tpu"], "unknown device"),
     ("bench.py", ["--dtype", "fp16"], "unknown dtype"),
     ("sample.py", ["RUN", "--prompt", ""], "--prompt must not be empty"),
@@ -525,6 +525,7 @@ def records(run):
     ("model.pt", 1, "half"),  # the last checkpoint saved, the final files not
     ("final.json", 1, "unmoved"),  # model.pt written, final.json not
 ])
+@pytest.mark.slow
 def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(name, nth, where, tmp_path):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     cut = tmp_path / "cut"
@@ -559,6 +560,7 @@ train.main(sys.argv[3:])
 
 
 @pytest.mark.parametrize("sent, said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGHUP")])
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent, said, tmp_path):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
@@ -585,12 +587,28 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     assert suggested.digits == 6 and suggested.lr == 3e-4  # the fully trained wide model's own lr
 
 
+def test_scale_auto_is_the_paper_protocol_on_a_cuda_gpu_and_the_cpu_variant_elsewhere(monkeypatch):
+    assert cli.parse_args(["--task", "needle", "--frozen"])[0] == cli.parse_args(["--task", "needle", "--frozen", "--scale", "cpu"])[0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli.parse_args(["--task", "needle", "--frozen"])[0] == TrainConfig(task="needle", mode="frozen", scale="paper")
+
+
+def test_the_first_line_says_what_trains_how_long_and_how_to_insist_on_the_paper_and_the_last_the_paper_number(tmp_path, capsys):
+    train.main(["--task", "needle", "--frozen", "--width", "16", "--heads", "2", "--steps", "4", "--test-size", "50",
+                "--out", str(tmp_path / "run")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("needle, the random transformer (width 16;") and "the task's cpu variant: 4 steps of 64" in lines[0]
+    assert "about" in lines[0] and lines[0].endswith("--scale paper insists on the paper's protocol")
+    assert lines[-1].startswith("needle, random 16 (cpu variant): ") and lines[-1].endswith("the paper's random 16: 7.5 (Table 1)")
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["scale"] == "cpu"
+
+
 def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
     cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu"])
     assert cfg == config.cpu_variant(TrainConfig(task="parens", mode="frozen"))
     cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"])
     assert (cfg.steps, cfg.width, cfg.max_parens, cfg.batch_size) == (50, 1024, 40, 64)
-    assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens")
+    assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens", scale="paper")
     assert train.slow_run_hint(cfg, 0.1, 9990) is None
     assert train.slow_run_hint(config.cpu_variant(cfg), 9.3, 5990).endswith("(the task's laptop variant; the machine may be busy)")
     assert "--task lm --scale cpu" in train.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
@@ -617,6 +635,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, capsys):
     train.train(tiny(tmp_path), stop_after=4)
     run = tmp_path / "run"
@@ -648,6 +667,7 @@ train.main(sys.argv[2:])
 """
 
 
+@pytest.mark.slow
 def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_nothing(tmp_path):
     run = tmp_path / "run"
     train.train(tiny(tmp_path))
@@ -661,6 +681,7 @@ def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_
     assert failed.returncode == 2 and snapshot(tmp_path) == before  # a new run that never stepped leaves nothing
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_first_step_of_an_overwrite_leaves_the_old_run_byte_identical(tmp_path):
     run = tmp_path / "run"
     train.train(cli.parse_args(TINY_ARGS + ["--steps", "4", "--out", str(run)])[0])
@@ -704,6 +725,7 @@ train.main(sys.argv[3:])
 
 @pytest.mark.parametrize("where", ["exchange: before", "exchange: after", "exchange: deleting the old run",
                                    "renames: between", "renames: deleting the old run"])
+@pytest.mark.slow
 def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command_completes_it(where, tmp_path):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
@@ -811,7 +833,7 @@ def test_a_file_system_that_refuses_is_one_line(tmp_path, monkeypatch, capsys):
 def test_runs_that_differ_in_any_setting_get_their_own_default_directory():
     def out(*flags):
         return config.resolve(cli.parse_args(["--task", "addition", "--frozen", *flags])[0])[0].out
-    assert out() == os.path.join("runs", "addition-frozen-w1024-s0")
+    assert out("--scale", "paper") == os.path.join("runs", "addition-frozen-w1024-s0")
     assert out("--scale", "cpu") == os.path.join("runs", "addition-frozen-w512-cpu-s0")
     names = {out("--scale", "cpu", *flags) for flags in ([], ["--digits", "3"], ["--lr", "1e-3"], ["--steps", "99"],
                                                           ["--pos", "sinusoidal"], ["--dtype", "bf16"], ["--seed", "1"])}
@@ -874,6 +896,7 @@ print(len(corpus.load_or_tokenize(train, tokenizer, 300)))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_building_the_story_corpus_at_once_both_succeed(tmp_path):
     assert os.path.isabs(corpus.STORY_DIR)  # one home, whatever the current directory
     builders = [subprocess.Popen([sys.executable, "-c", CORPUS_BUILDER, REPO, str(tmp_path / "stories")], cwd=tmp_path,

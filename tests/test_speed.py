@@ -89,6 +89,7 @@ def test_batched_seeds_of_one_seed_is_a_one_line_error(capsys):
 
 
 @pytest.mark.parametrize("task", ["addition", "parens"])  # rows with unequal answer counts; length chunks
+@pytest.mark.slow
 def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
     cfg = tiny(tmp_path, task=task, digits=3, steps=4, eval_every=2, batch_size=16)
     single = train.train(replace(cfg, out=str(tmp_path / "single")))
@@ -127,6 +128,7 @@ def test_data_generation_is_vectorized_over_the_batch(name):
     assert counts[1] < 3 * counts[0], counts
 
 
+@pytest.mark.slow
 def test_bench_prints_the_figure_table():
     argv = [sys.executable, os.path.join(ROOT, "bench.py"), "--task", "needle", "--frozen", "--width", "16",
             "--batch-size", "8", "--device", "cpu", "--steps-timed", "1", "--repeats", "1", "--warmup-steps", "1", "--peak-tflops", "1"]
@@ -143,6 +145,7 @@ def test_bench_scale_cpu_times_the_step_reproduce_trains(capsys):
     assert "| needle frozen w16 L2 b64 |" in row  # the variant's batch of 64, not bench's 256
 
 
+@pytest.mark.slow
 def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
     # Needle rows vary in length, so the chunks do: the first new length recompiles once
     # (automatic dynamic shapes) and no other change (a chunk's memory layout included) does.

@@ -32,6 +32,7 @@ def test_the_tour_has_five_experiments_each_with_its_comparison():
 
 
 @pytest.mark.parametrize("title, trainings, comparison", experiments(), ids=[t[:2] for t, _, _ in experiments()])
+@pytest.mark.slow
 def test_each_experiment_runs_at_tiny_size_and_compares_its_own_runs(title, trainings, comparison, tmp_path, capsys):
     for argv in trainings:
         out = config.resolve(cli.parse_args(argv)[0])[0].out  # where the tour's command writes
