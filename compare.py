@@ -26,8 +26,13 @@ from tasks import TASKS
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
 TASK_SIZES = {f.name for task in TASKS.values() for f in fields(task)}  # p, max_pairs, ...: each task reads its own
 SEED_SUFFIX = re.compile(r"-s\d+$")
-CURVES = ((("test_accuracy",), "test accuracy"), (("test_loss", "test_kl"), "test loss (imitate: KL)"),  # panels: their keys, title
-          (("unseen",), "parens: test strings training never shows (analyze.py --watch)"))
+PANELS = (  # a panel for each logged curve any run has: key, title, y label, scale
+    ("test_accuracy", "test accuracy (addition: per token; dashed: whole sums exact)", "% right", "linear"),
+    ("test_loss", "test loss", "cross-entropy at the answers (nats)", "log"),
+    ("test_kl", "test KL divergence (imitate)", "KL to the target transformer (nats)", "log"),
+    ("unseen", "parens: the test strings training never shows (analyze.py --watch)", "% right", "linear"),
+)
+PERCENT = ("test_accuracy", "test_exact_match", "unseen")
 
 
 @dataclass
@@ -125,32 +130,38 @@ def setting_text(value) -> str:
 
 
 def plot(groups, path):
-    """Test accuracy and test loss against step: one line per run, a seed group's median with its min-max band."""
+    """Each logged curve against step, a panel per curve (accuracy, loss, KL, unseen strings): one line
+    per run, a seed group's median with its min-max band; exact sums dashed where logged."""
     plt = pyplot()
-    panels = [(keys, title) for keys, title in CURVES if any(r.get(k) is not None for g in groups for run in g for r in run.log for k in keys)]
-    panels = panels or CURVES[:2]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), layout="constrained", squeeze=False)
-    axes = axes[0]
-    for ax, (keys, title) in zip(axes, panels):
+    logged = {k for g in groups for run in g for r in run.log for k, v in r.items() if v is not None}
+    panels = [panel for panel in PANELS if panel[0] in logged] or list(PANELS[:2])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False)
+    for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for group in groups:
-            # imitate's test loss is its KL, logged as test_kl
-            key = next((k for k in keys if any(r.get(k) is not None for r in group[0].log)), keys[0])
-            # Seeds are evaluated at the same steps; a step some seed has not reached yet is left out.
-            curves = [{r["step"]: r[key] for r in run.log if r.get(key) is not None} for run in group]
-            steps = sorted(set.intersection(*(set(curve) for curve in curves)))
-            if steps:
-                ranges = [median_range([curve[step] for curve in curves]) for step in steps]
-                line, = ax.plot(steps, [r[0] for r in ranges], label=row_name(group))
-                if len(group) > 1:
-                    ax.fill_between(steps, [r[1] for r in ranges], [r[2] for r in ranges], color=line.get_color(), alpha=0.2)
-        ax.set_title(title)
-        ax.set_xlabel("step")
+            color = None
+            for curve_key, style in ((key, "-"), ("test_exact_match", "--") if key == "test_accuracy" else (None, None)):
+                steps, ranges = median_curve(group, curve_key) if curve_key else ([], [])
+                if steps:
+                    line, = ax.plot(steps, [r[0] for r in ranges], style, color=color,
+                                    label=row_name(group) if style == "-" else None)
+                    color = line.get_color()
+                    if len(group) > 1:
+                        ax.fill_between(steps, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2)
+        ax.set(title=title, xlabel="step", ylabel=y_label, yscale=scale)
+        ax.title.set_fontsize(9)
+        if key in PERCENT:
+            ax.set_ylim(0, 102)  # the whole range: a truncated axis would exaggerate a gap
         if ax.has_data():
             ax.legend(fontsize=7)
-    for ax, (keys, _) in zip(axes, panels):
-        if "test_loss" in keys:
-            ax.set_yscale("log")
     save_figure(plt, fig, path)
+
+
+def median_curve(group, key):
+    """(steps, (median, min, max) at each) of a logged value over a group's seeds, in %, where each seed has it;
+    seeds are evaluated at the same steps, and a step some seed has not reached yet is left out."""
+    curves = [{r["step"]: r[key] * (100 if key in PERCENT else 1) for r in run.log if r.get(key) is not None} for run in group]
+    steps = sorted(set.intersection(*(set(curve) for curve in curves)))
+    return steps, [median_range([curve[step] for curve in curves]) for step in steps]
 
 
 def main(argv=None):

@@ -105,7 +105,7 @@ def test_bad_run_is_a_one_line_error(root, tmp_path, capsys, broken, message):
     assert out == "" and not (tmp_path / "c.png").exists()
 
 
-def test_imitation_runs_draw_their_kl_as_the_test_loss(tmp_path, monkeypatch):
+def test_imitation_runs_draw_their_kl_in_a_panel_that_says_so(tmp_path, monkeypatch):
     run = tmp_path / "imitate-s0"
     train.train(tiny(run, task="imitate", target_width=4, layers=1, steps=2, eval_every=1, test_size=8))
     drawn = {}
@@ -113,4 +113,16 @@ def test_imitation_runs_draw_their_kl_as_the_test_loss(tmp_path, monkeypatch):
         {ax.get_title(): [list(line.get_ydata()) for line in ax.get_lines()] for ax in fig.axes}))
     compare.plot(compare.seed_groups([compare.load(str(run))]), str(tmp_path / "curves.png"))
     kl = [r["test_kl"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "test_kl" in r]
-    assert drawn["test loss (imitate: KL)"] == [pytest.approx(kl)] and len(kl) == 2
+    assert drawn["test KL divergence (imitate)"] == [pytest.approx(kl)] and len(kl) == 2
+
+
+def test_addition_panels_say_per_token_and_draw_exact_sums_dashed(tmp_path, monkeypatch):
+    run = tmp_path / "addition-s0"
+    train.train(tiny(run, task="addition", digits=2, steps=2, eval_every=1, test_size=20))
+    drawn = {}
+    monkeypatch.setattr(compare, "save_figure", lambda plt, fig, path: drawn.update(
+        {ax.get_title(): (ax.get_ylabel(), [line.get_linestyle() for line in ax.get_lines()], ax.get_ylim()) for ax in fig.axes}))
+    compare.plot(compare.seed_groups([compare.load(str(run))]), str(tmp_path / "curves.png"))
+    label, styles, limits = drawn["test accuracy (addition: per token; dashed: whole sums exact)"]
+    assert label == "% right" and styles == ["-", "--"] and limits == (0, 102)
+    assert drawn["test loss"][0] == "cross-entropy at the answers (nats)"
