@@ -125,7 +125,24 @@ def explained_variance(run: Run, examples: int) -> dict:
         layers.append("Emb" if i == 0 else f"L{i}")
         pc.append(fractions[0])
         neuron.append(fractions[1])
-    return {"label": run.label, "layers": layers, "pc_top10": pc, "neuron_top10": neuron, "vectors": int(keep.sum())}
+    model = {"frozen": "Random", "full": "Normal"}.get(run.cfg.mode)
+    paper = PAPER_VARIANCE.get((run.cfg.task, model, run.cfg.width)) if run.cfg.layers == 2 else None
+    return {"label": run.label, "layers": layers, "pc_top10": pc, "neuron_top10": neuron, "vectors": int(keep.sum()),
+            "width": run.cfg.width, "paper": paper}
+
+
+# The paper's numbers (%, PC Emb L1 L2 then neuron Emb L1 L2) by (task, model, width): Table 4 at 1024
+# (memorization at 128), Table 7 at 512.
+PAPER_VARIANCE = {
+    ("modadd", "Normal", 1024): [42.0, 21.5, 13.8, 3.8, 1.6, 3.4], ("modadd", "Random", 1024): [72.9, 63.6, 44.7, 2.8, 3.3, 2.9],
+    ("addition", "Normal", 1024): [45.3, 87.0, 87.3, 1.7, 3.3, 2.6], ("addition", "Random", 1024): [55.1, 72.7, 63.5, 2.0, 3.9, 2.8],
+    ("needle", "Normal", 1024): [35.5, 83.5, 47.7, 1.5, 5.2, 2.8], ("needle", "Random", 1024): [31.3, 30.0, 21.5, 1.8, 1.8, 1.6],
+    ("parens", "Normal", 1024): [72.0, 99.4, 98.2, 2.9, 7.8, 18.0], ("parens", "Random", 1024): [74.9, 85.8, 80.9, 4.9, 4.0, 3.7],
+    ("memorize", "Normal", 128): [15.0, 25.3, 23.4, 10.2, 12.2, 10.5], ("memorize", "Random", 128): [27.5, 27.5, 24.7, 9.9, 9.8, 9.7],
+    ("addition", "Normal", 512): [40.7, 91.6, 89.6, 3.3, 6.4, 6.8], ("addition", "Random", 512): [73.3, 62.6, 51.4, 4.3, 4.0, 3.6],
+    ("needle", "Normal", 512): [31.4, 75.4, 42.5, 2.8, 5.6, 3.9], ("needle", "Random", 512): [51.3, 42.6, 33.9, 4.4, 4.6, 3.9],
+    ("parens", "Normal", 512): [47.5, 100.0, 99.9, 7.0, 11.1, 9.4], ("parens", "Random", 512): [85.2, 89.1, 84.7, 9.7, 8.0, 6.7],
+}
 
 
 def explained_variance_markdown(result):
@@ -137,7 +154,10 @@ def explained_variance_markdown(result):
         f"Fraction of variance explained by the top {TOP_K} directions in the principal component basis (PC) "
         f"and the neuron basis, over {result['vectors']:,} hidden states (layout of the paper's Table 4).",
         "", head, rule, f"| {result['label']} | " + " | ".join(cells) + " |",
-    ])
+    ] + ([f"| the paper, same task, model and width (Table {4 if result['width'] != 512 else 7}) | "
+          + " | ".join(f"{v:.1f}%" for v in result["paper"]) + " |"] if result.get("paper") else [])
+      + ([f"", f"At width {result['width']} the top {TOP_K} directions are {TOP_K / result['width']:.0%} of all "
+          f"the dimensions, so large fractions here say little about a subspace."] if result.get("width", 10**9) <= 4 * TOP_K else []))
 
 
 # ---------------------------------------------------------------------------
@@ -316,7 +336,7 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     patterns = torch.stack([cache[name][0] for name in names])  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)
     plot_attention(patterns, labels, os.path.join(run.path, "attention.png"), run.label)
-    result = {"tokens": tokens, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels),
+    result = {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels),
               "patterns": patterns.mul(1e4).round().div(1e4).tolist()}  # (L, nh, T, T): the figure redrawn without weights
     if run.cfg.task == "needle":
         result.update(needle_test_scores(run, names))
@@ -346,7 +366,8 @@ def plot_attention(patterns, labels, path, title):
 
 def attention_markdown(result):
     last = result["last_position"]
-    lines = [f"Input tokens: {result['tokens']}", "", f"![attention patterns]({result['figure']})", "",
+    decoded = " ".join(result["labels"]) if "labels" in result else ""
+    lines = [f"Input: `{decoded}` (token ids {result['tokens']})", "", f"![attention patterns]({result['figure']})", "",
              "Each panel is one head: row i shows how position i splits its attention (summing to 1) over positions 0..i. "
              f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} head {last['head']} "
              f"on `{last['token']}` at position {last['position']} (attention spread evenly gives each position {last['uniform']:.2f})."]

@@ -31,6 +31,7 @@ from datetime import date
 import torch
 
 from cli import OneLineParser, UsageError, command_line, usage_errors
+from analyze import PAPER_VARIANCE
 from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
 from figures import CURVE_TABLES, render_picture
@@ -242,15 +243,9 @@ def variance_reader(kind: str, layer: int):
 
 VARIANCE_COLS = {f"{kind} {layer}": variance_reader(kind.lower(), i)
                  for kind in ("PC", "Neuron") for i, layer in enumerate(("Emb", "L1", "L2"))}
-TABLE4_PAPER = {  # row -> PC Emb, L1, L2, neuron Emb, L1, L2 (%), width 1024 (memorization 128)
-    "modadd Normal": [42.0, 21.5, 13.8, 3.8, 1.6, 3.4], "modadd Random": [72.9, 63.6, 44.7, 2.8, 3.3, 2.9],
-    "memorize Normal": [15.0, 25.3, 23.4, 10.2, 12.2, 10.5], "memorize Random": [27.5, 27.5, 24.7, 9.9, 9.8, 9.7],
-}
-TABLE7_PAPER = {  # the same at width 512
-    "addition Normal": [40.7, 91.6, 89.6, 3.3, 6.4, 6.8], "addition Random": [73.3, 62.6, 51.4, 4.3, 4.0, 3.6],
-    "needle Normal": [31.4, 75.4, 42.5, 2.8, 5.6, 3.9], "needle Random": [51.3, 42.6, 33.9, 4.4, 4.6, 3.9],
-    "parens Normal": [47.5, 100.0, 99.9, 7.0, 11.1, 9.4], "parens Random": [85.2, 89.1, 84.7, 9.7, 8.0, 6.7],
-}
+TABLE4_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 128 if task == "memorize" else 1024]
+                for task in ("modadd", "memorize") for model in ("Normal", "Random")}
+TABLE7_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 512] for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
 
 
 def variance_table(name: str, title: str, rows: dict, paper: dict, note: str) -> Table:

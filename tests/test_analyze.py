@@ -189,6 +189,9 @@ def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
     assert 0.1 < attention["uniform"]["query_to_value"] < 0.35
     report = (runs / "needle" / "analysis.md").read_text()
     assert "is largest in layer" in report and "for attention spread evenly" in report
+    assert "Input: `a 1 b 2 c 3 d 4 b?`" in report  # the tokens decoded, the query marked
+    assert f"At width 16 the top {analyze.TOP_K} directions are" in report  # a narrow model's fractions say little
+    assert len(attention["patterns"]) == 2 and len(attention["patterns"][0][0]) == len(analyze.NEEDLE_EXAMPLE)
 
 
 def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
