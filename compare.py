@@ -27,12 +27,13 @@ IGNORED = ("out", "overwrite")  # where a run was written and whether it replace
 TASK_SIZES = {f.name for task in TASKS.values() for f in fields(task)}  # p, max_pairs, ...: each task reads its own
 SEED_SUFFIX = re.compile(r"-s\d+$")
 PANELS = (  # a panel for each logged curve any run has: key, title, y label, scale
-    ("test_accuracy", "test accuracy (addition: per token; dashed: whole sums exact)", "% right", "linear"),
+    ("test_accuracy", "test accuracy", "% right", "linear"),
     ("test_loss", "test loss", "cross-entropy at the answers (nats)", "log"),
     ("test_kl", "test KL divergence (imitate)", "KL to the target transformer (nats)", "log"),
     ("unseen", "parens: the test strings training never shows (analyze.py --watch)", "% right", "linear"),
 )
 PERCENT = ("test_accuracy", "test_exact_match", "unseen")
+MARKERS = "os^vDx+*<>"  # a marker per run, so runs on one level (parens' unseen strings at 32.1%) stay apart
 
 
 @dataclass
@@ -137,16 +138,18 @@ def plot(groups, path):
     panels = [panel for panel in PANELS if panel[0] in logged] or list(PANELS[:2])
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False)
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
-        for group in groups:
-            color = None
+        for i, group in enumerate(groups):
+            color, marker = None, MARKERS[i % len(MARKERS)]
             for curve_key, style in ((key, "-"), ("test_exact_match", "--") if key == "test_accuracy" else (None, None)):
                 steps, ranges = median_curve(group, curve_key) if curve_key else ([], [])
                 if steps:
-                    line, = ax.plot(steps, [r[0] for r in ranges], style, color=color,
-                                    label=row_name(group) if style == "-" else None)
+                    line, = ax.plot(steps, [r[0] for r in ranges], style, color=color, marker=marker, markersize=4,
+                                    fillstyle="none", label=row_name(group) if style == "-" else None)
                     color = line.get_color()
                     if len(group) > 1:
                         ax.fill_between(steps, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2)
+        if key == "test_accuracy" and "test_exact_match" in logged:
+            title += " (addition: per token; dashed: whole sums exact)"
         ax.set(title=title, xlabel="step", ylabel=y_label, yscale=scale)
         ax.title.set_fontsize(9)
         if key in PERCENT:
