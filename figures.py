@@ -39,6 +39,8 @@ LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables
 CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
 COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
+READ_UNITS = {"fig2": "mean attention (%)", "fig3": "score (0 to 1)", "table7": "% of variance in the top 10",
+              "table4": "% of variance in the top 10"}  # the explanation's tables: one unit per table
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
 
@@ -78,6 +80,8 @@ def picture_key(table, row: str, col: str):
 
 def y_label(table, panel: str) -> str:
     """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
+    if table.name in READ_UNITS:
+        return READ_UNITS[table.name]
     if table.metric == "column":
         return panel
     return {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}[table.metric]

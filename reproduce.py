@@ -424,7 +424,8 @@ def render(table: Table, scale: str, runs: dict, seeds: int, command: str, devic
         cells = []
         for col in table.cols:
             summary = cell_summary(table, row, col, runs[row, col])
-            text = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}] ({summary[3]}/{seeds})"
+            unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
+            text = unread if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}] ({summary[3]}/{seeds})"
             if (row, col) in table.paper:
                 text += f"; paper {number(table.paper[row, col])}"
             cells.append(text)
