@@ -22,7 +22,7 @@ from cli import UsageError, parse_args, seed_configs, usage_errors
 from config import build
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
-from train import Clock, Diverged, Run, evaluate, lr_at, make_optimizer, set_lr
+from train import Clock, Diverged, Run, evaluate, first_line, lr_at, make_optimizer, seconds_per_step, set_lr
 
 
 def stacked_forward(base, params):
@@ -90,7 +90,7 @@ def train_batched(cfg) -> list:
     optimizer = make_optimizer(trainable, cfg, device, matrix_dim=3)
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
-    with SeedRuns(seeds, models, params, base, counts, device, task.summary) as run:
+    with SeedRuns(seeds, task, models, params, base, counts, device) as run:
         for step, evaluate_now in run.steps():
             if evaluate_now:
                 run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
@@ -120,8 +120,8 @@ class SeedRuns(Run):
     """train.Run for the seeds' N run directories at once: staged and put in place together, one log
     line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
-    def __init__(self, seeds, models, params, base, counts, device, summary):
-        self.seeds, self.params, self.base, self.summary = seeds, params, base, summary
+    def __init__(self, seeds, task, models, params, base, counts, device):
+        self.seeds, self.params, self.base, self.summary = seeds, params, base, task.summary
         self.cfg, self.counts, self.ranks, self.stop_after = seeds[0], counts, Ranks(), None
         self.starts = []
         try:  # every seed checked and staged, or none
@@ -132,6 +132,8 @@ class SeedRuns(Run):
             raise
         self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
         self.clock = Clock()
+        seconds = len(seeds) * seconds_per_step(self.cfg, task, models[0], device, self.ranks)  # one seed's step, N times
+        print(first_line(self.cfg, counts[0], device, seconds, self.cfg.steps).replace(" (a step timed", f", {len(seeds)} seeds (a seed's step timed x {len(seeds)}"), flush=True)
         print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
 
     def staged(self) -> bool:

@@ -484,11 +484,12 @@ CELL_REFERENCE = re.compile(r"\{(\w+)/([^/{}]+)/([^/{}]+)(?:/(\w+))?\}")  # {tab
 
 
 def claimed_cell(name: str, row: str, col: str, args, where: str):
-    """(the table, the cell's per-seed configs) that claims.json names at `where`; a UsageError if no such cell."""
+    """(the table, the cell's per-seed configs) that claims.json names at `where`: a cell the scale trains, or one
+    where only the paper has a number (no configs: "not run"); a UsageError if no such cell."""
     table = TABLES[name](args.scale) if name in TABLES else None
-    if table is None or (row, col) not in table.configs:
+    if table is None or (row, col) not in table.configs and (row, col) not in table.paper:
         raise UsageError(f"claims.json: {where}, which is no cell of a table")
-    return table, cell_runs(table, args.scale, args.runs, args.seeds)[row, col]
+    return table, cell_runs(table, args.scale, args.runs, args.seeds).get((row, col), [])
 
 
 def cited_median(reference: re.Match, args) -> str:
