@@ -197,7 +197,7 @@ def plot_lines(table, cells: dict, title: str, path: str):
         ax.grid(alpha=0.3)
     names = list(dict.fromkeys(line for _, line, _ in cells))
     handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
-    handles.append(Patch(color="gray", alpha=0.3, label="min-max over seeds (band), each seed (dots)"))
+    handles.append(Patch(color="gray", alpha=0.5, label="min-max over seeds (band, thin where the seeds agree), each seed (dots)"))
     if any(paper is not None for _, paper in cells.values()):
         handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
     if any(picture_key(table, *cell) not in cells for cell in table.paper):
