@@ -323,21 +323,27 @@ def fig3(scale):
                  {col: reader(*spec) for col, spec in cols.items()}, ("embedding", "clock_pizza"))
 
 
+def scored_log(run_dir: str) -> list:
+    """A finished run's evaluations that carry a test accuracy and an lr ([] for any other run)."""
+    if run_state(run_dir) != "finished":
+        return []
+    return [r for r in read_metrics(run_dir) if r.get("test_accuracy") is not None and r.get("lr") is not None]
+
+
 def flat_from(run_dir: str):
     """(the first evaluation step from which test accuracy stays within half a point of its last value,
-    the lr there as % of the peak); None before the run has finished."""
-    if run_state(run_dir) != "finished":
+    the lr there as % of the peak); None for a run without such a log."""
+    log = scored_log(run_dir)
+    if not log or not max(r["lr"] for r in log):
         return None
-    log = read_metrics(run_dir)
-    peak = max(r["lr"] for r in log)
     step = next(r for i, r in enumerate(log) if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:]))
-    return step["step"], 100 * step["lr"] / peak
+    return step["step"], 100 * step["lr"] / max(r["lr"] for r in log)
 
 
 def fig8(scale):
     """Figure 8: Table 3's memorization runs over training. Converged in the paper's sense means flat while the
     lr is still up; a curve that flattens only as the cosine schedule takes the lr to zero has not."""
-    cols = {"final accuracy": lambda d: None if run_state(d) != "finished" else 100 * read_metrics(d)[-1]["test_accuracy"],
+    cols = {"final accuracy": lambda d: 100 * scored_log(d)[-1]["test_accuracy"] if scored_log(d) else None,
             "flat from step": lambda d: (flat_from(d) or (None,))[0],
             "lr there (% of peak)": lambda d: (flat_from(d) or (None, None))[1]}
     configs = {(row, col): cfg for (row, _), cfg in table3(scale).configs.items() for col in cols}
