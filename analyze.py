@@ -17,6 +17,7 @@ import json
 import math
 import os
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -711,8 +712,7 @@ def watch(run_dir):
             if step not in scored:
                 scored.add(step)
                 model.load_state_dict(saved["model"])
-                probe = type("Probe", (), {"task": task, "model": model.eval()})
-                result = parens_lengths(probe)
+                result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
                 with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
                     f.write(json.dumps({"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
                                         "seen": result["seen"]["accuracy"], "accuracy": result["accuracy"]}) + "\n")

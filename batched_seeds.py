@@ -133,7 +133,8 @@ class SeedRuns(Run):
         self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
         self.clock = Clock()
         seconds = len(seeds) * seconds_per_step(self.cfg, task, models[0], device, self.ranks)  # one seed's step, N times
-        print(first_line(self.cfg, counts[0], device, seconds, self.cfg.steps).replace(" (a step timed", f", {len(seeds)} seeds (a seed's step timed x {len(seeds)}"), flush=True)
+        print(first_line(self.cfg, counts[0], device, seconds, self.cfg.steps, f"{len(seeds)} seeds: a seed's step timed x {len(seeds)}"),
+              flush=True)
         print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
 
     def staged(self) -> bool:

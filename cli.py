@@ -9,7 +9,6 @@ the problem, never a traceback.
 """
 
 import argparse
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -79,7 +78,7 @@ def make_parser(description="Train one model on one task.", skip=()):
 
 def config_from_args(args):
     """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config and writes to its own directory."""
-    from config import TrainConfig, config_from_dict, cpu_variant
+    from config import TrainConfig, cpu_variant, saved_config
     from devices import pick_device
 
     given = vars(args)
@@ -97,17 +96,14 @@ def config_from_args(args):
     if given:
         flags = ", ".join("--" + ("train" if name == "mode" else name.replace("_", "-")) for name in given)
         raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
-    from runs import finish_swap, read_json
+    from runs import finish_swap
 
-    config_path = os.path.join(run_dir, "config.json")
-    if not os.path.exists(config_path):
+    if not os.path.exists(os.path.join(run_dir, "config.json")):
         finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completed first
-    if not os.path.exists(config_path):
+    saved = saved_config(run_dir)
+    if saved is None:
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    try:
-        return replace(config_from_dict(read_json(config_path)), out=run_dir), True
-    except ValueError as e:
-        raise UsageError(f"{config_path} is not a run's config ({e})") from None
+    return replace(saved, out=run_dir), True
 
 
 def parse_args(argv=None, description="Train one model on one task."):
@@ -133,7 +129,7 @@ def command_line(cfg) -> str:
         value = getattr(cfg, f.name)
         if value == f.default and f.name != "task":  # the task always, for the reader
             continue
-        flag = "train" if f.name == "mode" else f.name.replace("_", "-")  # --scale is a flag too, not generated
+        flag = "train" if f.name == "mode" else f.name.replace("_", "-")
         if f.type is bool:
             parts.append(f"--{flag}" if value else f"--no-{f.name}")
         else:

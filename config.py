@@ -220,18 +220,27 @@ def build(cfg: TrainConfig):
     return cfg, task, model, counts
 
 
+def saved_config(run_dir: str):
+    """The TrainConfig the run in run_dir saved (its config.json), or None where there is none;
+    a UsageError naming the file for one that is not a run's config."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        return config_from_dict(read_json(path))
+    except ValueError as e:
+        raise UsageError(f"{path} is not a run's config ({e})") from None
+
+
 def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
     """The settings cfg sets that the run saved in run_dir was not trained with ([] when run_dir holds
     no run). The device is what the run resolved, the directory may be spelled another way,
     overwrite says only how the directory was made, and the scale only whose defaults filled in
     what the other settings already say: none of them counts."""
-    path = os.path.join(run_dir, "config.json")
-    if not os.path.exists(path):
+    saved = saved_config(run_dir)
+    if saved is None:
         return []
-    try:
-        saved = asdict(config_from_dict(read_json(path)))
-    except ValueError as e:
-        raise UsageError(f"{path} is not a run's config ({e})") from None
+    saved = asdict(saved)
     return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out", "scale") and saved.get(k) != v]
 
 

@@ -233,12 +233,17 @@ def analysis(run_dir: str, name: str):
     return read_json(path).get(name) if os.path.exists(path) else None
 
 
+def analysis_reader(name: str, value):
+    """A column's reader: value(the run's analyze.py result `name`), or None before the run is analysed."""
+    def read(run_dir):
+        result = analysis(run_dir, name)
+        return None if result is None else value(result)
+    return read
+
+
 def variance_reader(kind: str, layer: int):
     """% of hidden-state variance in the top 10 principal components (kind "pc") or neurons after layer (0: Emb)."""
-    def read(run_dir):
-        result = analysis(run_dir, "variance")
-        return None if result is None else 100 * result[f"{kind}_top10"][layer]
-    return read
+    return analysis_reader("variance", lambda result: 100 * result[f"{kind}_top10"][layer])
 
 
 VARIANCE_COLS = {f"{kind} {layer}": variance_reader(kind.lower(), i)
@@ -286,10 +291,7 @@ def fig2(scale):
                                                                   ("query_to_value", "query -> queried value")) for layer in (0, 1)}
 
     def best_head(key, layer):
-        def read(run_dir):
-            result = analysis(run_dir, "attention")
-            return None if result is None else 100 * max(result[key][layer])
-        return read
+        return analysis_reader("attention", lambda result: 100 * max(result[key][layer]))
     wide = table1(scale).configs
     configs = {(model, col): wide["needle", f"{model} {width}"] for model in ("Random", "Normal") for col in cols}
     return Table("fig2", "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
@@ -307,12 +309,6 @@ def fig3(scale):
     cols = {"circularity of PCs 1 and 3": ("embedding", lambda r: (r["circularity"]["components"][0] + r["circularity"]["components"][2]) / 2),
             "gradient symmetricity": ("clock_pizza", lambda r: r["gradient_symmetricity"]),
             "distance irrelevance": ("clock_pizza", lambda r: r["distance_irrelevance"])}
-
-    def reader(name, value):
-        def read(run_dir):
-            result = analysis(run_dir, name)
-            return None if result is None else value(result)
-        return read
     wide = table1(scale).configs
     configs = {(model, col): wide["modadd", f"{model} {width}"] for model in ("Random", "Normal") for col in cols}
     paper = {("Random", "gradient symmetricity"): 0.88, ("Random", "distance irrelevance"): 0.88}
@@ -320,7 +316,7 @@ def fig3(scale):
                  ["Random", "Normal"], list(cols), configs, paper,
                  "Circularity: 1 for a pure cosine over the residues, about 2 ln(p) / p for a random direction. "
                  "A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 (docs/protocol.md §6).",
-                 {col: reader(*spec) for col, spec in cols.items()}, ("embedding", "clock_pizza"))
+                 {col: analysis_reader(*spec) for col, spec in cols.items()}, ("embedding", "clock_pizza"))
 
 
 def scored_log(run_dir: str) -> list:
@@ -343,7 +339,7 @@ def flat_from(run_dir: str):
 def fig8(scale):
     """Figure 8: Table 3's memorization runs over training. Converged in the paper's sense means flat while the
     lr is still up; a curve that flattens only as the cosine schedule takes the lr to zero has not."""
-    cols = {"final accuracy": lambda d: 100 * scored_log(d)[-1]["test_accuracy"] if scored_log(d) else None,
+    cols = {"final accuracy": lambda d: next((100 * r["test_accuracy"] for r in scored_log(d)[-1:]), None),
             "flat from step": lambda d: (flat_from(d) or (None,))[0],
             "lr there (% of peak)": lambda d: (flat_from(d) or (None, None))[1]}
     configs = {(row, col): cfg for (row, _), cfg in table3(scale).configs.items() for col in cols}

@@ -32,7 +32,7 @@ import analyze
 import train
 from bench import useful_flops
 from cli import UsageError, command_line
-from config import TrainConfig, build_task, config_from_dict, load_run, resolve, with_paper_defaults
+from config import TrainConfig, build_task, load_run, resolve, saved_config, with_paper_defaults
 from runs import FINAL_KEYS, NUMBER, read_json, run_state, write_json
 from tasks import TASKS, StreamTask
 
@@ -49,13 +49,9 @@ def check_same_config(cfg: TrainConfig):
     """A run directory made by another protocol must not pass as this one's: the run's saved settings
     must equal the cell's once resolved (every default filled in), so a setting the cell leaves to the
     scale's default counts as much as one it names. UsageError naming the first that differs."""
-    path = os.path.join(cfg.out, "config.json")
-    if not os.path.exists(path):
+    saved = saved_config(cfg.out)
+    if saved is None:
         return
-    try:
-        saved = config_from_dict(read_json(path))
-    except ValueError as e:
-        raise UsageError(f"{path} is not a run's config ({e})") from None
     resolved = resolve(cfg)[0]
     for f in fields(TrainConfig):
         if f.name not in UNCOMPARED and getattr(saved, f.name) != getattr(resolved, f.name):

@@ -131,10 +131,10 @@ def make_optimizer(params, cfg, device, matrix_dim=2) -> torch.optim.AdamW:
 
 
 def result_line(cfg, metrics) -> str:
-    """A finished run's result beside the paper's comparable number, where it has one (reproduce.py holds the paper's tables)."""
+    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has one
+    (reproduce.py holds the paper's tables)."""
     from reproduce import paper_comparison  # reproduce.py trains through this module, so not at the top
 
-    cfg = resolve(cfg)[0]
     scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its own settings")
     model = {"frozen": "random", "full": "normal"}.get(cfg.mode, mode_label(cfg.mode))
     what = f"{cfg.task}, {cfg.arch + ' ' if cfg.arch != 'gpt' else ''}{model} {cfg.width} ({scale})"
@@ -163,8 +163,7 @@ def main(argv=None):
                 if state == "finished":
                     print(f"{run.out} finished before; skipped")
                     continue
-                metrics = train(run, resume=resume or state == "resume")
-                print(result_line(run, metrics), flush=True)
+                train(run, resume=resume or state == "resume")
             if len(seeds) > 1:
                 runs.write_seed_summary([resolve(run)[0] for run in seeds])
     except KeyboardInterrupt:
@@ -298,6 +297,7 @@ class Run:
         final = {"step": self.step, "elapsed": self.clock.elapsed(), "parameters": self.counts,
                  **self.summary(self.metrics, self.counts["trainable"])}
         runs.save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
+        print(result_line(self.cfg, self.metrics), flush=True)
 
 
 def check_finite(step, loss, metrics):
@@ -359,7 +359,7 @@ def seconds_per_step(cfg, task, model, device, ranks) -> float:
     return seconds[-1]
 
 
-def first_line(cfg, counts, device, seconds, steps_left) -> str:
+def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed") -> str:
     """What the run trains, by whose protocol, and how long it will take on this machine."""
     what = {"frozen": "the random transformer", "full": "the fully trained transformer"}.get(cfg.mode, f"--train {cfg.mode}")
     what = "the LSTM" if cfg.arch == "lstm" else what.replace("transformer", "linearized transformer") if cfg.arch == "linear" else what
@@ -368,7 +368,7 @@ def first_line(cfg, counts, device, seconds, steps_left) -> str:
     took = f"{60 * minutes:.0f} s" if minutes < 1 else f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
     line = (f"{cfg.task}, {what} (width {cfg.width}; {counts['trainable']:,} of {counts['trainable'] + counts['frozen']:,} "
             f"parameters train), {protocol}: {steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
-            f"(a step timed, {seconds:.2g} s)")
+            f"({timed}, {seconds:.2g} s)")
     if cfg.scale == "cpu":
         return line + "; --scale paper insists on the paper's protocol"
     hint = device.type == "cpu" and slow_run_hint(cfg, seconds, steps_left)
