@@ -204,7 +204,8 @@ def embedding_geometry(run: Run) -> dict:
     E = run.model.wte.weight.detach()
     projections, fractions = principal_components(E)
     plot_embedding(projections, os.path.join(run.path, "embedding.png"), f"{run.label}: token embedding")
-    return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png"}
+    return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png",
+            "projections": projections[:, :3].mul(1e4).round().div(1e4).tolist()}  # (p, 3): Figure 3 redrawn without weights
 
 
 def plot_embedding(projections, path, title):

@@ -10,9 +10,14 @@ learning curves. A `table` here is a reproduce.Table, whose seed_values gives th
 as it gives the .md's. Nothing here trains.
 """
 
+import os
 import textwrap
+from dataclasses import replace
+from datetime import date
 
-from runs import median_range, read_metrics, write_atomic
+from cli import command_line
+from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR
+from runs import FINAL_KEYS, NUMBER, median_range, read_json, read_metrics, run_state, write_atomic
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -40,7 +45,7 @@ CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning
 COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
 READ_UNITS = {"fig2": "mean attention (%)", "fig3": "score (0 to 1)", "table7": "% of variance in the top 10",
-              "table4": "% of variance in the top 10"}  # the explanation's tables: one unit per table
+              "table4": "% of variance in the top 10", "table5": "% of variance in the top 10"}  # the explanation's tables: one unit per table
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
 
@@ -253,16 +258,165 @@ def plot_convergence(table, runs: dict, title: str, path: str):
     save_with_legend(plt, fig, handles + [Line2D([], [], color="gray", linestyle="--", label="lr (right axis)")], path)
 
 
+def first_analysis(runs: list, name: str):
+    """(the first seed's run with analyze.py result `name`, that result) among a cell's runs, or (None, None)."""
+    for cfg in runs:
+        path = os.path.join(cfg.out, "analysis.json")
+        result = read_json(path).get(name) if os.path.exists(path) else None
+        if result is not None:
+            return cfg, result
+    return None, None
+
+
+def plot_heads(table, runs: dict, title: str, path: str):
+    """Figure 2 in the paper's layout: per model, the first analysed seed's layer-1 head where values attend
+    most to their markers and layer-2 head where the query attends most to the queried value, on the paper's input."""
+    plt, fig, axes = new_figure([f"{row}: L{layer + 1}" for row in table.rows for layer in (0, 1)], title)
+    for row in table.rows:
+        cfg, result = first_analysis(runs[row, table.cols[0]], "attention")
+        for layer, key, what in ((0, "value_to_marker", "value -> marker"), (1, "query_to_value", "query -> value")):
+            ax = axes[f"{row}: L{layer + 1}"]
+            if result is None:
+                ax.set_title(f"{row}: not analysed")
+                continue
+            head = max(range(len(result[key][layer])), key=lambda h: result[key][layer][h])
+            labels = result["labels"]
+            ax.imshow(result["patterns"][layer][head], cmap="Blues", vmin=0, vmax=1)
+            ax.set_xticks(range(len(labels)), labels)
+            ax.set_yticks(range(len(labels)), labels)
+            ax.set(title=f"{row} seed {cfg.seed}: L{layer + 1} head {head + 1}\n{what} {100 * result[key][layer][head]:.0f}% "
+                   "(test mean)", xlabel="attended", ylabel="attending")
+    save_figure(plt, fig, path)
+
+
+def plot_circles(table, runs: dict, title: str, path: str):
+    """Figure 3: per model, the first analysed seed's token embedding on its principal components 1 and 3,
+    coloured by residue on a cyclic map (residues wrap mod p)."""
+    plt, fig, axes = new_figure(table.rows, title)
+    for row, ax in axes.items():
+        cfg, result = first_analysis(runs[row, table.cols[0]], "embedding")
+        if result is None or "projections" not in result:
+            ax.set_title(f"{row}: not analysed")
+            continue
+        points = list(zip(*result["projections"]))
+        ax.scatter(points[0], points[2], c=range(len(points[0])), cmap="hsv", s=18)
+        scores = [table.read[table.cols[0]](c.out) for c in runs[row, table.cols[0]]]
+        ax.set(title=f"{row} seed {cfg.seed}\ncircularity per seed: " + ", ".join(f"{s:.2f}" for s in scores if s is not None),
+               xlabel="PC 1", ylabel="PC 3", aspect="equal")
+    save_figure(plt, fig, path)
+
+
+def plot_samples(table, runs: dict, title: str, path: str):
+    """Figure 5: each model's completion of the story prompt as text, with its test loss."""
+    plt = pyplot()
+    blocks = []
+    for row in table.rows:
+        texts = table.seed_values(row, "completion", runs[row, "completion"])
+        losses = table.seed_values(row, "test loss", runs[row, "test loss"])
+        head = f"{row}" + (f" (test loss {losses[0]:.2f})" if losses else "")
+        blocks.append(head + "\n" + textwrap.fill(texts[0].replace("*", "") if texts else "not analysed", 100))
+    text = "\n\n".join(blocks)
+    fig = plt.figure(figsize=(9, 1.0 + 0.16 * text.count("\n")))
+    fig.text(0.02, 0.98, title + "\n\n" + text, va="top", family="monospace", fontsize=8)
+    save_figure(plt, fig, path)
+
+
+PAPER_FIGURES = {"fig2": plot_heads, "fig3": plot_circles, "fig5": plot_samples, "fig8": plot_convergence}  # drawn as the paper draws them
+
+
 def render_picture(table, scale: str, runs: dict, path: str):
-    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files, and for the
-    task tables <table>-<scale>-curves.png from their metrics.jsonl; trains nothing."""
+    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files, their analysis.json
+    (Figures 2, 3, 5) or metrics.jsonl (Figure 8), and for the task tables <table>-<scale>-curves.png from
+    their metrics.jsonl; trains nothing."""
+    if table.name in PAPER_FIGURES:
+        return PAPER_FIGURES[table.name](table, runs, table.title + f"\nours at {scale} scale ({table.name}-{scale}.md)", path)
     cells = picture_cells(table, runs)
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
     if any(paper is not None for _, paper in cells.values()):
         title += "; stars: the paper's numbers"
-    if table.name == "fig8":
-        return plot_convergence(table, runs, table.title + f"\nours at {scale} scale: Table 3's runs", path)
     (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
     if table.name in CURVE_TABLES:
         plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
                     path.removesuffix(".png") + "-curves.png")
+
+
+# ---------------------------------------------------------------------------
+# reproduce.py's markdown: results/<table>-<scale>.md
+# ---------------------------------------------------------------------------
+
+
+def cpu_note(cfgs, seeds: int) -> str:
+    """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
+    tasks = dict.fromkeys(cfg.task for cfg in cfgs)
+    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.mode == "full" and cfg.lr == CPU_BLOCKS_LR.get(cfg.task, "none"))
+    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
+    if full:
+        parts.append(f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
+                     + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full))
+    if any(cfg.arch == "lstm" for cfg in cfgs):
+        parts.append(f"the lstm keeps lr {LSTM_LR:g}")
+    return "; ".join(parts) + "."
+
+
+def cell_summary(table, row: str, col: str, cell: list):
+    """(median, min, max, seeds finished) of the cell's metric, or None when no run finished."""
+    values = table.seed_values(row, col, cell)
+    if not values:
+        return None
+    if isinstance(values[0], str):
+        return values[0]  # a text cell (Figure 5's completions): the first seed's
+    return (*median_range(values), len(values))
+
+
+def number(value) -> str:
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0"
+
+
+def train_command(cfg, seeds: int) -> str:
+    """The train.py command that trains this cell's seeds into the same run directories."""
+    return command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
+
+
+def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
+    """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
+    finals = []
+    cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
+    for cfg in cfgs:
+        if run_state(cfg.out) == "finished":
+            finals.append(read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS))
+    minutes = sum(final["elapsed"] for final in finals) / 60
+    lines = [f"# {table.title}", "",
+             f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
+             f"{minutes:.0f} min of training summed over runs.",
+             f"Command: `{command}`", ""]
+    if scale == "cpu":
+        lines += [cpu_note(cfgs, seeds), ""]
+    if table.note:
+        lines += [table.note, ""]
+    lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
+              "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|"]
+    for row in table.rows:
+        cells = []
+        for col in table.cols:
+            summary = cell_summary(table, row, col, runs[row, col])
+            unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
+            text = (unread if summary is None else summary if isinstance(summary, str)
+                    else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}] ({summary[3]}/{seeds})")
+            if (row, col) in table.paper:
+                text += f"; paper {number(table.paper[row, col])}"
+            cells.append(text)
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
+    if table.name in CURVE_TABLES:
+        lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
+    lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
+              "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
+    seen = set()
+    for (row, col), cell in runs.items():
+        cmd = train_command(cell[0], seeds)
+        if cmd not in seen:
+            seen.add(cmd)
+            lines.append(f"- {row}, {col}: `{cmd}`")
+    return "\n".join(lines) + "\n"

@@ -6,7 +6,8 @@
     python reproduce.py all --scale paper --plan                        # what that costs on an H100, trains nothing
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
 
-Tables 1, 2, 3 and 9 and Figures 4, 6 and 7 of the paper. Each cell is one
+What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7,
+Figures 2, 3, 5, 8: read from each run's analysis.json, made as the run finishes). Each cell is one
 TrainConfig trained for several seeds (train.train, in this process or a pool of
 --jobs processes, one per GPU by default) into runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a
 finished run is skipped and a checkpointed one resumes, so an interrupted sweep
@@ -20,7 +21,6 @@ paper's protocol (docs/protocol.md §3); `--scale cpu` each task's laptop varian
 a kill; sweep.py shows a SLURM job array and xargs), and --plan prices them; the plain command then draws the tables.
 """
 
-import json
 import os
 import platform
 import re
@@ -30,28 +30,15 @@ from datetime import date
 
 import torch
 
-from cli import OneLineParser, UsageError, command_line, usage_errors
+from cli import OneLineParser, UsageError, usage_errors
 from analyze import PAPER_VARIANCE
-from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, SCALES, TrainConfig, cpu_variant
+from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
-from figures import CURVE_TABLES, render_picture
+from figures import cell_summary, number, render, render_picture
 from runs import FINAL_KEYS, NUMBER, median_range, read_json, read_metrics, run_state, write_atomic
 from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
-
-def cpu_note(cfgs, seeds: int) -> str:
-    """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
-    tasks = dict.fromkeys(cfg.task for cfg in cfgs)
-    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.mode == "full" and cfg.lr == CPU_BLOCKS_LR.get(cfg.task, "none"))
-    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
-    if full:
-        parts.append(f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
-                     + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full))
-    if any(cfg.arch == "lstm" for cfg in cfgs):
-        parts.append(f"the lstm keeps lr {LSTM_LR:g}")
-    return "; ".join(parts) + "."
-
 
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
     """The TrainConfig of one cell: the paper's protocol for the task, or its cpu variant."""
@@ -246,18 +233,23 @@ def variance_reader(kind: str, layer: int):
     return analysis_reader("variance", lambda result: 100 * result[f"{kind}_top10"][layer])
 
 
-VARIANCE_COLS = {f"{kind} {layer}": variance_reader(kind.lower(), i)
-                 for kind in ("PC", "Neuron") for i, layer in enumerate(("Emb", "L1", "L2"))}
+def variance_cols(layers=2) -> dict:
+    """Column -> reader: PC then neuron shares after the embedding and after each of the model's layers."""
+    names = ["Emb"] + [f"L{i}" for i in range(1, layers + 1)]
+    return {f"{kind} {name}": variance_reader(kind.lower(), i) for kind in ("PC", "Neuron") for i, name in enumerate(names)}
+
+
 TABLE4_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 128 if task == "memorize" else 1024]
                 for task in ("modadd", "memorize") for model in ("Normal", "Random")}
 TABLE7_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 512] for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
 
 
-def variance_table(name: str, title: str, rows: dict, paper: dict, note: str) -> Table:
-    """Tables 4 and 7: per row (a task and model, rows[row] its cell's config) the explained variance columns."""
-    configs = {(row, col): cfg for row, cfg in rows.items() for col in VARIANCE_COLS}
-    cells = {(row, col): v for row, values in paper.items() for col, v in zip(VARIANCE_COLS, values)}
-    return Table(name, title, "column", list(rows), list(VARIANCE_COLS), configs, cells, note, VARIANCE_COLS, ("variance",))
+def variance_table(name: str, title: str, rows: dict, paper: dict, note: str, layers=2) -> Table:
+    """Tables 4, 5 and 7: per row (a task and model, rows[row] its cell's config) the explained variance columns."""
+    cols = variance_cols(layers)
+    configs = {(row, col): cfg for row, cfg in rows.items() for col in cols}
+    cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
+    return Table(name, title, "column", list(rows), list(cols), configs, cells, note, cols, ("variance",))
 
 
 def table7(scale):
@@ -281,6 +273,37 @@ def table4(scale):
                           f"10 neurons, modadd at width {width}, memorization at 128", rows, TABLE4_PAPER,
                           "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python analyze.py RUN "
                           "--only variance`; the paper's modadd is at width 1,024.")
+
+
+TABLE5_PAPER = {"Normal": [29.5, 27.3, 24.3, 23.2, 17.6, 8.6, 16.4, 14.7, 13.9, 5.9],
+                "Random": [43.0, 30.2, 31.8, 32.1, 31.7, 3.3, 2.9, 2.8, 2.9, 2.9]}
+
+
+def lm_models(scale) -> dict:
+    """Table 5's language models, 4 layers of width 512 at either scale: the paper's protocol, or the cpu
+    variant's corpus, context and one epoch (docs/protocol.md §8)."""
+    # width after the variant, as `train.py --width 512 --scale cpu` sets it: the variant's lm width is Figure 4's 128
+    return {row: replace(task_config("lm", scale, mode=mode, layers=4), width=512) for row, mode in (("Normal", "full"), ("Random", "frozen"))}
+
+
+def table5(scale):
+    return variance_table("table5", "Table 5: % of the language model's hidden-state variance in the top 10 principal "
+                          "components and the top 10 neurons, 4 layers of width 512", lm_models(scale), TABLE5_PAPER,
+                          "Each run analysed by `python analyze.py RUN --only variance` (docs/protocol.md §6). "
+                          + ("cpu scale: the shipped story corpus, context 128, one epoch, not TinyStories." if scale == "cpu"
+                             else "Give the TinyStories train file with --data."), layers=4)
+
+
+def fig5(scale):
+    """Figure 5: how one random and one normal language model (Table 5's) continue the same story prompt."""
+    cols = {"test loss": lambda d: read_json(os.path.join(d, "final.json"), keys={"loss": NUMBER}, optional=FINAL_KEYS)["loss"],
+            "completion": analysis_reader("samples", lambda r: " ".join(f"*{r['prompts'][0]}* {r['continuations'][0]}".split()).replace("|", "/"))}
+    configs = {(row, col): cfg for row, cfg in lm_models(scale).items() for col in cols}
+    return Table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model", "column",
+                 list(configs and ("Normal", "Random")), list(cols), configs, {},
+                 "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
+                 "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
+                 "shows samples and calls them largely grammatical.", cols, ("samples",))
 
 
 def fig2(scale):
@@ -351,7 +374,8 @@ def fig8(scale):
 
 
 # In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling, imitation, widths.
-TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7, fig8, fig2, fig3, table7, table4)}
+TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7, fig8, fig2, fig3, table7, table4,
+                                     table5, fig5)}
 
 
 # ---------------------------------------------------------------------------
@@ -364,86 +388,20 @@ def slug(text: str) -> str:
 
 
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
-    """(row, col) -> the cell's per-seed configs with their run directories. Table 3's columns
-    share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
-    trains exactly a Table 1 or Table 3 cell (Figure 7's width 16 and widest, the explanation's
+    """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3
+    and 5 share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
+    trains exactly a Table 1, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's
     tables) shares its runs."""
-    owners = [("table1", key, other) for key, other in table1(scale).configs.items()]
-    owners += [("table3", key, other) for key, other in table3(scale).configs.items()]
+    owners = [(owner, key, other) for owner in (table1(scale), table3(scale), table5(scale)) for key, other in owner.configs.items()]
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner, (owner_row, owner_col) = next(((name, key) for name, key, other in owners if other == cfg and name != table.name),
-                                             (table.name, (row, col)))
-        name = slug(owner_row.split()[0]) + ("" if owner == "table3" else "-" + slug(owner_col))
-        out = os.path.join(root, f"{owner}-{scale}", name)
+        owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners if other == cfg and o.name != table.name),
+                                             (table, (row, col)))
+        # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names its runs by row
+        name = slug(owner_row) if owner.metric == "column" else slug(owner_row.split()[0]) + "-" + slug(owner_col)
+        out = os.path.join(root, f"{owner.name}-{scale}", name)
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
-
-
-# ---------------------------------------------------------------------------
-# The markdown
-# ---------------------------------------------------------------------------
-
-
-def cell_summary(table: Table, row: str, col: str, cell: list):
-    """(median, min, max, seeds finished) of the cell's metric, or None when no run finished."""
-    values = table.seed_values(row, col, cell)
-    if not values:
-        return None
-    return (*median_range(values), len(values))
-
-
-def number(value) -> str:
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0"
-
-
-def train_command(cfg: TrainConfig, seeds: int) -> str:
-    """The train.py command that trains this cell's seeds into the same run directories."""
-    return command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
-
-
-def render(table: Table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
-    """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
-    finals = []
-    cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
-    for cfg in cfgs:
-        if run_state(cfg.out) == "finished":
-            finals.append(read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS))
-    minutes = sum(final["elapsed"] for final in finals) / 60
-    lines = [f"# {table.title}", "",
-             f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
-             f"{minutes:.0f} min of training summed over runs.",
-             f"Command: `{command}`", ""]
-    if scale == "cpu":
-        lines += [cpu_note(cfgs, seeds), ""]
-    if table.note:
-        lines += [table.note, ""]
-    lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
-              "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|"]
-    for row in table.rows:
-        cells = []
-        for col in table.cols:
-            summary = cell_summary(table, row, col, runs[row, col])
-            unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
-            text = unread if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}] ({summary[3]}/{seeds})"
-            if (row, col) in table.paper:
-                text += f"; paper {number(table.paper[row, col])}"
-            cells.append(text)
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
-    if table.name in CURVE_TABLES:
-        lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
-    lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
-              "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
-    seen = set()
-    for (row, col), cell in runs.items():
-        cmd = train_command(cell[0], seeds)
-        if cmd not in seen:
-            seen.add(cmd)
-            lines.append(f"- {row}, {col}: `{cmd}`")
-    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------
@@ -541,8 +499,8 @@ def check_args(args):
         if os.path.exists(path) and not os.path.isdir(path):
             raise UsageError(f"{flag} {path} is a file, not a directory")
     if args.data:
-        if args.table not in ("fig4", "all"):
-            raise UsageError("--data applies to fig4 (language modeling) only")
+        if args.table not in ("fig4", "table5", "fig5", "all"):
+            raise UsageError("--data applies to the language-modeling tables only: fig4, table5 and fig5")
         try:
             validation_path(args.data)
         except ValueError as e:
@@ -561,7 +519,7 @@ def main(argv=None):
                         "1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)")
     parser.add_argument("--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go")
     parser.add_argument("--results", default="results", help="where <table>-<scale>.md and <table>-<scale>.png go")
-    parser.add_argument("--data", help="fig4: the TinyStories train file (default: the shipped story corpus)")
+    parser.add_argument("--data", help="fig4, table5, fig5: the TinyStories train file (default: the shipped story corpus)")
     instead = parser.add_mutually_exclusive_group()
     instead.add_argument("--plan", action="store_true", help="print each cell's runs, steps, tokens, FLOPs and predicted "
                          "H100 time, and the GPU-hours (trains nothing, writes nothing)")

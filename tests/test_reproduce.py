@@ -1,6 +1,7 @@
 """reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table and picture rendering (no training but a few tiny runs), scheduler commands, the plan, GPU workers."""
 
 import json
+import math
 import multiprocessing
 import os
 import subprocess
@@ -123,7 +124,7 @@ def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path)
     runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=3)
     for cfg, acc in zip(runs["needle", "Linearized random"], [0.2, 0.3, 0.25]):
         write_final(cfg.out, accuracy=acc, loss=1.0, elapsed=60.0)
-    text = reproduce.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU")
+    text = figures.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU")
     rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in text.splitlines() if line.startswith("| ")}
     assert rows["needle"] == "25.0 [20.0, 30.0] (3/3); paper 17.7"
     assert rows["parens"] == "not run; paper 97.3"
@@ -137,7 +138,7 @@ def test_cell_commands_parse_back_to_the_cells_configs():
     for name, make in reproduce.TABLES.items():
         for scale in reproduce.SCALES:
             for cell in reproduce.cell_runs(make(scale), scale, "runs/reproduce", seeds=2).values():
-                cfg, resume = cli.parse_args(reproduce.train_command(cell[0], 2).split()[2:])
+                cfg, resume = cli.parse_args(figures.train_command(cell[0], 2).split()[2:])
                 assert not resume
                 assert cli.seed_configs(cfg) == cell, (name, scale)
 
@@ -160,6 +161,20 @@ def write_fake_runs(table, runs):
                         bits_per_parameter=3 * value, elapsed=1.0)
             if cfg.task == "modadd":
                 write_json(os.path.join(cfg.out, "train_split.json"), {"accuracy": value / 2})
+            write_json(os.path.join(cfg.out, "analysis.json"), fake_analysis(cfg, value))
+
+
+def fake_analysis(cfg, value):
+    """analysis.json as analyze.py writes it, with made-up numbers, for the explanation's tables to read."""
+    layers, p, tokens = cfg.layers or 2, 5, ["a", "1", "b", "2", "b?"]
+    pattern = [[1.0 if j == max(0, i - 1) else 0.0 for j in range(len(tokens))] for i in range(len(tokens))]
+    return {"variance": {"pc_top10": [value] * (layers + 1), "neuron_top10": [value / 10] * (layers + 1)},
+            "attention": {"labels": tokens, "patterns": [[pattern, pattern]] * layers,
+                          "value_to_marker": [[value, value / 2]] * layers, "query_to_value": [[value / 2, value]] * layers},
+            "embedding": {"circularity": {"components": [value] * 4},
+                          "projections": [[math.cos(2 * math.pi * t / p), 0.0, math.sin(2 * math.pi * t / p)] for t in range(p)]},
+            "clock_pizza": {"gradient_symmetricity": value, "distance_irrelevance": 1 - value},
+            "samples": {"prompts": ["Once upon a time"], "continuations": [f"there was a cat {value}."]}}
 
 
 def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
@@ -195,7 +210,12 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
     monkeypatch.setattr(reproduce, "sweep", fake_sweep)
     results = tmp_path / "results"
     reproduce.main(["all", "--scale", "cpu", "--runs", str(tmp_path / "runs"), "--results", str(results)])
-    assert visited == ["table1", "table2", "table9", "table3", "fig4", "fig6", "fig7", "fig8", "fig2", "fig3", "table7", "table4"]
+    assert visited == ["table1", "table2", "table9", "table3", "fig4", "fig6", "fig7", "fig8", "fig2", "fig3", "table7", "table4",
+                       "table5", "fig5"]
+    analysed = ["fig2", "fig3", "table7", "table4", "table5", "fig5"]  # fig8 reads logs, which the fake runs lack
+    assert "not analysed" not in "".join((results / f"{name}-cpu.md").read_text() for name in analysed)
+    assert "| Random | " in (results / "table5-cpu.md").read_text() and "PC L4" in (results / "table5-cpu.md").read_text()
+    assert "*Once upon a time* there was a cat" in (results / "fig5-cpu.md").read_text()
     for name in visited:
         png = results / f"{name}-cpu.png"
         assert png.stat().st_size > 0

@@ -18,6 +18,7 @@ import batched_seeds
 import bench
 import compare
 import corpus
+import figures
 import reproduce
 import sample
 import cli
@@ -133,7 +134,7 @@ BAD_INPUTS = [
     ("reproduce.py", ["table1", "--jobs", "0"], "--seeds and --jobs must be >= 1"),
     ("reproduce.py", ["table1", "--results", "FILE"], "--results"),
     ("reproduce.py", ["table1", "--runs", "FILE"], "--runs"),
-    ("reproduce.py", ["table1", "--data", "EMPTY/text-train.txt"], "--data applies to fig4"),
+    ("reproduce.py", ["table1", "--data", "EMPTY/text-train.txt"], "--data applies to the language-modeling tables only"),
     ("reproduce.py", ["fig4", "--data", "NEW/text-train.txt"], "no training text at"),
     ("reproduce.py", ["table9", "--runs", "OTHERS"], "was trained with other settings"),
     ("bench.py", ["--steps-timed", "0"], "--steps-timed and --repeats must be >= 1"),
@@ -808,7 +809,7 @@ def test_a_table_of_finished_runs_with_a_final_json_lacking_elapsed_is_one_usage
     os.makedirs(cell.out)
     (tmp_path / cell.out / "final.json").write_text('{"step": 8, "accuracy": 0.5}')
     with pytest.raises(cli.UsageError, match="final.json lacks 'elapsed'"):
-        reproduce.render(table, "cpu", runs, 1, "python reproduce.py table9", "CPU")
+        figures.render(table, "cpu", runs, 1, "python reproduce.py table9", "CPU")
 
 
 def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_path):
