@@ -290,19 +290,21 @@ def plot_heads(table, runs: dict, title: str, path: str):
 
 
 def plot_circles(table, runs: dict, title: str, path: str):
-    """Figure 3: per model, the first analysed seed's token embedding on its principal components 1 and 3,
-    coloured by residue on a cyclic map (residues wrap mod p)."""
-    plt, fig, axes = new_figure(table.rows, title)
-    for row, ax in axes.items():
+    """Figure 3: per model, the first analysed seed's token embedding on principal components 1 and 3 (the
+    paper's panel) and on its most circular pair of PCs 1-4, coloured by residue on a cyclic map (residues wrap mod p)."""
+    plt, fig, axes = new_figure([f"{row} {panel}" for row in table.rows for panel in ("paper", "best")], title)
+    for row in table.rows:
         cfg, result = first_analysis(runs[row, table.cols[0]], "embedding")
-        if result is None or "projections" not in result:
-            ax.set_title(f"{row}: not analysed")
+        if result is None or "circles" not in result:
+            axes[f"{row} paper"].set_title(f"{row}: not analysed")
             continue
-        points = list(zip(*result["projections"]))
-        ax.scatter(points[0], points[2], c=range(len(points[0])), cmap="hsv", s=18)
-        scores = [table.read[table.cols[0]](c.out) for c in runs[row, table.cols[0]]]
-        ax.set(title=f"{row} seed {cfg.seed}\ncircularity per seed: " + ", ".join(f"{s:.2f}" for s in scores if s is not None),
-               xlabel="PC 1", ylabel="PC 3", aspect="equal")
+        best = result["circles"]["best"]
+        for panel, (i, j), score in (("paper", (1, 3), result["circles"]["pcs_1_3"]), ("best", best["pcs"], best["score"])):
+            points = [[point[i - 1], point[j - 1]] for point in result["projections"]]
+            ax = axes[f"{row} {panel}"]
+            ax.scatter(*zip(*points), c=range(len(points)), cmap="hsv", s=14)
+            ax.set(title=f"{row} seed {cfg.seed}: PCs {i} and {j}\ncircle score {score:.2f}", xlabel=f"PC {i}", ylabel=f"PC {j}",
+                   aspect="equal")
     save_figure(plt, fig, path)
 
 

@@ -171,8 +171,8 @@ def fake_analysis(cfg, value):
     return {"variance": {"pc_top10": [value] * (layers + 1), "neuron_top10": [value / 10] * (layers + 1)},
             "attention": {"labels": tokens, "patterns": [[pattern, pattern]] * layers,
                           "value_to_marker": [[value, value / 2]] * layers, "query_to_value": [[value / 2, value]] * layers},
-            "embedding": {"circularity": {"components": [value] * 4},
-                          "projections": [[math.cos(2 * math.pi * t / p), 0.0, math.sin(2 * math.pi * t / p)] for t in range(p)]},
+            "embedding": {"circles": {"pcs_1_3": value, "best": {"pcs": [1, 3], "score": value}},
+                          "projections": [[math.cos(2 * math.pi * t / p), 0.0, math.sin(2 * math.pi * t / p), 0.0] for t in range(p)]},
             "clock_pizza": {"gradient_symmetricity": value, "distance_irrelevance": 1 - value},
             "samples": {"prompts": ["Once upon a time"], "continuations": [f"there was a cat {value}."]}}
 
