@@ -339,7 +339,7 @@ def fig3(scale):
     return Table("fig3", "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza", "column",
                  ["Random", "Normal"], list(cols), configs, paper,
                  "Circle score of two principal components: the share of their (whitened) points' power in one frequency "
-                 "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about 2 ln(p) / p "
+                 "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about ln(p) / p "
                  "for noise. A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 "
                  "(docs/protocol.md §6).", {col: analysis_reader(*spec) for col, spec in cols.items()}, ("embedding", "clock_pizza"))
 
