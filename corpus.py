@@ -12,6 +12,7 @@ TinyStories-train.txt works the same way. Caches are written beside the text
 and redone when the text (or the tokenizer) is newer.
 """
 
+import itertools
 import os
 import random
 
@@ -45,25 +46,20 @@ def read_stories(path: str):
     """Yield the stories of a text file, split at <|endoftext|>, stripped, empty ones skipped."""
     story = []
     with open(path, encoding="utf-8") as f:
-        for line in lines_of(f, path):
-            *finished, rest = line.split(END_OF_TEXT)
-            for part in finished:
-                text = "".join(story + [part]).strip()
-                story = []
-                if text:
-                    yield text
-            story.append(rest)
+        try:
+            for line in f:
+                *finished, rest = line.split(END_OF_TEXT)
+                for part in finished:
+                    text = "".join(story + [part]).strip()
+                    story = []
+                    if text:
+                        yield text
+                story.append(rest)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None
     text = "".join(story).strip()
     if text:
         yield text
-
-
-def lines_of(f, path):
-    """The lines of a text file, with a ValueError naming the file if it is not UTF-8 text."""
-    try:
-        yield from f
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None
 
 
 def has_stories(path: str) -> bool:
@@ -105,23 +101,13 @@ def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
         end = tokenizer.token_to_id(END_OF_TEXT)
 
         def write(f):
-            for chunk in batched(read_stories(path), 10_000):
+            stories = read_stories(path)
+            while chunk := list(itertools.islice(stories, 10_000)):
                 for encoding in tokenizer.encode_batch(chunk):
                     f.write(np.array(encoding.ids + [end], dtype=np.uint16).tobytes())
 
         write_atomic(cache, write)
     return np.memmap(cache, dtype=np.uint16, mode="r")
-
-
-def batched(items, n):
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 # The shipped corpus: a small story grammar standing in for TinyStories, which
