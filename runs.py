@@ -319,11 +319,6 @@ class RunLock:
         self.file.close()
 
 
-def remove_if_present(path):
-    if os.path.exists(path):
-        os.remove(path)
-
-
 def check_out_path(out):
     """UsageError unless out can name a run directory of its own."""
     if not out or not out.strip():
@@ -386,8 +381,7 @@ def read_json(path, expect=dict, keys=None, optional=None):
     the file and what is wrong: bytes that are not UTF-8, text that is not JSON, nesting deeper than
     MAX_JSON_DEPTH, the wrong type at the top, a key missing or of the wrong type."""
     with open(path, "rb") as f:
-        data = f.read()
-    return parse_json(data, path, expect, keys, optional)
+        return parse_json(f.read(), path, expect, keys, optional)
 
 
 def parse_json(data: bytes, where: str, expect=dict, keys=None, optional=None):
@@ -533,7 +527,9 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
     final = {**metrics, **final}
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)
-    remove_if_present(os.path.join(cfg.out, "checkpoint.pt"))
+    checkpoint = os.path.join(cfg.out, "checkpoint.pt")
+    if os.path.exists(checkpoint):
+        os.remove(checkpoint)
     print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({final['elapsed']:.1f}s)")
     if "bits" in final:
         print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
@@ -557,14 +553,12 @@ def median_range(values) -> tuple:
 
 def write_seed_summary(runs) -> str:
     """aggregate() of finished seed runs, written to <out>-seeds.json beside them; returns its path."""
-    base = runs[0].out.removesuffix(f"-s{runs[0].seed}")
+    path = runs[0].out.removesuffix(f"-s{runs[0].seed}") + "-seeds.json"
     summary = aggregate([run.out for run in runs])
-    path = f"{base}-seeds.json"
     write_json(path, summary)
     print(f"{len(runs)} seeds -> {path}: " + ", ".join(
         f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" for k, v in summary["metrics"].items() if k not in ("step", "elapsed")))
     return path
-
 
 
 def run_record(cfg, counts: dict, device) -> dict:
