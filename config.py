@@ -152,13 +152,9 @@ def check_config(cfg: TrainConfig, task) -> None:
     for name in ("steps", "warmup"):
         if getattr(cfg, name) < 0:
             raise UsageError(f"--{name} must be >= 0")
-    for name in ("batch_size", "eval_every", "width", "layers", "heads"):
-        if getattr(cfg, name) < 1:
+    for name in ("batch_size", "eval_every", "width", "layers", "heads", "epochs", "test_size"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:  # epochs None: the task's own
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-    if cfg.epochs is not None and cfg.epochs < 1:
-        raise UsageError("--epochs must be >= 1")
-    if cfg.test_size < 1:
-        raise UsageError("--test-size must be >= 1")
     fp32_max = torch.finfo(torch.float32).max  # the optimizer's arithmetic: a larger lr is inf there
     if not 0 < cfg.lr < fp32_max:
         raise UsageError(f"--lr must be a number > 0 and below {fp32_max:.3g}, got {cfg.lr}")
@@ -265,7 +261,7 @@ def load_run(run_dir):
 # ---------------------------------------------------------------------------
 # The cpu scale: each task's laptop variant (docs/protocol.md §8; RESULTS.md has
 # the probes that chose each setting). reproduce.py --scale cpu trains these,
-# bench.py --cpu-variant times them, and a CPU run that would take hours names
+# bench.py --scale cpu times them, and a CPU run that would take hours names
 # its task's variant.
 # ---------------------------------------------------------------------------
 
