@@ -120,16 +120,12 @@ def explained_variance(run: Run, examples: int) -> dict:
     keep = torch.arange(batch.x.size(1)) <= last[:, None]  # (B, T)
     names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)]
     states = run_with_cache(run.model, batch.x, names)
-    layers, pc, neuron = [], [], []
-    for i, name in enumerate(names):
-        fractions = top_k_variance_fractions(states[name][keep])
-        layers.append("Emb" if i == 0 else f"L{i}")
-        pc.append(fractions[0])
-        neuron.append(fractions[1])
+    fractions = [top_k_variance_fractions(states[name][keep]) for name in names]  # (pc, neuron) per layer
     model = {"frozen": "Random", "full": "Normal"}.get(run.cfg.mode)
     paper = PAPER_VARIANCE.get((run.cfg.task, model, run.cfg.width)) if run.cfg.layers == 2 else None
-    return {"label": run.label, "layers": layers, "pc_top10": pc, "neuron_top10": neuron, "vectors": int(keep.sum()),
-            "width": run.cfg.width, "paper": paper}
+    return {"label": run.label, "layers": ["Emb"] + [f"L{i}" for i in range(1, len(names))],
+            "pc_top10": [pc for pc, _ in fractions], "neuron_top10": [neuron for _, neuron in fractions],
+            "vectors": int(keep.sum()), "width": run.cfg.width, "paper": paper}
 
 
 # The paper's numbers (%, PC Emb L1 L2 then neuron Emb L1 L2) by (task, model, width): Table 4 at 1024
@@ -157,7 +153,7 @@ def explained_variance_markdown(result):
         "", head, rule, f"| {result['label']} | " + " | ".join(cells) + " |",
     ] + ([f"| the paper, same task, model and width (Table {4 if result['width'] != 512 else 7}) | "
           + " | ".join(f"{v:.1f}%" for v in result["paper"]) + " |"] if result.get("paper") else [])
-      + ([f"", f"At width {result['width']} the top {TOP_K} directions are {TOP_K / result['width']:.0%} of all "
+      + (["", f"At width {result['width']} the top {TOP_K} directions are {TOP_K / result['width']:.0%} of all "
           f"the dimensions, so large fractions here say little about a subspace."] if result.get("width", 10**9) <= 4 * TOP_K else []))
 
 
