@@ -168,7 +168,7 @@ def authors(cfg, task, model, device):
 
     def step():
         x, labels = make_data()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, cfg.dtype)):
+        with autocast(device, cfg.dtype):
             loss = forward(x, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)

@@ -35,9 +35,7 @@ def pick_device(name: str) -> torch.device:
 def uses_bf16(device, dtype="auto") -> bool:
     """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA. Auto stays fp32 on
     CPU because bf16 is slower there unless the CPU has native bf16 matmuls (docs/protocol.md §8)."""
-    if dtype != "auto":
-        return dtype == "bf16"
-    return device.type == "cuda"
+    return dtype == "bf16" if dtype != "auto" else device.type == "cuda"
 
 
 def autocast(device, dtype="auto"):

@@ -244,7 +244,7 @@ class LSTM(nn.Module):
         if cache is not None:
             cache["embed"], cache["lstm.out"] = x, h
         if pos is not None:
-            h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.size(-1)))  # (B, A, C)
+            h = at(h, pos)  # (B, A, C)
         return self.lm_head(h)
 
 

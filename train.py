@@ -322,9 +322,8 @@ class Clock:
         return time.time() - self.start
 
     def lap(self) -> float:
-        now, start = time.time(), self.lap_start
-        self.lap_start = now
-        return now - start
+        start, self.lap_start = self.lap_start, time.time()
+        return self.lap_start - start
 
 
 SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's variant
