@@ -46,7 +46,11 @@ class Run:
             raise UsageError(f"{path} is not a run directory (no config.json)")
         self.path = path
         self.cfg, self.task, self.model, self.counts = load_run(path)
-        self.final = read_final(path)
+        final_path = os.path.join(path, "final.json")
+        if not os.path.isfile(final_path):  # train.py writes model.pt, then final.json: a kill between the two
+            raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
+                             f"finish it with: python train.py --resume {path}")
+        self.final = read_json(final_path, optional=FINAL_KEYS)
         if not all(t.isfinite().all() for t in self.model.state_dict().values() if t.is_floating_point()):
             raise UsageError(f"{path}/model.pt has NaN or infinite weights (the run diverged); there is nothing to analyze")
 
@@ -55,16 +59,6 @@ class Run:
         """The row name in the paper's tables: Random = frozen blocks, Normal = fully trained."""
         model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.mode, self.cfg.mode)
         return f"{self.cfg.task} {model} w{self.cfg.width}"
-
-
-def read_final(path) -> dict:
-    """The run's final.json. train.py writes model.pt, then final.json: a kill between the two
-    leaves a run that --resume finishes."""
-    final_path = os.path.join(path, "final.json")
-    if not os.path.isfile(final_path):
-        raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
-                         f"finish it with: python train.py --resume {path}")
-    return read_json(final_path, optional=FINAL_KEYS)
 
 
 def last_answer_position(batch: Batch):

@@ -140,8 +140,9 @@ def plot(groups, path):
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for i, group in enumerate(groups):
             color, marker = None, MARKERS[i % len(MARKERS)]
-            for curve_key, style in ((key, "-"), ("test_exact_match", "--") if key == "test_accuracy" else (None, None)):
-                steps, ranges = median_curve(group, curve_key) if curve_key else ([], [])
+            curves = ((key, "-"), ("test_exact_match", "--")) if key == "test_accuracy" else ((key, "-"),)
+            for curve_key, style in curves:
+                steps, ranges = median_curve(group, curve_key)
                 if steps:
                     line, = ax.plot(steps, [r[0] for r in ranges], style, color=color, marker=marker, markersize=4,
                                     fillstyle="none", label=row_name(group) if style == "-" else None)
