@@ -189,13 +189,26 @@ def circularity(E, components=4):
     return {"components": scores, "frequencies": frequencies, "mean": sum(scores) / len(scores)}
 
 
+def circle_score(x, y) -> float:
+    """How much the residues' points (x[t], y[t]) on two principal components form one circle: each
+    component scaled to unit variance, the share of the power of z = x + i y in its strongest frequency
+    over the residues. A circle traversed k times scores 1; two cosines of different frequencies 0.25."""
+    z = torch.complex(x / x.std(), y / y.std())
+    power = torch.fft.fft(z).abs() ** 2
+    return (power[1:].max() / power.sum()).item()
+
+
 def embedding_geometry(run: Run) -> dict:
     """PCA of the token embedding; scatter of components 1 vs 2 and 1 vs 3 coloured by token value."""
     E = run.model.wte.weight.detach()
     projections, fractions = principal_components(E)
     plot_embedding(projections, os.path.join(run.path, "embedding.png"), f"{run.label}: token embedding")
+    pairs = [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    scores = {pair: circle_score(projections[:, pair[0]], projections[:, pair[1]]) for pair in pairs}
+    best = max(scores, key=scores.get)
     return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png",
-            "projections": projections[:, :3].mul(1e4).round().div(1e4).tolist()}  # (p, 3): Figure 3 redrawn without weights
+            "circles": {"pcs_1_3": scores[0, 2], "best": {"pcs": [best[0] + 1, best[1] + 1], "score": scores[best]}},
+            "projections": projections[:, :4].mul(1e4).round().div(1e4).tolist()}  # (p, 4): Figure 3 redrawn without weights
 
 
 def plot_embedding(projections, path, title):

@@ -64,6 +64,15 @@ def test_hand_made_circular_embedding_scores_as_circular():
     assert [k * f % p in (1, p - 1) for k, f in zip([3, 3, 7, 7], result["frequencies"])] == [True] * 4
 
 
+def test_circle_score_is_one_for_a_circle_and_a_quarter_for_two_frequencies():
+    p = 31
+    projections, _ = analyze.principal_components(circle_embedding(p, frequencies=[3, 7], amplitudes=[2.0, 1.0]))
+    assert analyze.circle_score(projections[:, 0], projections[:, 1]) == pytest.approx(1.0)  # frequency 3's plane
+    assert analyze.circle_score(projections[:, 0], projections[:, 2]) == pytest.approx(0.25)  # a cosine of 3 and one of 7
+    noise = torch.randn(p, 2, dtype=torch.double, generator=torch.Generator().manual_seed(0))
+    assert analyze.circle_score(*(noise - noise.mean(0)).T) < 0.25
+
+
 def test_random_embedding_is_not_circular():
     result = analyze.circularity(torch.randn(31, 32, generator=torch.Generator().manual_seed(0)))
     assert all(0 <= c <= 1 for c in result["components"])
@@ -166,6 +175,9 @@ def test_modadd_run_gets_every_modadd_analysis(runs):
     assert all(n <= pc + 1e-9 for n, pc in zip(variance["neuron_top10"], variance["pc_top10"]))  # PCs are the best 10 directions
     circle = result["embedding"]["circularity"]
     assert len(circle["components"]) == 4 and 0 <= circle["mean"] <= 1
+    circles = result["embedding"]["circles"]
+    assert 0 <= circles["pcs_1_3"] <= circles["best"]["score"] <= 1 + 1e-9 and len(circles["best"]["pcs"]) == 2
+    assert len(result["embedding"]["projections"][0]) == 4
     assert -1 <= result["clock_pizza"]["gradient_symmetricity"] <= 1
     assert result["clock_pizza"]["distance_irrelevance"] >= 0
     for name in ("curves", "embedding", "attention"):
