@@ -45,7 +45,7 @@ CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning
 COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
 READ_UNITS = {"fig2": "mean attention (%)", "fig3": "score (0 to 1)", "table7": "% of variance in the top 10",
-              "table4": "% of variance in the top 10", "table5": "% of variance in the top 10"}  # the explanation's tables: one unit per table
+              "table4": "% of variance in the top 10", "table5": "% of variance in the top 10", "parens": "accuracy (%)"}  # the explanation's tables: one unit per table
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
 

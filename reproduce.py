@@ -344,6 +344,22 @@ def fig3(scale):
                  "(docs/protocol.md §6).", {col: analysis_reader(*spec) for col, spec in cols.items()}, ("embedding", "clock_pizza"))
 
 
+def parens(scale):
+    """Parentheses by string length: each wide cell of Tables 1 and 2 on the test strings whose (length, answer)
+    training shows and on those it never shows (docs/protocol.md §4: the test-set exclusion rule)."""
+    wide, task_tables = CPU_WIDTH if scale == "cpu" else 1024, (table1(scale), table2(scale))
+    rows = [f"{model} {width}" for model, width in (("Random", wide), ("Normal", wide), ("Random", 16), ("Normal", 16), ("LSTM", wide))]
+    cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else TABLE2_COLS)}
+    cols = {"test accuracy": lambda d: 100 * read_json(os.path.join(d, "final.json"), keys={"accuracy": NUMBER}, optional=FINAL_KEYS)["accuracy"],
+            "strings training shows": analysis_reader("lengths", lambda r: 100 * r["seen"]["accuracy"]),
+            "strings it never shows": analysis_reader("lengths", lambda r: 100 * r["unseen"]["accuracy"])}
+    return Table("parens", "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and on the rest",
+                 "column", list(cells), list(cols), {(row, col): table.configs["parens", row] for row, table in cells.items() for col in cols},
+                 {(row, "test accuracy"): table.paper["parens", row] for row, table in cells.items()},
+                 "Table 1's and Table 2's parentheses runs, each analysed by `python analyze.py RUN --only lengths` "
+                 "(docs/protocol.md §6), which keeps each unseen string's answer.", cols, ("lengths",))
+
+
 def scored_log(run_dir: str) -> list:
     """A finished run's evaluations that carry a test accuracy and an lr ([] for any other run)."""
     if run_state(run_dir) != "finished":
@@ -377,7 +393,7 @@ def fig8(scale):
 
 # In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling, imitation, widths.
 TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7, fig8, fig2, fig3, table7, table4,
-                                     table5, fig5)}
+                                     table5, fig5, parens)}
 
 
 # ---------------------------------------------------------------------------
@@ -392,9 +408,10 @@ def slug(text: str) -> str:
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3
     and 5 share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
-    trains exactly a Table 1, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's
+    trains exactly a Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's
     tables) shares its runs."""
-    owners = [(owner, key, other) for owner in (table1(scale), table3(scale), table5(scale)) for key, other in owner.configs.items()]
+    owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale), table5(scale))
+              for key, other in owner.configs.items()]
     runs = {}
     for (row, col), cfg in table.configs.items():
         owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners if other == cfg and o.name != table.name),

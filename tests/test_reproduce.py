@@ -211,7 +211,7 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
     results = tmp_path / "results"
     reproduce.main(["all", "--scale", "cpu", "--runs", str(tmp_path / "runs"), "--results", str(results)])
     assert visited == ["table1", "table2", "table9", "table3", "fig4", "fig6", "fig7", "fig8", "fig2", "fig3", "table7", "table4",
-                       "table5", "fig5"]
+                       "table5", "fig5", "parens"]
     analysed = ["fig2", "fig3", "table7", "table4", "table5", "fig5"]  # fig8 reads logs, which the fake runs lack
     assert "not analysed" not in "".join((results / f"{name}-cpu.md").read_text() for name in analysed)
     assert "| Random | " in (results / "table5-cpu.md").read_text() and "PC L4" in (results / "table5-cpu.md").read_text()
