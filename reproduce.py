@@ -439,7 +439,7 @@ def table_runs(name: str, args):
 def reproduce(name: str, args, command: str) -> str:
     """Sweep one table or figure, then write results/<name>-<scale>.md and its .png; returns the .md's path."""
     table, runs = table_runs(name, args)
-    trained = sweep(table, runs, args.jobs)
+    trained = 0 if args.redraw else sweep(table, runs, args.jobs)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     base = os.path.join(args.results, f"{table.name}-{args.scale}")
     lines = render(table, args.scale, runs, args.seeds, command, device).split("\n")
@@ -510,8 +510,8 @@ def check_args(args):
     """UsageError for flags that would fail only after hours of training."""
     if args.seeds < 1 or args.jobs < 1:
         raise UsageError("--seeds and --jobs must be >= 1")
-    if args.table == "claims" and (args.plan or args.print_commands):
-        raise UsageError("--plan and --print-commands take a table or all, not claims")
+    if args.table == "claims" and (args.plan or args.print_commands or args.redraw):
+        raise UsageError("--plan, --print-commands and --redraw take a table or all, not claims")
     if args.plan and args.scale != "paper":
         raise UsageError("--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu scale's costs)")
     for flag, path in (("--runs", args.runs), ("--results", args.results)):
@@ -542,6 +542,8 @@ def main(argv=None):
     instead = parser.add_mutually_exclusive_group()
     instead.add_argument("--plan", action="store_true", help="print each cell's runs, steps, tokens, FLOPs and predicted "
                          "H100 time, and the GPU-hours (trains nothing, writes nothing)")
+    instead.add_argument("--redraw", action="store_true", help="draw from the runs and analyses already there, training "
+                         "and analysing nothing (what a fresh clone can draw from the committed records)")
     instead.add_argument("--print-commands", action="store_true", help="print one shell line per run not yet finished, "
                          "for xargs -P or a job array, each safe to rerun after a kill (trains nothing)")
     args = parser.parse_args(argv)

@@ -228,6 +228,19 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
             assert f"]({name}-cpu-curves.png)" in (results / f"{name}-cpu.md").read_text()
 
 
+def test_redraw_trains_and_analyses_nothing_and_says_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "sweep", lambda *args: pytest.fail("--redraw swept"))
+    table = reproduce.table5("cpu")
+    runs = reproduce.cell_runs(table, "cpu", str(tmp_path / "runs"), 3)
+    cfg = runs["Random", "PC Emb"][0]
+    write_final(cfg.out, accuracy=0.0, loss=2.0, elapsed=60.0)
+    write_json(os.path.join(cfg.out, "analysis.json"), fake_analysis(cfg, 0.4))
+    reproduce.main(["table5", "--redraw", "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")])
+    text = (tmp_path / "results" / "table5-cpu.md").read_text()
+    assert "| Random | 40.0 [40.0, 40.0] (1/3); paper 43.0 |" in text and "| Normal | not run; paper 29.5 |" in text
+    assert "this command trained 0 runs" in text
+
+
 def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 50, "loss": 2.0}\n{"step": 100, "loss": 1.0, "test_accuracy": 0.5}\n'
                                             '{"step": 200, "loss": 0.5, "test_accuracy": 0.75}\n{"step": 25')
