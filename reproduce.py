@@ -297,7 +297,7 @@ def table5(scale):
 def fig5(scale):
     """Figure 5: how one random and one normal language model (Table 5's) continue the same story prompt."""
     cols = {"test loss": lambda d: read_json(os.path.join(d, "final.json"), keys={"loss": NUMBER}, optional=FINAL_KEYS)["loss"],
-            "completion": analysis_reader("samples", lambda r: " ".join(f"*{r['prompts'][0]}* {r['continuations'][0]}".split()).replace("|", "/"))}
+            "completion": analysis_reader("samples", lambda r: " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/"))}
     configs = {(row, col): cfg for row, cfg in lm_models(scale).items() for col in cols}
     return Table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model", "column",
                  list(configs and ("Normal", "Random")), list(cols), configs, {},

@@ -175,7 +175,7 @@ def fake_analysis(cfg, value):
             "embedding": {"circles": {"pcs_1_3": value, "best": {"pcs": [1, 3], "score": value}},
                           "projections": [[math.cos(2 * math.pi * t / p), 0.0, math.sin(2 * math.pi * t / p), 0.0] for t in range(p)]},
             "clock_pizza": {"gradient_symmetricity": value, "distance_irrelevance": 1 - value},
-            "samples": {"prompts": ["Once upon a time"], "continuations": [f"there was a cat {value}."]}}
+            "samples": {"prompts": ["Once upon a time"], "continuations": [f"Once upon a time there was a cat {value}."]}}
 
 
 def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
