@@ -502,8 +502,22 @@ def claims(args, path="RESULTS.md") -> str:
     if not marker or "<!-- claims:end -->" not in rest:
         raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
     text = head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):]
+    text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2], args) + m[3], text)
     write_atomic(path, lambda f: f.write(text.encode()))
     return "\n".join(lines)
+
+
+PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
+
+
+def pasted_table(name: str, args) -> str:
+    """The markdown table of results/<name>-<scale>.md, as RESULTS.md shows it between <!-- table NAME --> and
+    <!-- table end --> (rewritten with the claims, so that no number there is typed by hand)."""
+    path = os.path.join(args.results, f"{name}-{args.scale}.md")
+    if not os.path.isfile(path):
+        raise UsageError(f"RESULTS.md shows the table of {path}, which does not exist: draw it with `python reproduce.py {name}`")
+    with open(path) as f:
+        return "".join(line for line in f if line.startswith("|"))
 
 
 def check_args(args):

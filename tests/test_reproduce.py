@@ -275,6 +275,12 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     (tmp_path / "RESULTS.md").write_text("# Results\n<!-- claims:begin -->\nold\n<!-- claims:end -->\nrest\n")
     reproduce.main(["claims"])
     text = (tmp_path / "RESULTS.md").read_text()
+    # a results table shown in RESULTS.md is pasted from its results/ file as the claims are written
+    (tmp_path / "results" / "table9-cpu.md").write_text("# Table 9\n\n| | a |\n|---|---|\n| needle | 40.0 |\n\nmore\n")
+    (tmp_path / "RESULTS.md").write_text(text + "<!-- table table9 -->\n| stale |\n<!-- table end -->\n")
+    reproduce.main(["claims"])
+    assert (tmp_path / "RESULTS.md").read_text().endswith("<!-- table table9 -->\n| | a |\n|---|---|\n| needle | 40.0 |\n<!-- table end -->\n")
+    (tmp_path / "RESULTS.md").write_text(text)
     # the paper's number, ours, and the verdict's numbers read from the cells it cites
     assert "| needle fails | 17.7 | 40.0 [20.0, 50.0] | direction only: 1 nats, softmax (not run) |" in text
     assert "old" not in text and text.endswith("<!-- claims:end -->\nrest\n")
