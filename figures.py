@@ -371,7 +371,7 @@ def cell_summary(table, row: str, col: str, cell: list):
 
 
 def number(value) -> str:
-    if abs(value) >= 1000:
+    if isinstance(value, int) or abs(value) >= 1000:  # counts (steps, bits) never show a decimal
         return f"{value:,.0f}"
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0"
 
