@@ -17,7 +17,7 @@ from datetime import date
 
 from cli import command_line
 from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR
-from runs import FINAL_KEYS, NUMBER, median_range, read_json, read_metrics, run_state, write_atomic
+from runs import FINAL_KEYS, NUMBER, median_range, read_analysis, read_json, read_metrics, run_state, write_atomic
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -261,8 +261,7 @@ def plot_convergence(table, runs: dict, title: str, path: str):
 def first_analysis(runs: list, name: str):
     """(the first seed's run with analyze.py result `name`, that result) among a cell's runs, or (None, None)."""
     for cfg in runs:
-        path = os.path.join(cfg.out, "analysis.json")
-        result = read_json(path).get(name) if os.path.exists(path) else None
+        result = read_analysis(cfg.out, name)
         if result is not None:
             return cfg, result
     return None, None

@@ -35,7 +35,7 @@ from analyze import PAPER_VARIANCE
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
 from figures import cell_summary, number, render, render_picture
-from runs import FINAL_KEYS, NUMBER, median_range, read_json, read_metrics, run_state, write_atomic
+from runs import FINAL_KEYS, NUMBER, median_range, read_analysis, read_json, read_metrics, run_state, write_atomic
 from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
@@ -214,18 +214,17 @@ def paper_comparison(cfg: TrainConfig, final: dict):
 # ---------------------------------------------------------------------------
 
 
-def analysis(run_dir: str, name: str):
-    """The run's analyze.py result `name` (its analysis.json), or None before the run is analysed."""
-    path = os.path.join(run_dir, "analysis.json")
-    return read_json(path).get(name) if os.path.exists(path) else None
-
-
 def analysis_reader(name: str, value):
     """A column's reader: value(the run's analyze.py result `name`), or None before the run is analysed."""
     def read(run_dir):
-        result = analysis(run_dir, name)
+        result = read_analysis(run_dir, name)
         return None if result is None else value(result)
     return read
+
+
+def final_reader(key: str, scale=1):
+    """A column's reader: scale x the run's final.json `key` (the column of a table read from analyses)."""
+    return lambda run_dir: scale * read_json(os.path.join(run_dir, "final.json"), keys={key: NUMBER}, optional=FINAL_KEYS)[key]
 
 
 def variance_reader(kind: str, layer: int):
@@ -296,11 +295,12 @@ def table5(scale):
 
 def fig5(scale):
     """Figure 5: how one random and one normal language model (Table 5's) continue the same story prompt."""
-    cols = {"test loss": lambda d: read_json(os.path.join(d, "final.json"), keys={"loss": NUMBER}, optional=FINAL_KEYS)["loss"],
+    cols = {"test loss": final_reader("loss"),
             "completion": analysis_reader("samples", lambda r: " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/"))}
-    configs = {(row, col): cfg for row, cfg in lm_models(scale).items() for col in cols}
+    models = lm_models(scale)
+    configs = {(row, col): cfg for row, cfg in models.items() for col in cols}
     return Table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model", "column",
-                 list(configs and ("Normal", "Random")), list(cols), configs, {},
+                 list(models), list(cols), configs, {},
                  "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
                  "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
                  "shows samples and calls them largely grammatical.", cols, ("samples",))
@@ -350,7 +350,7 @@ def parens(scale):
     wide, task_tables = CPU_WIDTH if scale == "cpu" else 1024, (table1(scale), table2(scale))
     rows = [f"{model} {width}" for model, width in (("Random", wide), ("Normal", wide), ("Random", 16), ("Normal", 16), ("LSTM", wide))]
     cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else TABLE2_COLS)}
-    cols = {"test accuracy": lambda d: 100 * read_json(os.path.join(d, "final.json"), keys={"accuracy": NUMBER}, optional=FINAL_KEYS)["accuracy"],
+    cols = {"test accuracy": final_reader("accuracy", 100),
             "strings training shows": analysis_reader("lengths", lambda r: 100 * r["seen"]["accuracy"]),
             "strings it never shows": analysis_reader("lengths", lambda r: 100 * r["unseen"]["accuracy"])}
     return Table("parens", "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and on the rest",

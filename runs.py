@@ -487,6 +487,12 @@ def print_eval(step, steps, loss, metrics, steps_per_s, prefix=""):
     print(", ".join(parts), flush=True)
 
 
+def read_analysis(run_dir: str, name: str):
+    """The run's analyze.py result `name` (from its analysis.json), or None before the run is analysed."""
+    path = os.path.join(run_dir, "analysis.json")
+    return read_json(path).get(name) if os.path.exists(path) else None
+
+
 def read_metrics(run_dir, name="metrics.jsonl"):
     """The records of run_dir/metrics.jsonl (or another log of per-step records, e.g. analyze.py
     --watch's unseen.jsonl; [] if it has none yet). A last line cut short by a kill is dropped
