@@ -599,12 +599,25 @@ def training_curves(run: Run) -> dict:
     fig.suptitle(run.label)
     fig.tight_layout()
     save_figure(plt, fig, os.path.join(run.path, "curves.png"))
-    return {"final": log[-1], "figure": "curves.png"}
+    return {"final": log[-1], "flat_from": flat_from(log), "figure": "curves.png"}
+
+
+def flat_from(log: list):
+    """Figure 8's test of convergence: (the first evaluation step from which test accuracy stays within half a
+    point of its last value, the lr there as % of its peak), or None for a log without accuracies and an lr.
+    Flat while the lr is well above zero is converged; flat only where the lr is near zero, stopped by the schedule."""
+    log = [r for r in log if r.get("test_accuracy") is not None and r.get("lr") is not None]
+    if not log or not max(r["lr"] for r in log):
+        return None
+    step = next(r for i, r in enumerate(log) if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:]))
+    return step["step"], 100 * step["lr"] / max(r["lr"] for r in log)
 
 
 def training_curves_markdown(result):
     final = ", ".join(f"{k} {v:.4g}" for k, v in result["final"].items() if k != "step" and v is not None)
-    return f"At step {result['final']['step']}: {final}.\n\n![training curves]({result['figure']})"
+    flat = result.get("flat_from")
+    flat = f" Test accuracy is flat from step {flat[0]:,}, where the lr is {flat[1]:.0f}% of its peak." if flat else ""
+    return f"At step {result['final']['step']}: {final}.{flat}\n\n![training curves]({result['figure']})"
 
 
 # ---------------------------------------------------------------------------

@@ -6,17 +6,19 @@
 pyplot and save_figure serve every figure (the paper's Figures 2 and 3 in analyze.py among them).
 The rest draws reproduce.py's tables in the paper's form: Tables 1, 2, 3 and 9 as seeds per
 column beside the paper's number, Figures 4, 6 and 7 as lines over width, and the task tables'
-learning curves. A `table` here is a reproduce.Table, whose seed_values gives the numbers drawn,
-as it gives the .md's. Nothing here trains.
+learning curves. Then the markdown: results/<table>-<scale>.md, and RESULTS.md's claims table with the
+results/ tables it shows. A `table` here is a reproduce.Table, whose seed_values gives the numbers
+drawn, as it gives the .md's. Nothing here trains.
 """
 
 import os
+import re
 import textwrap
 from dataclasses import replace
 from datetime import date
 
-from cli import command_line
-from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR
+from cli import UsageError, command_line
+from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, TrainConfig
 from runs import FINAL_KEYS, NUMBER, median_range, read_analysis, read_json, read_metrics, run_state, write_atomic
 
 
@@ -421,3 +423,54 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
             seen.add(cmd)
             lines.append(f"- {row}, {col}: `{cmd}`")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# RESULTS.md: the claims table, and the results/ tables it shows
+# ---------------------------------------------------------------------------
+
+CELL_REFERENCE = re.compile(r"\{(\w+)/([^/{}]+)/([^/{}]+)(?:/(\w+))?\}")  # {table/row/col} or {table/row/col/metric}
+PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
+
+
+def claims(claimed_cell, results: str, scale: str, path="RESULTS.md") -> str:
+    """RESULTS.md's opening table: each claim of results/claims.json (a cell, a verdict), the paper's number and
+    ours, from the cell's runs or from the runs the claim names; a verdict's {table/row/col[/metric]} reads that
+    cell's median, so that its numbers come from the runs as the table's own do. claimed_cell(name, row, col,
+    where) is reproduce.py's (the table, the cell's per-seed configs). The results/ tables shown between
+    <!-- table NAME --> and <!-- table end --> are pasted again, so that no number there is typed by hand."""
+    if not os.path.isfile(os.path.join(results, "claims.json")):
+        raise UsageError(f"no {os.path.join(results, 'claims.json')}: the claims to tabulate")
+    listed = read_json(os.path.join(results, "claims.json"), expect=list, keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
+                       optional={"paper": (str, int, float), "runs": [str]})
+
+    def cited_median(reference: re.Match) -> str:
+        name, row, col, metric = reference.groups()
+        table, cell = claimed_cell(name, row, col, f"a verdict cites {reference[0]}")
+        values = table.seed_values(row, col, cell, metric)
+        return number(median_range(values)[0]) if values else "(not run)"
+
+    def pasted_table(name: str) -> str:
+        table_path = os.path.join(results, f"{name}-{scale}.md")
+        if not os.path.isfile(table_path):
+            raise UsageError(f"RESULTS.md shows the table of {table_path}, which does not exist: draw it with `python reproduce.py {name}`")
+        with open(table_path) as f:
+            return "".join(line for line in f if line.startswith("|"))
+
+    lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
+    for claim in listed:
+        cell = claim["row"], claim["col"]
+        table, runs = claimed_cell(claim["table"], *cell, f"claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
+        runs = [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs
+        summary = cell_summary(table, *cell, runs)
+        ours = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}]"
+        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
+        lines.append(f"| {claim['claim']} | {paper} | {ours} | {CELL_REFERENCE.sub(cited_median, claim['verdict'])} |")
+    with open(path) as f:
+        head, marker, rest = f.read().partition("<!-- claims:begin -->\n")
+    if not marker or "<!-- claims:end -->" not in rest:
+        raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
+    text = head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):]
+    text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3], text)
+    write_atomic(path, lambda f: f.write(text.encode()))
+    return "\n".join(lines)

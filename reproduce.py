@@ -6,36 +6,32 @@
     python reproduce.py all --scale paper --plan                        # what that costs on an H100, trains nothing
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
 
-What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7,
-Figures 2, 3, 5, 8: read from each run's analysis.json, made as the run finishes). Each cell is one
-TrainConfig trained for several seeds (train.train, in this process or a pool of
---jobs processes, one per GPU by default) into runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a
-finished run is skipped and a checkpointed one resumes, so an interrupted sweep
-picks up where it stopped. Writes results/<table>-<scale>.md (our median [min, max]
-over seeds beside the paper's number, the protocol, each cell's train.py command)
-and the same numbers drawn in the paper's form as .png. `--scale paper` is the
-paper's protocol (docs/protocol.md §3); `--scale cpu` each task's laptop variant
-(config.CPU_VARIANTS): minutes to an hour per run on one core (RESULTS.md has the costs).
-
---print-commands hands the runs to a scheduler instead (a shell line per unfinished run, safe to rerun after
-a kill; sweep.py shows a SLURM job array and xargs), and --plan prices them; the plain command then draws the tables.
+What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7, Figures 2, 3,
+5, 8: read from each run's analysis.json, made as the run finishes). Each cell is one TrainConfig trained for
+several seeds (sweep.py: in this process or --jobs processes, one per GPU by default) into
+runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a finished run is skipped and a checkpointed one resumes,
+so an interrupted sweep picks up where it stopped. Writes results/<table>-<scale>.md (our median [min, max]
+over seeds beside the paper's number, the protocol, each cell's train.py command) and a .png of the same
+numbers in the paper's form (figures.py). `--scale paper` is the paper's protocol (docs/protocol.md §3);
+`--scale cpu` each task's laptop variant (config.CPU_VARIANTS, §8). --print-commands hands the runs to a
+scheduler instead and --plan prices them; `claims` rewrites RESULTS.md's claims table from the runs.
 """
 
 import os
 import platform
-import re
 import sys
 from dataclasses import dataclass, field, replace
 from datetime import date
+from functools import partial
 
 import torch
 
 from cli import OneLineParser, UsageError, usage_errors
-from analyze import PAPER_VARIANCE
+from analyze import PAPER_VARIANCE, flat_from
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
-from figures import cell_summary, number, render, render_picture
-from runs import FINAL_KEYS, NUMBER, median_range, read_analysis, read_json, read_metrics, run_state, write_atomic
+from figures import claims, number, render, render_picture
+from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state, write_atomic
 from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
@@ -210,7 +206,7 @@ def paper_comparison(cfg: TrainConfig, final: dict):
 
 # ---------------------------------------------------------------------------
 # Why random transformers can: the explanation's tables (section 4.2, section 6,
-# appendix E), read from each run's analysis.json or metrics.jsonl
+# appendix E), each column read from a run's analysis.json or metrics.jsonl
 # ---------------------------------------------------------------------------
 
 
@@ -223,59 +219,55 @@ def analysis_reader(name: str, value):
 
 
 def final_reader(key: str, scale=1):
-    """A column's reader: scale x the run's final.json `key` (the column of a table read from analyses)."""
+    """A column's reader: scale x the run's final.json `key`."""
     return lambda run_dir: scale * read_json(os.path.join(run_dir, "final.json"), keys={key: NUMBER}, optional=FINAL_KEYS)[key]
 
 
-def variance_reader(kind: str, layer: int):
-    """% of hidden-state variance in the top 10 principal components (kind "pc") or neurons after layer (0: Emb)."""
-    return analysis_reader("variance", lambda result: 100 * result[f"{kind}_top10"][layer])
+def read_table(name: str, title: str, models: dict, cols: dict, paper: dict, note: str, analyses=()) -> Table:
+    """A table with one run per row (models[row] its config) and a reader per column (cols[col])."""
+    configs = {(row, col): cfg for row, cfg in models.items() for col in cols}
+    return Table(name, title, "column", list(models), list(cols), configs, paper, note, cols, analyses)
 
 
-def variance_cols(layers=2) -> dict:
-    """Column -> reader: PC then neuron shares after the embedding and after each of the model's layers."""
+def wide_models(scale, task: str) -> dict:
+    """Table 1's wide random and normal cells of a task: model -> config."""
+    width = CPU_WIDTH if scale == "cpu" else 1024
+    return {model: table1(scale).configs[task, f"{model} {width}"] for model in ("Random", "Normal")}
+
+
+def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
+    """Tables 4, 5 and 7: % of hidden-state variance in the top 10 principal components, then in the top 10 neurons,
+    after the embedding and after each of the model's layers."""
     names = ["Emb"] + [f"L{i}" for i in range(1, layers + 1)]
-    return {f"{kind} {name}": variance_reader(kind.lower(), i) for kind in ("PC", "Neuron") for i, name in enumerate(names)}
+    cols = {f"{kind} {name}": analysis_reader("variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i])
+            for kind in ("PC", "Neuron") for i, name in enumerate(names)}
+    cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
+    return read_table(name, title, models, cols, cells, note, ("variance",))
 
 
 TABLE4_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 128 if task == "memorize" else 1024]
                 for task in ("modadd", "memorize") for model in ("Normal", "Random")}
 TABLE7_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 512] for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
-
-
-def variance_table(name: str, title: str, rows: dict, paper: dict, note: str, layers=2) -> Table:
-    """Tables 4, 5 and 7: per row (a task and model, rows[row] its cell's config) the explained variance columns."""
-    cols = variance_cols(layers)
-    configs = {(row, col): cfg for row, cfg in rows.items() for col in cols}
-    cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
-    return Table(name, title, "column", list(rows), list(cols), configs, cells, note, cols, ("variance",))
+TABLE5_PAPER = {"Normal": [29.5, 27.3, 24.3, 23.2, 17.6, 8.6, 16.4, 14.7, 13.9, 5.9],
+                "Random": [43.0, 30.2, 31.8, 32.1, 31.7, 3.3, 2.9, 2.8, 2.9, 2.9]}
 
 
 def table7(scale):
-    wide = table1(scale).configs
-    rows = {f"{task} {model}": wide[task, f"{model} {CPU_WIDTH if scale == 'cpu' else 1024}"]
-            for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
-    if scale == "paper":
-        rows = {row: replace(cfg, width=512) for row, cfg in rows.items()}
+    models = {f"{task} {model}": cfg if scale == "cpu" else replace(cfg, width=512) for task in ("addition", "needle", "parens")
+              for model, cfg in reversed(wide_models(scale, task).items())}
     return variance_table("table7", "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
-                          "neurons, width 512", rows, TABLE7_PAPER, "Table 1's runs at width 512, each analysed by "
+                          "neurons, width 512", models, TABLE7_PAPER, "Table 1's runs at width 512, each analysed by "
                           "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 test inputs, every "
                           "position up to the last answer).")
 
 
 def table4(scale):
-    wide, memorize = table1(scale).configs, table3(scale).configs
-    width = CPU_WIDTH if scale == "cpu" else 1024
-    rows = {f"modadd {model}": wide["modadd", f"{model} {width}"] for model in ("Normal", "Random")}
-    rows |= {f"memorize {model}": memorize[model, "accuracy"] for model in ("Normal", "Random")}
+    models = {f"modadd {model}": cfg for model, cfg in reversed(wide_models(scale, "modadd").items())}
+    models |= {f"memorize {model}": table3(scale).configs[model, "accuracy"] for model in ("Normal", "Random")}
     return variance_table("table4", f"Table 4: % of hidden-state variance in the top 10 principal components and the top "
-                          f"10 neurons, modadd at width {width}, memorization at 128", rows, TABLE4_PAPER,
-                          "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python analyze.py RUN "
-                          "--only variance`; the paper's modadd is at width 1,024.")
-
-
-TABLE5_PAPER = {"Normal": [29.5, 27.3, 24.3, 23.2, 17.6, 8.6, 16.4, 14.7, 13.9, 5.9],
-                "Random": [43.0, 30.2, 31.8, 32.1, 31.7, 3.3, 2.9, 2.8, 2.9, 2.9]}
+                          f"10 neurons, modadd at width {models['modadd Normal'].width}, memorization at 128", models,
+                          TABLE4_PAPER, "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python "
+                          "analyze.py RUN --only variance`; the paper's modadd is at width 1,024.")
 
 
 def lm_models(scale) -> dict:
@@ -295,53 +287,42 @@ def table5(scale):
 
 def fig5(scale):
     """Figure 5: how one random and one normal language model (Table 5's) continue the same story prompt."""
-    cols = {"test loss": final_reader("loss"),
-            "completion": analysis_reader("samples", lambda r: " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/"))}
-    models = lm_models(scale)
-    configs = {(row, col): cfg for row, cfg in models.items() for col in cols}
-    return Table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model", "column",
-                 list(models), list(cols), configs, {},
-                 "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
-                 "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
-                 "shows samples and calls them largely grammatical.", cols, ("samples",))
+    def completion(r):
+        return " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/")
+    return read_table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model",
+                      lm_models(scale), {"test loss": final_reader("loss"), "completion": analysis_reader("samples", completion)}, {},
+                      "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
+                      "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
+                      "shows samples and calls them largely grammatical.", ("samples",))
 
 
 def fig2(scale):
     """Figure 2: needle's two attention heads, found per seed: the layer-1 head where each value attends to
     its marker, the layer-2 head where the query attends to the queried value (mean attention over the test set)."""
-    width = CPU_WIDTH if scale == "cpu" else 1024
-    cols = {f"L{layer + 1} {name}": (key, layer) for key, name in (("value_to_marker", "value -> its marker"),
-                                                                  ("query_to_value", "query -> queried value")) for layer in (0, 1)}
-
-    def best_head(key, layer):
-        return analysis_reader("attention", lambda result: 100 * max(result[key][layer]))
-    wide = table1(scale).configs
-    configs = {(model, col): wide["needle", f"{model} {width}"] for model in ("Random", "Normal") for col in cols}
-    return Table("fig2", "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
-                 "column", ["Random", "Normal"], list(cols), configs, {},
-                 "Per seed the strongest head of the layer; what a head attending evenly over the positions it sees "
-                 "would score is each run's analysis.json attention.uniform. The paper shows the patterns, no numbers: "
-                 "values attend to their markers in layer 1, the query to the queried value in layer 2.",
-                 {col: best_head(*key) for col, key in cols.items()}, ("attention",))
+    cols = {f"L{layer + 1} {name}": analysis_reader("attention", lambda r, key=key, layer=layer: 100 * max(r[key][layer]))
+            for key, name in (("value_to_marker", "value -> its marker"), ("query_to_value", "query -> queried value"))
+            for layer in (0, 1)}
+    return read_table("fig2", "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
+                      wide_models(scale, "needle"), cols, {},
+                      "Per seed the strongest head of the layer; what a head attending evenly over the positions it sees "
+                      "would score is each run's analysis.json attention.uniform. The paper shows the patterns, no numbers: "
+                      "values attend to their markers in layer 1, the query to the queried value in layer 2.", ("attention",))
 
 
 def fig3(scale):
     """Figure 3 and section 4.2: modadd's token embedding forms circles (the paper draws principal components
     1 and 3), and the network is a Clock: gradient symmetricity and distance irrelevance, the paper's 0.88 and 0.88."""
-    width = CPU_WIDTH if scale == "cpu" else 1024
-    cols = {"circle in PCs 1 and 3": ("embedding", lambda r: r["circles"]["pcs_1_3"]),
-            "best circle in PCs 1-4": ("embedding", lambda r: r["circles"]["best"]["score"]),
-            "gradient symmetricity": ("clock_pizza", lambda r: r["gradient_symmetricity"]),
-            "distance irrelevance": ("clock_pizza", lambda r: r["distance_irrelevance"])}
-    wide = table1(scale).configs
-    configs = {(model, col): wide["modadd", f"{model} {width}"] for model in ("Random", "Normal") for col in cols}
-    paper = {("Random", "gradient symmetricity"): 0.88, ("Random", "distance irrelevance"): 0.88}
-    return Table("fig3", "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza", "column",
-                 ["Random", "Normal"], list(cols), configs, paper,
-                 "Circle score of two principal components: the share of their (whitened) points' power in one frequency "
-                 "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about ln(p) / p "
-                 "for noise. A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 "
-                 "(docs/protocol.md §6).", {col: analysis_reader(*spec) for col, spec in cols.items()}, ("embedding", "clock_pizza"))
+    cols = {"circle in PCs 1 and 3": analysis_reader("embedding", lambda r: r["circles"]["pcs_1_3"]),
+            "best circle in PCs 1-4": analysis_reader("embedding", lambda r: r["circles"]["best"]["score"]),
+            "gradient symmetricity": analysis_reader("clock_pizza", lambda r: r["gradient_symmetricity"]),
+            "distance irrelevance": analysis_reader("clock_pizza", lambda r: r["distance_irrelevance"])}
+    return read_table("fig3", "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza",
+                      wide_models(scale, "modadd"), cols,
+                      {("Random", "gradient symmetricity"): 0.88, ("Random", "distance irrelevance"): 0.88},
+                      "Circle score of two principal components: the share of their (whitened) points' power in one frequency "
+                      "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about ln(p) / p "
+                      "for noise. A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 "
+                      "(docs/protocol.md §6).", ("embedding", "clock_pizza"))
 
 
 def parens(scale):
@@ -353,42 +334,24 @@ def parens(scale):
     cols = {"test accuracy": final_reader("accuracy", 100),
             "strings training shows": analysis_reader("lengths", lambda r: 100 * r["seen"]["accuracy"]),
             "strings it never shows": analysis_reader("lengths", lambda r: 100 * r["unseen"]["accuracy"])}
-    return Table("parens", "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and on the rest",
-                 "column", list(cells), list(cols), {(row, col): table.configs["parens", row] for row, table in cells.items() for col in cols},
-                 {(row, "test accuracy"): table.paper["parens", row] for row, table in cells.items()},
-                 "Table 1's and Table 2's parentheses runs, each analysed by `python analyze.py RUN --only lengths` "
-                 "(docs/protocol.md §6), which keeps each unseen string's answer.", cols, ("lengths",))
-
-
-def scored_log(run_dir: str) -> list:
-    """A finished run's evaluations that carry a test accuracy and an lr ([] for any other run)."""
-    if run_state(run_dir) != "finished":
-        return []
-    return [r for r in read_metrics(run_dir) if r.get("test_accuracy") is not None and r.get("lr") is not None]
-
-
-def flat_from(run_dir: str):
-    """(the first evaluation step from which test accuracy stays within half a point of its last value,
-    the lr there as % of the peak); None for a run without such a log."""
-    log = scored_log(run_dir)
-    if not log or not max(r["lr"] for r in log):
-        return None
-    step = next(r for i, r in enumerate(log) if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:]))
-    return step["step"], 100 * step["lr"] / max(r["lr"] for r in log)
+    return read_table("parens", "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and on the rest",
+                      {row: table.configs["parens", row] for row, table in cells.items()}, cols,
+                      {(row, "test accuracy"): table.paper["parens", row] for row, table in cells.items()},
+                      "Table 1's and Table 2's parentheses runs, each analysed by `python analyze.py RUN --only lengths` "
+                      "(docs/protocol.md §6), which keeps each unseen string's answer.", ("lengths",))
 
 
 def fig8(scale):
     """Figure 8: Table 3's memorization runs over training. Converged in the paper's sense means flat while the
     lr is still up; a curve that flattens only as the cosine schedule takes the lr to zero has not."""
-    cols = {"final accuracy": lambda d: next((100 * r["test_accuracy"] for r in scored_log(d)[-1:]), None),
-            "flat from step": lambda d: (flat_from(d) or (None,))[0],
-            "lr there (% of peak)": lambda d: (flat_from(d) or (None, None))[1]}
-    configs = {(row, col): cfg for (row, _), cfg in table3(scale).configs.items() for col in cols}
-    return Table("fig8", "Figure 8: memorization accuracy during training, and whether it converged", "column",
-                 ["Normal", "Random"], list(cols), configs, {},
-                 "Table 3's runs, read from their metrics.jsonl (nothing trains). Flat: within half a point of the "
-                 "final accuracy from that evaluation on. A run flat while its lr is well above zero has converged; "
-                 "one flat only where the lr is a few % of its peak stopped because the lr decayed.", cols)
+    def flat(i):
+        return lambda run_dir: (flat_from(read_metrics(run_dir)) or (None, None))[i] if run_state(run_dir) == "finished" else None
+    return read_table("fig8", "Figure 8: memorization accuracy during training, and whether it converged",
+                      {model: table3(scale).configs[model, "accuracy"] for model in ("Normal", "Random")},
+                      {"final accuracy": final_reader("accuracy", 100), "flat from step": flat(0), "lr there (% of peak)": flat(1)}, {},
+                      "Table 3's runs, read from their metrics.jsonl (nothing trains; `analyze.flat_from`). Flat: within half a "
+                      "point of the final accuracy from that evaluation on. A run flat while its lr is well above zero has "
+                      "converged; one flat only where the lr is a few % of its peak stopped because the lr decayed.")
 
 
 # In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling, imitation, widths.
@@ -459,65 +422,13 @@ def reproduce(name: str, args, command: str) -> str:
     return base + ".md"
 
 
-CELL_REFERENCE = re.compile(r"\{(\w+)/([^/{}]+)/([^/{}]+)(?:/(\w+))?\}")  # {table/row/col} or {table/row/col/metric}
-
-
-def claimed_cell(name: str, row: str, col: str, args, where: str):
+def claimed_cell(args, name: str, row: str, col: str, where: str):
     """(the table, the cell's per-seed configs) that claims.json names at `where`: a cell the scale trains, or one
     where only the paper has a number (no configs: "not run"); a UsageError if no such cell."""
     table = TABLES[name](args.scale) if name in TABLES else None
     if table is None or (row, col) not in table.configs and (row, col) not in table.paper:
         raise UsageError(f"claims.json: {where}, which is no cell of a table")
     return table, cell_runs(table, args.scale, args.runs, args.seeds).get((row, col), [])
-
-
-def cited_median(reference: re.Match, args) -> str:
-    """A verdict's {table/row/col[/metric]}: that cell's median over its finished seeds, so that a verdict's
-    numbers come from the runs as the table's own do."""
-    name, row, col, metric = reference.groups()
-    table, cell = claimed_cell(name, row, col, args, f"a verdict cites {reference[0]}")
-    values = table.seed_values(row, col, cell, metric)
-    return number(median_range(values)[0]) if values else "(not run)"
-
-
-def claims(args, path="RESULTS.md") -> str:
-    """RESULTS.md's opening table: each claim of results/claims.json (a cell, a verdict), the paper's number and
-    ours, from the cell's runs or from the runs the claim names; a verdict's {table/row/col} reads that cell's median."""
-    if not os.path.isfile(os.path.join(args.results, "claims.json")):
-        raise UsageError(f"no {os.path.join(args.results, 'claims.json')}: the claims to tabulate")
-    listed = read_json(os.path.join(args.results, "claims.json"), expect=list, keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
-                       optional={"paper": (str, int, float), "runs": [str]})
-    lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
-    for claim in listed:
-        cell = claim["row"], claim["col"]
-        table, runs = claimed_cell(claim["table"], *cell, args, f"claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
-        runs = [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs
-        summary = cell_summary(table, *cell, runs)
-        ours = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}]"
-        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
-        verdict = CELL_REFERENCE.sub(lambda reference: cited_median(reference, args), claim["verdict"])
-        lines.append(f"| {claim['claim']} | {paper} | {ours} | {verdict} |")
-    with open(path) as f:
-        head, marker, rest = f.read().partition("<!-- claims:begin -->\n")
-    if not marker or "<!-- claims:end -->" not in rest:
-        raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
-    text = head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):]
-    text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2], args) + m[3], text)
-    write_atomic(path, lambda f: f.write(text.encode()))
-    return "\n".join(lines)
-
-
-PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
-
-
-def pasted_table(name: str, args) -> str:
-    """The markdown table of results/<name>-<scale>.md, as RESULTS.md shows it between <!-- table NAME --> and
-    <!-- table end --> (rewritten with the claims, so that no number there is typed by hand)."""
-    path = os.path.join(args.results, f"{name}-{args.scale}.md")
-    if not os.path.isfile(path):
-        raise UsageError(f"RESULTS.md shows the table of {path}, which does not exist: draw it with `python reproduce.py {name}`")
-    with open(path) as f:
-        return "".join(line for line in f if line.startswith("|"))
 
 
 def check_args(args):
@@ -569,7 +480,7 @@ def main(argv=None):
             check_args(args)
             names = list(TABLES) if args.table == "all" else [args.table]
             if args.table == "claims":
-                print(claims(args))
+                print(claims(partial(claimed_cell, args), args.results, args.scale))
             elif args.plan:
                 print(plan([table_runs(name, args) for name in names], args.scale))
             elif args.print_commands:
