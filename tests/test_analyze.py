@@ -361,3 +361,13 @@ def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compa
     compare.main([str(run), "--plot", str(tmp_path / "unseen.png")])
     assert_figure(tmp_path / "unseen.png")
     assert [r.get("unseen") for r in compare.load(str(run)).log][-1] == record["unseen"]
+
+
+def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
+    steps = range(0, 1100, 100)
+    lr = [1e-3 * (1 - s / 1000) for s in steps]  # a linear decay to zero stands in for the cosine
+    converged = [{"step": s, "lr": r, "test_accuracy": min(1.0, s / 400)} for s, r in zip(steps, lr)]
+    stopped = [{"step": s, "lr": r, "test_accuracy": 0.1 * s / 1000 if s < 900 else 0.09} for s, r in zip(steps, lr)]
+    assert analyze.flat_from(converged) == (400, pytest.approx(60.0))  # flat from step 400, its lr at 60% of the peak
+    assert analyze.flat_from(stopped) == (900, pytest.approx(10.0))
+    assert analyze.flat_from([{"step": 0, "lr": 1e-3}]) is None  # no accuracy logged: no verdict
