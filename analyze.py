@@ -607,10 +607,11 @@ def flat_from(log: list):
     point of its last value, the lr there as % of its peak), or None for a log without accuracies and an lr.
     Flat while the lr is well above zero is converged; flat only where the lr is near zero, stopped by the schedule."""
     log = [r for r in log if r.get("test_accuracy") is not None and r.get("lr") is not None]
-    if not log or not max(r["lr"] for r in log):
+    peak = max((r["lr"] for r in log), default=0)
+    if not peak:
         return None
     step = next(r for i, r in enumerate(log) if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:]))
-    return step["step"], 100 * step["lr"] / max(r["lr"] for r in log)
+    return step["step"], 100 * step["lr"] / peak
 
 
 def training_curves_markdown(result):

@@ -86,7 +86,8 @@ class Table:
 
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
-TABLE1_COLS = {  # column -> settings; "wide" is the paper's 1024, or CPU_WIDTH at cpu scale, and names its columns
+WIDE = {"paper": 1024, "cpu": CPU_WIDTH}  # the wide models' width: Table 1's "wide" columns, and the explanation's models
+TABLE1_COLS = {  # column -> settings; "wide" is WIDE[scale], and names its columns
     "Random wide": {"mode": "frozen"}, "Random 16": {"mode": "frozen", "width": 16}, "Normal wide": {"mode": "full"},
     "Normal 16": {"mode": "full", "width": 16}, "LSTM wide": {"mode": "full", "arch": "lstm"},
 }
@@ -110,7 +111,7 @@ FIG6_TARGET_WIDTHS = [4, 8, 12, 16, 32, 64, 128]
 
 
 def table1(scale):
-    wide = {"paper": 1024, "cpu": CPU_WIDTH}[scale]
+    wide = WIDE[scale]
     cols = {col.replace("wide", str(wide)): {"width": wide, **settings} for col, settings in TABLE1_COLS.items()}
     configs = {(row, col): task_config(row, scale, **settings) for row in TASK_ROWS for col, settings in cols.items()}
     paper = {(row, col): v for row in TASK_ROWS for col, v in zip(cols, TABLE1_PAPER[row])}
@@ -229,10 +230,9 @@ def read_table(name: str, title: str, models: dict, cols: dict, paper: dict, not
     return Table(name, title, "column", list(models), list(cols), configs, paper, note, cols, analyses)
 
 
-def wide_models(scale, task: str) -> dict:
-    """Table 1's wide random and normal cells of a task: model -> config."""
-    width = CPU_WIDTH if scale == "cpu" else 1024
-    return {model: table1(scale).configs[task, f"{model} {width}"] for model in ("Random", "Normal")}
+def wide_models(scale, task: str, models=("Random", "Normal")) -> dict:
+    """Table 1's wide cells of a task for these models, in this order: model -> config."""
+    return {model: table1(scale).configs[task, f"{model} {WIDE[scale]}"] for model in models}
 
 
 def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
@@ -254,7 +254,7 @@ TABLE5_PAPER = {"Normal": [29.5, 27.3, 24.3, 23.2, 17.6, 8.6, 16.4, 14.7, 13.9, 
 
 def table7(scale):
     models = {f"{task} {model}": cfg if scale == "cpu" else replace(cfg, width=512) for task in ("addition", "needle", "parens")
-              for model, cfg in reversed(wide_models(scale, task).items())}
+              for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()}
     return variance_table("table7", "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
                           "neurons, width 512", models, TABLE7_PAPER, "Table 1's runs at width 512, each analysed by "
                           "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 test inputs, every "
@@ -262,7 +262,7 @@ def table7(scale):
 
 
 def table4(scale):
-    models = {f"modadd {model}": cfg for model, cfg in reversed(wide_models(scale, "modadd").items())}
+    models = {f"modadd {model}": cfg for model, cfg in wide_models(scale, "modadd", ("Normal", "Random")).items()}
     models |= {f"memorize {model}": table3(scale).configs[model, "accuracy"] for model in ("Normal", "Random")}
     return variance_table("table4", f"Table 4: % of hidden-state variance in the top 10 principal components and the top "
                           f"10 neurons, modadd at width {models['modadd Normal'].width}, memorization at 128", models,
@@ -328,7 +328,7 @@ def fig3(scale):
 def parens(scale):
     """Parentheses by string length: each wide cell of Tables 1 and 2 on the test strings whose (length, answer)
     training shows and on those it never shows (docs/protocol.md §4: the test-set exclusion rule)."""
-    wide, task_tables = CPU_WIDTH if scale == "cpu" else 1024, (table1(scale), table2(scale))
+    wide, task_tables = WIDE[scale], (table1(scale), table2(scale))
     rows = [f"{model} {width}" for model, width in (("Random", wide), ("Normal", wide), ("Random", 16), ("Normal", 16), ("LSTM", wide))]
     cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else TABLE2_COLS)}
     cols = {"test accuracy": final_reader("accuracy", 100),
