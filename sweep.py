@@ -178,14 +178,14 @@ def print_commands(cfgs: list, command: str):
           f"`{command.replace(' --print-commands', '')}` draws the tables without training them again", file=sys.stderr)
 
 
-# What --plan assumes (PLAN_NOTE says why): no run of this project has been timed on a GPU.
+# What --plan assumes (PLAN_NOTE says why); RESULTS.md sets three runs timed on an H200 beside it.
 H100_PEAK = 989e12  # FLOP/s, the H100 SXM's dense bf16 tensor-core peak (NVIDIA's datasheet)
 ASSUMED_MFU = 0.25
 STEP_FLOOR = 0.005  # seconds
 RUN_START = 60  # seconds
 TINYSTORIES_TOKENS = 470_000_000
 
-PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs alone: a prediction, nothing has run on a GPU.
+PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs alone: a prediction, not a measurement.
 
 - Tokens: those through each row's last answer in one batch drawn at the run's batch size, times the steps. Model
   FLOPs: bench.py's useful_flops of that batch, times the steps. Forward: 2 per weight of each matmul a token passes
