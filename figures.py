@@ -7,19 +7,59 @@ pyplot and save_figure serve every figure (the paper's Figures 2 and 3 in analyz
 The rest draws reproduce.py's tables in the paper's form: Tables 1, 2, 3 and 9 as seeds per
 column beside the paper's number, Figures 4, 6 and 7 as lines over width, and the task tables'
 learning curves. Then the markdown: results/<table>-<scale>.md, and RESULTS.md's claims table with the
-results/ tables it shows. A `table` here is a reproduce.Table, whose seed_values gives the numbers
-drawn, as it gives the .md's. Nothing here trains.
+results/ tables it shows. A Table (below; reproduce.py builds them) gives the numbers drawn through
+seed_values, as it gives the .md's. Nothing here trains.
 """
 
 import os
+import platform
 import re
 import textwrap
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import date
+
+import torch
 
 from cli import UsageError, command_line
 from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, TrainConfig
 from runs import FINAL_KEYS, NUMBER, median_range, read_analysis, read_json, read_metrics, run_state, write_atomic
+
+
+@dataclass
+class Table:
+    """One table or figure: configs[(row, col)] is a cell's TrainConfig (seed and out not yet set)."""
+
+    name: str
+    title: str
+    metric: str  # the final.json key shown; accuracy is shown in %
+    rows: list
+    cols: list
+    configs: dict
+    paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
+    note: str = ""
+    read: dict = None  # col -> (run directory -> its number or None): the explanation tables, read from analyses or logs
+    analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
+
+    def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
+        """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
+        final.json (train_split.json for a "(train)" row, or the table's `read` of its analysis.json or
+        metrics.jsonl); the .md and the .png both read it from here."""
+        if self.read:
+            values = [self.read[col](cfg.out) if run_state(cfg.out) == "finished" else None for cfg in cell]
+            return [value for value in values if value is not None]
+        source = "train_split.json" if row.endswith("(train)") else "final.json"
+        own = col if self.metric == "column" else self.metric
+        metric = metric or own
+        values = []
+        for cfg in cell:
+            path = os.path.join(cfg.out, source)
+            if os.path.exists(path):
+                record = read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
+                # only a named extra metric may be missing (a record without exact_match draws no ring)
+                if metric == own or metric in record:
+                    values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
+        return values
+
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -423,6 +463,28 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
             seen.add(cmd)
             lines.append(f"- {row}, {col}: `{cmd}`")
     return "\n".join(lines) + "\n"
+
+
+def write_results(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int) -> str:
+    """results/<table>-<scale>.md and .png after a sweep that trained `trained` runs; returns the .md's path.
+    A redraw (trained 0, the .md there) keeps the lines that say when, where and by which command the runs trained."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    base = os.path.join(results, f"{table.name}-{scale}")
+    lines = render(table, scale, runs, seeds, command, device).split("\n")
+    today = date.today().isoformat()
+    if trained or not os.path.exists(base + ".md"):
+        lines.insert(4, f"{today}: this command trained {trained} runs and found the others finished.")
+    else:
+        with open(base + ".md") as f:
+            old = f.read().split("\n")
+        kept = [line for line in old[4:5] if "this command trained" in line]
+        lines[2:4] = old[2:4] + kept + [f"{today}: redrawn from the finished runs by `{command}`; nothing trained."]
+    text = "\n".join(lines)
+    os.makedirs(results, exist_ok=True)
+    render_picture(table, scale, runs, base + ".png")
+    write_atomic(base + ".md", lambda f: f.write(text.encode()))
+    print(text + f"-> {base}.md, {base}.png", flush=True)
+    return base + ".md"
 
 
 # ---------------------------------------------------------------------------

@@ -18,10 +18,8 @@ scheduler instead and --plan prices them; `claims` rewrites RESULTS.md's claims 
 """
 
 import os
-import platform
 import sys
-from dataclasses import dataclass, field, replace
-from datetime import date
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -30,8 +28,8 @@ from cli import OneLineParser, UsageError, usage_errors
 from analyze import PAPER_VARIANCE, flat_from
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
-from figures import claims, number, render, render_picture
-from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state, write_atomic
+from figures import Table, claims, number, write_results
+from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state
 from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
@@ -47,42 +45,6 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
 # ---------------------------------------------------------------------------
 # The tables: rows x columns of configs, the metric, the paper's numbers
 # ---------------------------------------------------------------------------
-
-
-@dataclass
-class Table:
-    """One table or figure: configs[(row, col)] is a cell's TrainConfig (seed and out not yet set)."""
-
-    name: str
-    title: str
-    metric: str  # the final.json key shown; accuracy is shown in %
-    rows: list
-    cols: list
-    configs: dict
-    paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
-    note: str = ""
-    read: dict = None  # col -> (run directory -> its number or None): the explanation tables, read from analyses or logs
-    analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
-
-    def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
-        """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
-        final.json (train_split.json for a "(train)" row, or the table's `read` of its analysis.json or
-        metrics.jsonl); the .md and the .png both read it from here."""
-        if self.read:
-            values = [self.read[col](cfg.out) if run_state(cfg.out) == "finished" else None for cfg in cell]
-            return [value for value in values if value is not None]
-        source = "train_split.json" if row.endswith("(train)") else "final.json"
-        own = col if self.metric == "column" else self.metric
-        metric = metric or own
-        values = []
-        for cfg in cell:
-            path = os.path.join(cfg.out, source)
-            if os.path.exists(path):
-                record = read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
-                # only a named extra metric may be missing (a record without exact_match draws no ring)
-                if metric == own or metric in record:
-                    values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
-        return values
 
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
@@ -403,23 +365,7 @@ def reproduce(name: str, args, command: str) -> str:
     """Sweep one table or figure, then write results/<name>-<scale>.md and its .png; returns the .md's path."""
     table, runs = table_runs(name, args)
     trained = 0 if args.redraw else sweep(table, runs, args.jobs)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
-    base = os.path.join(args.results, f"{table.name}-{args.scale}")
-    lines = render(table, args.scale, runs, args.seeds, command, device).split("\n")
-    today = date.today().isoformat()
-    if trained or not os.path.exists(base + ".md"):
-        lines.insert(4, f"{today}: this command trained {trained} runs and found the others finished.")
-    else:  # a redraw: the lines that say when, where and by which command the runs trained stay
-        with open(base + ".md") as f:
-            old = f.read().split("\n")
-        kept = [line for line in old[4:5] if "this command trained" in line]
-        lines[2:4] = old[2:4] + kept + [f"{today}: redrawn from the finished runs by `{command}`; nothing trained."]
-    text = "\n".join(lines)
-    os.makedirs(args.results, exist_ok=True)
-    render_picture(table, args.scale, runs, base + ".png")
-    write_atomic(base + ".md", lambda f: f.write(text.encode()))
-    print(text + f"-> {base}.md, {base}.png", flush=True)
-    return base + ".md"
+    return write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
 
 
 def claimed_cell(args, name: str, row: str, col: str, where: str):

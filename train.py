@@ -347,8 +347,7 @@ def seconds_per_step(cfg, task, model, device, ranks) -> float:
     their own, so that the run's weights, optimizer and data stay untouched (a deep copy runs
     eagerly). On a CPU, the second of two steps (the first allocates), or the first alone where it
     took over 5 s. On a GPU, the fastest of five: its first steps load kernels and choose
-    algorithms for each new shape (on the H200 a needle run's first step took 6.9 s, its 10,000
-    steps 204 s)."""
+    algorithms for each new shape, and can take longer than the whole run (RESULTS.md, H200)."""
     model = copy.deepcopy(model)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
