@@ -36,6 +36,7 @@ CHUNK_TOKENS = 16_384  # tokens per forward pass, so attention patterns of long 
 ATTENTION_MAX_TOKENS = 64  # a heatmap wider than this is unreadable, so longer inputs are cut
 NEEDLE_EXAMPLE = [128, 1, 129, 2, 130, 3, 131, 4, 159]  # Figure 2's input: a 1 b 2 c 3 d 4 b
 LM_PROMPTS = ["Once upon a time", "One day, a little girl named Lily", "Tom and his dog"]
+PAPER_MODELS = {"frozen": "Random", "full": "Normal"}  # the paper's row names: Random = frozen blocks, Normal = fully trained
 
 
 class Run:
@@ -56,9 +57,8 @@ class Run:
 
     @property
     def label(self):
-        """The row name in the paper's tables: Random = frozen blocks, Normal = fully trained."""
-        model = {"frozen": "Random", "full": "Normal"}.get(self.cfg.mode, self.cfg.mode)
-        return f"{self.cfg.task} {model} w{self.cfg.width}"
+        """The row name in the paper's tables."""
+        return f"{self.cfg.task} {PAPER_MODELS.get(self.cfg.mode, self.cfg.mode)} w{self.cfg.width}"
 
 
 def last_answer_position(batch: Batch):
@@ -79,17 +79,19 @@ def run_with_cache(model, x, names):
     return {name: torch.cat(parts) for name, parts in out.items()}
 
 
+def markdown_table(header, rows) -> list:
+    """A markdown table's lines: the header cells, the rule under them, then a line per row of cells."""
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
+    return lines[:1] + ["|---" * len(header) + "|"] + lines[1:]
+
+
 # ---------------------------------------------------------------------------
 # Explained variance (Tables 4, 5, 7)
 # ---------------------------------------------------------------------------
 
 
 def top_k_variance_fractions(X, k=TOP_K):
-    """Fractions of the total variance of X (n, d) in its top k principal components and its top k coordinates.
-
-    X is centred; pc = sum of the k largest covariance eigenvalues / trace,
-    neuron = sum of the k largest per-coordinate variances / trace.
-    """
+    """Fractions of the total variance of X (n, d), centred, in its top k principal components and its top k coordinates."""
     X = X.double()
     X = X - X.mean(0)
     cov = X.T @ X / len(X)  # (d, d)
@@ -101,22 +103,18 @@ def top_k_variance_fractions(X, k=TOP_K):
 
 
 def explained_variance(run: Run, examples: int) -> dict:
-    """Per layer (embedding output, then after each block): fraction of hidden-state variance in the
-    top 10 principal components and in the 10 highest-variance neurons.
-
-    Inputs are training-distribution examples (a fixed seed); a row contributes
-    its positions up to its last scored position, which excludes padding.
-    """
+    """Per layer (embedding output, then after each block): fraction of hidden-state variance in the top 10
+    principal components and in the 10 highest-variance neurons, over seeded training-distribution examples.
+    A row contributes its positions up to its last scored one, which excludes padding."""
     batch = run.task.sample(examples, torch.Generator().manual_seed(0))
     batch = batch[: max(1, MAX_VECTORS // batch.x.size(1))]
     last = last_answer_position(batch)
-    batch = Batch(batch.x[:, : int(last.max()) + 1], batch.pos, batch.y)
-    keep = torch.arange(batch.x.size(1)) <= last[:, None]  # (B, T)
+    x = batch.x[:, : int(last.max()) + 1]
+    keep = torch.arange(x.size(1)) <= last[:, None]  # (B, T)
     names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)]
-    states = run_with_cache(run.model, batch.x, names)
+    states = run_with_cache(run.model, x, names)
     fractions = [top_k_variance_fractions(states[name][keep]) for name in names]  # (pc, neuron) per layer
-    model = {"frozen": "Random", "full": "Normal"}.get(run.cfg.mode)
-    paper = PAPER_VARIANCE.get((run.cfg.task, model, run.cfg.width)) if run.cfg.layers == 2 else None
+    paper = PAPER_VARIANCE.get((run.cfg.task, PAPER_MODELS.get(run.cfg.mode), run.cfg.width)) if run.cfg.layers == 2 else None
     return {"label": run.label, "layers": ["Emb"] + [f"L{i}" for i in range(1, len(names))],
             "pc_top10": [pc for pc, _ in fractions], "neuron_top10": [neuron for _, neuron in fractions],
             "vectors": int(keep.sum()), "width": run.cfg.width, "paper": paper}
@@ -138,17 +136,17 @@ PAPER_VARIANCE = {
 
 def explained_variance_markdown(result):
     layers = result["layers"]
-    head = "| Task and model | " + " | ".join(f"PC {l}" for l in layers) + " | " + " | ".join(f"Neuron {l}" for l in layers) + " |"
-    rule = "|---" * (1 + 2 * len(layers)) + "|"
-    cells = [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]
-    return "\n".join([
-        f"Fraction of variance explained by the top {TOP_K} directions in the principal component basis (PC) "
-        f"and the neuron basis, over {result['vectors']:,} hidden states (layout of the paper's Table 4).",
-        "", head, rule, f"| {result['label']} | " + " | ".join(cells) + " |",
-    ] + ([f"| the paper, same task, model and width (Table {4 if result['width'] != 512 else 7}) | "
-          + " | ".join(f"{v:.1f}%" for v in result["paper"]) + " |"] if result.get("paper") else [])
-      + (["", f"At width {result['width']} the top {TOP_K} directions are {TOP_K / result['width']:.0%} of all "
-          f"the dimensions, so large fractions here say little about a subspace."] if result.get("width", 10**9) <= 4 * TOP_K else []))
+    rows = [[result["label"]] + [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]]
+    if result.get("paper"):
+        rows.append([f"the paper, same task, model and width (Table {4 if result['width'] != 512 else 7})"]
+                    + [f"{v:.1f}%" for v in result["paper"]])
+    lines = [f"Fraction of variance explained by the top {TOP_K} directions in the principal component basis (PC) "
+             f"and the neuron basis, over {result['vectors']:,} hidden states (layout of the paper's Table 4).",
+             "", *markdown_table(["Task and model"] + [f"PC {l}" for l in layers] + [f"Neuron {l}" for l in layers], rows)]
+    if result.get("width", 10**9) <= 4 * TOP_K:
+        lines += ["", f"At width {result['width']} the top {TOP_K} directions are {TOP_K / result['width']:.0%} of all "
+                  "the dimensions, so large fractions here say little about a subspace."]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------
@@ -203,8 +201,7 @@ def embedding_geometry(run: Run) -> dict:
     E = run.model.wte.weight.detach()
     projections, fractions = principal_components(E)
     plot_embedding(projections, os.path.join(run.path, "embedding.png"), f"{run.label}: token embedding")
-    pairs = [(i, j) for i in range(4) for j in range(i + 1, 4)]
-    scores = {pair: circle_score(projections[:, pair[0]], projections[:, pair[1]]) for pair in pairs}
+    scores = {(i, j): circle_score(projections[:, i], projections[:, j]) for i in range(4) for j in range(i + 1, 4)}
     best = max(scores, key=scores.get)
     return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png",
             "circles": {"pcs_1_3": scores[0, 2], "best": {"pcs": [best[0] + 1, best[1] + 1], "score": scores[best]}},
@@ -231,11 +228,9 @@ def embedding_markdown(result):
     c = result["circularity"]
     per_component = ", ".join(f"PC{i + 1} {s:.2f} (f={f})" for i, (s, f) in enumerate(zip(c["components"], c["frequencies"])))
     fractions = ", ".join(f"{100 * v:.1f}%" for v in result["variance_fractions"])
-    return "\n".join([
-        f"Variance of the token embedding in PCs 1-4: {fractions}.",
-        f"Circularity (1 = a perfect circle) {c['mean']:.2f}; per component {per_component}.",
-        "", f"![token embedding]({result['figure']})",
-    ])
+    return (f"Variance of the token embedding in PCs 1-4: {fractions}.\n"
+            f"Circularity (1 = a perfect circle) {c['mean']:.2f}; per component {per_component}.\n\n"
+            f"![token embedding]({result['figure']})")
 
 
 # ---------------------------------------------------------------------------
@@ -285,12 +280,8 @@ def default_attention_input(run: Run):
 
 
 def needle_attention_scores(patterns, batch: Batch):
-    """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps on a needle batch.
-
-    patterns: (L, B, nh, T, T). query_to_value: weight from the query to the
-    value of the marker it asks about; value_to_marker: weight from each value
-    to the marker just before it, averaged over the row's pairs.
-    """
+    """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps (NEEDLE_STEPS) on a needle batch,
+    value_to_marker averaged over the row's pairs; patterns: (L, B, nh, T, T)."""
     x = batch.x
     by_row = patterns.permute(1, 3, 4, 0, 2)  # (B, T_query, T_key, L, nh)
     rows = torch.arange(len(x))
@@ -312,17 +303,16 @@ def needle_test_scores(run: Run, names) -> dict:
     test = run.task.test_set()
     T = test.x.size(1)
     even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # row i: 1 / (i + 1) on positions 0..i
+    uniform = needle_attention_scores(even.expand(1, len(test), 1, T, T), test)  # expand: one (T, T) for every row
     rows = max(1, CHUNK_TOKENS // T)
-    scores, uniform = {}, {}
+    scores = {}
     for start in range(0, len(test), rows):
         chunk = test[start : start + rows]
         patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))  # (L, B, nh, T, T)
         for key, value in needle_attention_scores(patterns, chunk).items():
             scores.setdefault(key, []).append(value)
-        for key, value in needle_attention_scores(even.expand(1, len(chunk), 1, T, T), chunk).items():
-            uniform.setdefault(key, []).append(value)
     return {**{key: torch.cat(parts).mean(0).tolist() for key, parts in scores.items()},
-            "uniform": {key: torch.cat(parts).mean().item() for key, parts in uniform.items()}}
+            "uniform": {key: value.mean().item() for key, value in uniform.items()}}
 
 
 def strongest_attention(weights, labels) -> dict:
@@ -337,8 +327,7 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     for needle, also Figure 2's scores over the test set."""
     tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
     names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
-    cache = run_with_cache(run.model, torch.tensor([tokens]), names)
-    patterns = torch.stack([cache[name][0] for name in names])  # (L, nh, T, T)
+    patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[:, 0]  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)
     plot_attention(patterns, labels, os.path.join(run.path, "attention.png"), run.label)
     result = {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels),
@@ -380,10 +369,9 @@ def attention_markdown(result):
         lines += ["", needle_attention_summary(result)]
     for name, what in NEEDLE_STEPS.items():
         if name in result:
-            n_head = len(result[name][0])
-            lines += ["", f"{what}, mean over the test set:", "",
-                      "| layer | " + " | ".join(f"head {h + 1}" for h in range(n_head)) + " |", "|---" * (n_head + 1) + "|"]
-            lines += [f"| {i + 1} | " + " | ".join(f"{v:.3f}" for v in heads) + " |" for i, heads in enumerate(result[name])]
+            header = ["layer"] + [f"head {h + 1}" for h in range(len(result[name][0]))]
+            rows = [[i + 1] + [f"{v:.3f}" for v in heads] for i, heads in enumerate(result[name])]
+            lines += ["", f"{what}, mean over the test set:", "", *markdown_table(header, rows)]
     return "\n".join(lines)
 
 
@@ -455,16 +443,7 @@ def distance_irrelevance(model, p):
 
 
 def clock_pizza(run: Run) -> dict:
-    """Gradient symmetricity and distance irrelevance (Zhong et al. 2023, "The Clock and the Pizza").
-
-    Gradient symmetricity: mean over 100 seeded triples (a, b, c) of the cosine
-    between dQ_c/de_a and dQ_c/de_b (Q_c the logit of class c, e the token
-    embeddings before positions are added); Pizza ~0.99, Clock ~0.33.
-    Distance irrelevance: with L the correct answer's logit over all pairs,
-    the mean over differences d of the std of L over the pairs of difference d,
-    divided by std L (population std); Clock ~0.85, Pizza ~0.17.
-    The paper: 0.88 and 0.88 for a random 1024-wide model.
-    """
+    """Gradient symmetricity and distance irrelevance (Zhong et al. 2023, "The Clock and the Pizza"); see each function."""
     p = run.task.p
     return {"gradient_symmetricity": gradient_symmetricity(run.model, p), "distance_irrelevance": distance_irrelevance(run.model, p)}
 
@@ -481,11 +460,8 @@ def clock_pizza_markdown(result):
 
 
 def memorization(run: Run) -> dict:
-    """Accuracy, memorized bits and bits per trainable parameter, by the task's own formula.
-
-    The memorize task has no held-out split, so its test set is the training
-    set and the run's final accuracy and loss are exact match and cross-entropy on it.
-    """
+    """Accuracy, memorized bits and bits per trainable parameter, by the task's own formula. The memorize task has
+    no held-out split, so the run's final accuracy and loss are exact match and cross-entropy on the training set."""
     return tasks.memorization_capacity(run.final["accuracy"], run.final["loss"], len(run.task.train_set), run.task.VALUES,
                                        run.counts["trainable"])
 
@@ -553,19 +529,17 @@ def parens_lengths(run: Run) -> dict:
 
 def parens_lengths_markdown(result):
     unseen, seen = result["unseen"], result["seen"]
-    lines = [f"Test accuracy {100 * result['accuracy']:.1f}%. Test strings whose length and answer never occur in "
-             f"{result['stream_sample']:,} training strings: {unseen['test']}, {100 * unseen['accuracy']:.1f}% correct; "
-             f"the other {seen['test']}: {100 * seen['accuracy']:.1f}%.", "",
-             "| length | answer | test strings | accuracy | in training |", "|---|---|---|---|---|"]
-    for r in result["rows"]:
-        if r["length"] <= SHORT_LENGTHS:
-            lines.append(f"| {r['length']} | {r['answer']} | {r['test']} | {100 * r['accuracy']:.1f}% | {'yes' if r['in_training'] else 'never'} |")
+    rows = [[r["length"], r["answer"], r["test"], f"{100 * r['accuracy']:.1f}%", "yes" if r["in_training"] else "never"]
+            for r in result["rows"] if r["length"] <= SHORT_LENGTHS]
     longer = [r for r in result["rows"] if r["length"] > SHORT_LENGTHS]
     if longer:
         group = pooled(longer)
-        lines.append(f"| {SHORT_LENGTHS + 1}+ | both | {group['test']} | {100 * group['accuracy']:.1f}% | "
-                     f"{'yes' if all(r['in_training'] for r in longer) else 'not all'} |")
-    return "\n".join(lines)
+        rows.append([f"{SHORT_LENGTHS + 1}+", "both", group["test"], f"{100 * group['accuracy']:.1f}%",
+                     "yes" if all(r["in_training"] for r in longer) else "not all"])
+    return "\n".join([f"Test accuracy {100 * result['accuracy']:.1f}%. Test strings whose length and answer never occur in "
+                      f"{result['stream_sample']:,} training strings: {unseen['test']}, {100 * unseen['accuracy']:.1f}% correct; "
+                      f"the other {seen['test']}: {100 * seen['accuracy']:.1f}%.", "",
+                      *markdown_table(["length", "answer", "test strings", "accuracy", "in training"], rows)])
 
 
 # ---------------------------------------------------------------------------
@@ -668,29 +642,22 @@ def check_request(run: Run, args):
 
 
 def earlier_results(run: Run) -> dict:
-    """analysis.json of an earlier analyze.py call ({} if none): --only updates one entry of it."""
+    """analysis.json of an earlier analyze.py call ({} if none): --only updates one entry of it. It may come from
+    another version of analyze.py or another program, so analysis.md must render from it before any figure is written."""
     path = os.path.join(run.path, "analysis.json")
     if not os.path.isfile(path):
         return {}
     try:
-        results = read_json(path, expect=None)  # renders() says whether it is results at all
+        results = read_json(path, expect=None)  # any JSON: whether it renders below says whether it is results
     except UsageError as e:
         raise UsageError(f"{e}; delete it or run analyze.py without --only") from None
-    if not renders(run, results):
-        raise UsageError(f"{path} is not results this analyze.py can read; delete it or run analyze.py without --only")
-    return results
-
-
-def renders(run: Run, results) -> bool:
-    """Whether analysis.md can be written from results: checked before any figure is written, since an
-    analysis.json may come from another version of analyze.py or another program."""
-    if not isinstance(results, dict):
-        return False
-    try:
-        markdown(run, results)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-        return False
-    return True
+    if isinstance(results, dict):
+        try:
+            markdown(run, results)
+            return results
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            pass
+    raise UsageError(f"{path} is not results this analyze.py can read; delete it or run analyze.py without --only")
 
 
 def analyze(run: Run, args) -> dict:

@@ -212,8 +212,7 @@ def build_model(cfg: TrainConfig, task):
 def build(cfg: TrainConfig):
     """(cfg resolved, task, model, parameter counts): everything a run of cfg needs, freshly initialized."""
     cfg, task = resolve(cfg)
-    model, counts = build_model(cfg, task)
-    return cfg, task, model, counts
+    return cfg, task, *build_model(cfg, task)
 
 
 def saved_config(run_dir: str):
@@ -260,9 +259,7 @@ def load_run(run_dir):
 
 # ---------------------------------------------------------------------------
 # The cpu scale: each task's laptop variant (docs/protocol.md §8; RESULTS.md has
-# the probes that chose each setting). reproduce.py --scale cpu trains these,
-# bench.py --scale cpu times them, and a CPU run that would take hours names
-# its task's variant.
+# the probes that chose each setting)
 # ---------------------------------------------------------------------------
 
 CPU_WIDTH = 512  # the cpu scale's wide model, standing in for the paper's 1024 (and 512 in Table 9)

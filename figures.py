@@ -61,7 +61,6 @@ class Table:
         return values
 
 
-
 def save_figure(plt, fig, path, **savefig):
     """Write the figure as a PNG atomically (a kill never leaves half a picture) and free it."""
     write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, **savefig))

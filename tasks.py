@@ -52,26 +52,20 @@ class Batch:
         return Batch(*(None if t is None else fn(t) for t in self.tensors()))
 
     def length_chunks(self, answers=None):
-        """Yield (chunk, weight): the batch cut into chunks of similar length, each trimmed after its last answer.
+        """Yield (chunk, weight): rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
 
-        Causal attention means no token after a row's last answer can change any
-        answer, so dropping those tokens leaves loss and gradient unchanged up to
-        float rounding. Rows are sorted by last answer and split into LENGTH_CHUNKS
-        chunks, each cut after its longest row; weight = the chunk's answers /
-        `answers` (default: the batch's answer count), so the weighted chunk mean
-        losses add up to the batch's mean. A batch with a leading seed dimension
-        (batched_seeds.py) is sorted per seed and cut at the longest row over seeds;
-        then weight has one entry per seed. One host sync, for the chunk lengths.
+        Causal attention means no token after a row's last answer can change any answer, so the
+        trim leaves loss and gradient unchanged up to float rounding. weight = the chunk's answers /
+        `answers` (default: the batch's), so the weighted chunk mean losses add up to the batch's
+        mean. A batch with a leading seed dimension (batched_seeds.py) is sorted per seed and cut at
+        the longest row over seeds; weight then has one entry per seed. One host sync, for the ends.
         """
         answers = (self.y >= 0).sum((-2, -1)) if answers is None else answers
         last = self.pos.amax(-1)  # (..., B) each row's last answer position
-        order = last.argsort(-1)
-        chunks = [rows for rows in order.tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)]
+        chunks = [rows for rows in last.argsort(-1).tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)]
         ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
-        if ends[0] == ends[-1]:  # every row the same length: no sorting, one chunk
-            chunks, ends = [None], ends[:1]
-        else:
-            ends = ends[1:]
+        # Every row the same length: no sorting, one chunk.
+        chunks, ends = ([None], ends[:1]) if ends[0] == ends[-1] else (chunks, ends[1:])
         for rows, end in zip(chunks, ends):
             chunk = self if rows is None else self.take_rows(rows)
             chunk = replace(chunk, x=chunk.x[..., : end + 1].contiguous())  # one memory layout for every chunk: no recompile
@@ -80,12 +74,7 @@ class Batch:
     def take_rows(self, rows):
         """The given rows (indices (..., b) into the row dimension, the second to last of pos)."""
         row_dim = self.pos.dim() - 2
-
-        def take(t):
-            index = rows.view(rows.shape + (1,) * (t.dim() - rows.dim()))
-            return torch.take_along_dim(t, index, dim=row_dim)
-
-        return self.apply(take)
+        return self.apply(lambda t: torch.take_along_dim(t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), row_dim))
 
 
 # Rows are sorted by length and cut into this many chunks, each trimmed after
@@ -102,12 +91,10 @@ def join_batches(batches, join=torch.cat):
 
 
 class Task:
-    """What every task provides. Subclasses are dataclasses whose fields are their sizes.
+    """What every task provides; subclasses are dataclasses whose fields are their sizes.
 
-    name, vocab_size, n_positions (the model's positional table, fixed per task
-    so parameter counts match the paper), seq_len (tokens actually fed),
-    batch_size, lr, weight_decay and the model shape (the paper's protocol),
-    steps_for(batch_size), sample(), test_set(), loss(), metrics().
+    Besides the attributes and methods below: name, vocab_size, n_positions (the model's positional
+    table, fixed per task so parameter counts match the paper), seq_len (tokens fed), steps_for(batch_size).
     """
 
     lr = 1e-3
@@ -131,8 +118,7 @@ class Task:
         """Per-item scores: each value is a 1-D tensor whose mean over the test set is the metric."""
         answered = batch.y >= 0
         per_token_loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.y.flatten(), ignore_index=-1, reduction="none")
-        correct = logits.argmax(-1) == batch.y
-        return {"loss": per_token_loss[answered.flatten()], "accuracy": correct[answered].float()}
+        return {"loss": per_token_loss[answered.flatten()], "accuracy": (logits.argmax(-1) == batch.y)[answered].float()}
 
     def summary(self, metrics: dict, trainable: int) -> dict:
         """Numbers a finished run adds to its final.json beside the test metrics (Table 3's, for memorize)."""
@@ -142,8 +128,8 @@ class Task:
 class StreamTask(Task):
     """A task with unlimited fresh training data and a fixed test set of `test_size` examples.
 
-    Subclasses implement `generate(n, generator)`. Training rows equal to a
-    test row are dropped, so the model is never trained on a test example.
+    Subclasses implement `generate(n, generator) -> Batch` and `distinct_inputs` (how many input rows it
+    can draw). Training rows equal to a test row are dropped: the model never trains on a test example.
     """
 
     batch_size = 1000
@@ -151,18 +137,9 @@ class StreamTask(Task):
     def steps_for(self, batch_size: int) -> int:
         return 10_000  # the paper's, at any batch size
 
-    def generate(self, n: int, generator: torch.Generator) -> Batch:
-        raise NotImplementedError
-
-    @property
-    def distinct_inputs(self) -> int:
-        """How many different input rows generate() can draw."""
-        raise NotImplementedError
-
     def check_training_stream(self):
-        """ValueError where the test set could hold every input the generator draws: training
-        batches skip test examples, so sample() would draw forever. Below the input count, the
-        test set's draws repeat and leave at least a third of the inputs (1/e) for training."""
+        """ValueError where the test set could hold every input: sample() skips test rows, so it would
+        draw forever. Below that, the test draws repeat and leave at least 1/e of the inputs for training."""
         if self.test_size >= self.distinct_inputs:
             raise ValueError(f"{self.name} at these sizes has {self.distinct_inputs:,} distinct inputs, no more than "
                              f"--test-size {self.test_size:,}: the test set would leave none for training")
@@ -173,16 +150,12 @@ class StreamTask(Task):
         return self._test
 
     def sample(self, batch_size, generator):
-        device = generator.device
-        test_hashes = getattr(self, "_test_hashes", None)
-        if test_hashes is None or test_hashes.device != device:
-            test_hashes = self._test_hashes = row_hashes(self.test_set().x.to(device))
-        kept, have = [], 0
-        while have < batch_size:
+        if getattr(self, "_test_hashes", None) is None or self._test_hashes.device != generator.device:
+            self._test_hashes = row_hashes(self.test_set().x.to(generator.device))
+        kept = []
+        while sum(map(len, kept)) < batch_size:
             batch = self.generate(batch_size, generator)
-            batch = batch[~torch.isin(row_hashes(batch.x), test_hashes)]
-            kept.append(batch)
-            have += len(batch)
+            kept.append(batch[~torch.isin(row_hashes(batch.x), self._test_hashes)])
         return join_batches(kept)[:batch_size] if len(kept) > 1 else kept[0]
 
 
@@ -197,12 +170,11 @@ def row_hashes(x):
 
 def uniform_below(n, generator):
     """One integer uniform in [0, n_i) for each entry of the tensor n (exact up to float64 rounding)."""
-    u = torch.rand(n.shape, generator=generator, device=n.device, dtype=torch.float64)
-    return (u * n).long()
+    return (torch.rand(n.shape, generator=generator, device=n.device, dtype=torch.float64) * n).long()
 
 
 class FiniteTask(Task):
-    """A task with a fixed training set, `self.train_set` (a Batch), passed over `epochs` times.
+    """A task with a fixed training set, `self.train_set`, passed over `epochs` times, and test set `self.test`.
 
     Each batch draws rows uniformly with replacement, so the paper's shuffled
     epochs become the same number of steps with the same expected passes over
@@ -219,6 +191,9 @@ class FiniteTask(Task):
         rows = torch.randint(len(self.train_set), (batch_size,), generator=generator, device=generator.device)
         return self._train_on_device[rows]
 
+    def test_set(self):
+        return self.test
+
 
 # ---------------------------------------------------------------------------
 # Modular addition (paper D.1.1)
@@ -230,20 +205,15 @@ class ModularAddition(FiniteTask):
     """Predict (a + b) mod p from [a, b]; all p^2 pairs split once into 95% train, 5% test.
 
     Example (p = 199): x = [150, 60], scored at position 1, answer 11.
-    Training samples the train split as every FiniteTask does.
     """
 
     p: int = 199
     epochs: int = 5000
     name = "modadd"
+    vocab_size = property(lambda self: self.p)
     n_positions = 5
-    batch_size = 4000
-
-    @property
-    def vocab_size(self):
-        return self.p
-
     seq_len = 2
+    batch_size = 4000
 
     def __post_init__(self):
         if self.p < 2:  # below 2 the 95/5 split leaves no test pair
@@ -254,9 +224,6 @@ class ModularAddition(FiniteTask):
         # The published split is 37,619 train / 1,982 test for p = 199 (docs/protocol.md §4.1).
         n_train = int(0.95 * self.p**2) - 1
         self.train_set, self.test = pairs[:n_train], pairs[n_train:]
-
-    def test_set(self):
-        return self.test
 
 
 # ---------------------------------------------------------------------------
@@ -270,8 +237,7 @@ class Needle(StreamTask):
 
     Example: a 1 b 2 c 3 d 4 b -> x = [128, 1, 129, 2, 130, 3, 131, 4, 159],
     scored at position 8 (the query, marker b = 129 plus 30), answer 2.
-    k ~ U[1, max_pairs] distinct markers from [128, 157], values from [1, 127],
-    query token = marker + 30, padding 0.
+    k ~ U[1, max_pairs] distinct markers, values from [1, 127], padding 0.
     """
 
     max_pairs: int = 30
@@ -279,15 +245,12 @@ class Needle(StreamTask):
     name = "needle"
     vocab_size = 256
     n_positions = 100
+    seq_len = property(lambda self: 2 * self.max_pairs + 1)
     MARKERS = 30  # the marker alphabet [128, 157]; queries are [158, 187]
 
     def __post_init__(self):
         if not 1 <= self.max_pairs <= self.MARKERS:
             raise ValueError(f"needle needs 1 <= max_pairs <= {self.MARKERS}, got {self.max_pairs}")
-
-    @property
-    def seq_len(self):
-        return 2 * self.max_pairs + 1
 
     @property
     def distinct_inputs(self):  # k ordered distinct markers, k values, one of k queried
@@ -299,8 +262,7 @@ class Needle(StreamTask):
         markers = 128 + torch.rand(n, self.MARKERS, generator=generator, device=device).argsort(1)[:, :K]
         values = torch.randint(1, 128, (n, K), generator=generator, device=device)
         x = torch.stack([markers, values], 2).view(n, 2 * K)  # m1 c1 m2 c2 ...
-        x = torch.where(torch.arange(2 * K, device=device) < 2 * k[:, None], x, 0)
-        x = torch.cat([x, torch.zeros(n, 1, dtype=torch.long, device=device)], 1)
+        x = F.pad(torch.where(torch.arange(2 * K, device=device) < 2 * k[:, None], x, 0), (0, 1))  # + the query slot
         rows = torch.arange(n, device=device)
         queried = uniform_below(k, generator)
         x[rows, 2 * k] = markers[rows, queried] + self.MARKERS
@@ -330,18 +292,12 @@ class Addition(StreamTask):
     name = "addition"
     vocab_size = 31
     n_positions = 40
+    seq_len = property(lambda self: 3 * self.digits + 3)
+    distinct_inputs = property(lambda self: (9 * 10 ** (self.digits - 1)) ** 2)
 
     def __post_init__(self):
         if not 1 <= self.digits <= 17:
             raise ValueError(f"addition needs 1 <= digits <= 17 (int64 sums), got {self.digits}")
-
-    @property
-    def seq_len(self):
-        return 3 * self.digits + 3
-
-    @property
-    def distinct_inputs(self):
-        return (9 * 10 ** (self.digits - 1)) ** 2
 
     def generate(self, n, generator):
         d, device = self.digits, generator.device
@@ -361,10 +317,8 @@ class Addition(StreamTask):
         return Batch(seq[:, :-1], pos, torch.where(y == ADD_PAD, -1, y))
 
     def metrics(self, logits, batch):
-        scores = super().metrics(logits, batch)
         wrong = (logits.argmax(-1) != batch.y) & (batch.y >= 0)
-        scores["exact_match"] = (~wrong.any(1)).float()
-        return scores
+        return {**super().metrics(logits, batch), "exact_match": (~wrong.any(1)).float()}
 
 
 # ---------------------------------------------------------------------------
@@ -391,31 +345,24 @@ class Parens(StreamTask):
     name = "parens"
     vocab_size = 4
     n_positions = 80
+    seq_len = property(lambda self: self.max_parens + 1)
+    distinct_inputs = property(lambda self: 2 ** (self.max_parens + 1) - 2)  # every string of 1 to max_parens brackets
 
     def __post_init__(self):
         if self.max_parens < 2:
             raise ValueError(f"parens needs max_parens >= 2, got {self.max_parens}")
 
-    @property
-    def seq_len(self):
-        return self.max_parens + 1
-
-    @property
-    def distinct_inputs(self):  # every string of 1 to max_parens brackets
-        return 2 ** (self.max_parens + 1) - 2
-
     def generate(self, n, generator):
         device, L = generator.device, self.max_parens
-        coin = lambda *shape: torch.randint(2, shape, generator=generator, device=device).bool()  # noqa: E731
-        mutation = torch.randint(4, (n,), generator=generator, device=device)
-        is_random = torch.randint(3, (n,), generator=generator, device=device) == 0
-        mutation = torch.where(~is_random & coin(n), 0, mutation)
+        randint = lambda high, *shape: torch.randint(high, shape, generator=generator, device=device)  # noqa: E731
+        mutation = randint(4, n)
+        is_random = randint(3, n) == 0
+        mutation = torch.where(~is_random & randint(2, n).bool(), 0, mutation)
 
-        pairs = 1 + torch.randint(L // 2, (n,), generator=generator, device=device)
-        length = torch.where(is_random, 1 + torch.randint(L, (n,), generator=generator, device=device), 2 * pairs)
+        pairs = 1 + randint(L // 2, n)
+        length = torch.where(is_random, 1 + randint(L, n), 2 * pairs)
         inside = torch.arange(L, device=device) < length[:, None]
-        random_chars = 1 + torch.randint(2, (n, L), generator=generator, device=device)
-        s = torch.where(is_random[:, None], random_chars, balanced_strings(pairs, L, generator)) * inside
+        s = torch.where(is_random[:, None], 1 + randint(2, n, L), balanced_strings(pairs, L, generator)) * inside
 
         swaps = torch.where(mutation & 1 == 1, geometric_count(n, generator), 0)
         rows = torch.arange(n, device=device)
@@ -427,7 +374,7 @@ class Parens(StreamTask):
             s[rows, q] = torch.where(do, sp, sq)
 
         flips = torch.where(mutation & 2 == 2, geometric_count(n, generator), 0)
-        flips = flips * torch.where(torch.randint(3, (n,), generator=generator, device=device) > 0, 2, 1)
+        flips = flips * torch.where(randint(3, n) > 0, 2, 1)
         if flips.max() > 0:
             # Flips at distinct indices commute and a double flip cancels, so only each index's parity matters.
             at = uniform_below(length[:, None].expand(-1, int(flips.max())), generator)
@@ -437,7 +384,7 @@ class Parens(StreamTask):
 
         depth = torch.where(s == OPEN, 1, torch.where(s == CLOSE, -1, 0)).cumsum(1)
         balanced = (depth.min(1).values >= 0) & (depth[:, -1] == 0)
-        x = torch.cat([s, torch.zeros(n, 1, dtype=torch.long, device=device)], 1)
+        x = F.pad(s, (0, 1))
         x[rows, length] = QUERY
         return Batch(x, length[:, None], torch.where(balanced, CLOSE, OPEN)[:, None])
 
@@ -484,11 +431,10 @@ class Memorization(FiniteTask):
     """Memorize a random map from key pairs to values; the training set is the test set.
 
     Example: x = [7, 600] (keys 7 and 600 - 512 = 88), scored at position 1,
-    answer z = the value drawn for that pair, uniform in [0, 511]. Keys x are
-    [0, keys), keys y are [512, 512 + keys); the paper uses keys = 512, so
-    262,144 pairs x 9 bits. Vocab and positions stay 1024 and 5 at every size so
-    parameter counts match Table 3. The map is drawn once from TEST_SEED, the
-    same for every run. Training samples pairs as every FiniteTask does.
+    answer z = the value drawn for that pair, uniform in [0, 511]. The paper uses
+    keys = 512: 262,144 pairs x 9 bits. Vocab and positions stay 1024 and 5 at
+    every size so parameter counts match Table 3. The map is drawn once from
+    TEST_SEED, the same for every run.
     """
 
     keys: int = 512
@@ -508,10 +454,7 @@ class Memorization(FiniteTask):
             raise ValueError(f"memorize needs 1 <= keys <= 512, got {self.keys}")
         x, y = torch.cartesian_prod(torch.arange(self.keys), 512 + torch.arange(self.keys)).T
         z = torch.randint(self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED))
-        self.train_set = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
-
-    def test_set(self):
-        return self.train_set
+        self.train_set = self.test = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
 
     def summary(self, metrics, trainable):
         return memorization_capacity(metrics["accuracy"], metrics["loss"], len(self.train_set), self.VALUES, trainable)
@@ -520,12 +463,9 @@ class Memorization(FiniteTask):
 def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:
     """Table 3's measures of how much a memorization run stored.
 
-    bits = accuracy x n_pairs x log2(n_values), rounded: each exactly recalled
-    pair counts its full value. bits_per_parameter divides by the trainable
-    parameters. loss_bits = n_pairs x (log2(n_values) - loss / ln 2): the
-    information the predicted distribution carries beyond a uniform guess
-    (loss is the mean cross-entropy in nats over the pairs).
-    Table 3: accuracy 0.8054 over 262,144 pairs -> 1,900,177 bits.
+    bits: each exactly recalled pair counts its full value (Table 3: accuracy
+    0.8054 over 262,144 pairs -> 1,900,177 bits). loss_bits: the information the
+    predicted distribution carries beyond a uniform guess (loss in nats per pair).
     """
     value_bits = math.log2(n_values)
     bits = round(accuracy * n_pairs * value_bits)
@@ -541,10 +481,9 @@ def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:
 def imitation_target(width: int, seed: int) -> GPT:
     """The random target transformer: vocab 512, 40 positions, 3 layers, 2 heads.
 
-    GPT-2 init drawn from `seed` (the global RNG is left untouched), then
-    scaled so its predictions vary strongly across inputs: every MLP down-proj
-    weight and bias x20, every fused qkv weight x10, the unembedding
-    x100/sqrt(width) (std 2/sqrt(width)).
+    GPT-2 init drawn from `seed` (the global RNG is left untouched), then scaled
+    as the authors' code does (docs/protocol.md §4.6, §7.7) so its predictions
+    vary strongly across inputs; the unembedding ends with std 2/sqrt(width).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -565,8 +504,7 @@ class Imitation(StreamTask):
     Example: x = 40 tokens uniform in [0, 511], e.g. [17, 402, ..., 88], scored
     at position 39; the label is the target's full distribution there
     (batch.target, log-probabilities) and the loss KL(target || model). y holds
-    the target's most likely token, so "accuracy" is top-1 agreement. The
-    target runs on the batch's device as each batch is generated.
+    the target's most likely token, so "accuracy" is top-1 agreement.
     """
 
     target_width: int = 16
@@ -603,8 +541,7 @@ class Imitation(StreamTask):
 
 def kl_divergence(logits, target_logprobs):
     """KL(target || model) in nats at each scored position: (B, A, V) -> (B, A)."""
-    logprobs = logits.float().log_softmax(-1)
-    return F.kl_div(logprobs, target_logprobs, log_target=True, reduction="none").sum(-1)
+    return F.kl_div(logits.float().log_softmax(-1), target_logprobs, log_target=True, reduction="none").sum(-1)
 
 
 # ---------------------------------------------------------------------------
@@ -616,17 +553,14 @@ def kl_divergence(logits, target_logprobs):
 class LanguageModeling(Task):
     """Next-token prediction on stories, every position scored.
 
-    Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64,
-    301], pos = [0, 1, 2, 3], y = [389, 64, 301, 11]: y is x shifted by one.
-    `data` is a TinyStories-style train file (stories separated by
-    <|endoftext|>); its validation file is found beside it by replacing the
-    last "train" in the file name with "valid" (TinyStories-train.txt ->
-    TinyStories-valid.txt). Without `data`, the shipped story corpus is written
-    to data/stories/. A byte-level BPE of `vocab` tokens is trained on the
-    train file only and both files are tokenized once into uint16 arrays; all
-    three are cached beside the data. Training windows start anywhere in the
-    train tokens; the test set is the validation tokens cut into consecutive
-    windows. Metric "loss" is validation cross-entropy in nats per token.
+    Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64, 301],
+    pos = [0, 1, 2, 3], y = [389, 64, 301, 11]: y is x shifted by one.
+    `data` is a TinyStories-style train file (stories separated by <|endoftext|>), its validation
+    file the same name with the last "train" replaced by "valid"; without it the shipped story
+    corpus is written to data/stories/. A byte-level BPE of `vocab` tokens is trained on the train
+    file only; it and both files' tokens (uint16) are cached beside the data. Training windows start
+    anywhere in the train tokens; the test set is the validation tokens cut into consecutive windows.
+    Metric "loss" is validation cross-entropy in nats per token.
     """
 
     data: str = None
@@ -639,6 +573,7 @@ class LanguageModeling(Task):
     weight_decay = 0.1
     heads = 8
     eval_batch_size = 20  # the (B, context, vocab) logits dominate memory
+    n_positions = seq_len = property(lambda self: self.context)
 
     def __post_init__(self):
         if self.context < 2 or self.vocab < 257 or self.vocab > 2**16:
@@ -653,15 +588,6 @@ class LanguageModeling(Task):
             if len(tokens) <= self.context:
                 raise ValueError(f"{path} has {len(tokens)} tokens, fewer than context + 1 = {self.context + 1}")
         self.vocab_size = self.tokenizer.get_vocab_size()
-        self._test = None
-
-    @property
-    def n_positions(self):
-        return self.context
-
-    @property
-    def seq_len(self):
-        return self.context
 
     def steps_for(self, batch_size: int) -> int:
         """The steps that pass over the training tokens `epochs` times at this batch size."""
@@ -678,7 +604,7 @@ class LanguageModeling(Task):
         return self.windows(self.train_tokens, starts.cpu().numpy()).to(generator.device)
 
     def test_set(self):
-        if self._test is None:
+        if getattr(self, "_test", None) is None:
             self._test = self.windows(self.valid_tokens, np.arange(0, len(self.valid_tokens) - self.context, self.context))
         return self._test
 
