@@ -15,6 +15,7 @@ the project reads goes through read_json: a malformed one is one UsageError line
 """
 
 import atexit
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -67,9 +68,6 @@ def save_torch(path, obj):
         except RuntimeError as e:
             raise OSError(errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk full?)", path) from None
     write_atomic(path, write)
-
-
-CHECKPOINT_KEYS = ("model", "optimizer", "rng", "step", "elapsed")
 
 
 def load_checkpoint(path, device="cpu", keys=("model", "config")):
@@ -129,18 +127,22 @@ class Start:
 
 
 def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
-    """Prepare the run directory for the loop and return where it starts. Only the lead process
-    (rank 0) touches files.
-
-    A new run is built in a directory of its own beside cfg.out (staged) and takes cfg.out's place
-    only after its first step (replace_old_run), so a run that fails to start leaves nothing and
-    an old run it would --overwrite survives any failure. A resumed run: model, optimizer and
-    RNGs take checkpoint.pt's states and metrics.jsonl drops what came after it; without a
-    checkpoint yet, the run starts over in place. Either way this process holds the directory's
-    lock: a second process on the same run is refused.
-    """
+    """Prepare the run directory for the loop, holding its lock (a second process on the run is refused),
+    and return where the loop starts; only the lead process (rank 0) touches files. A new run is staged
+    beside cfg.out until its first step (replace_old_run), so a failed start leaves nothing and an old run
+    it would --overwrite survives any failure; a resumed run goes on from its checkpoint (restore)."""
     if resume:
-        return resume_run(cfg, model, optimizer, generator, lead)
+        if lead:
+            finish_swap(cfg.out)
+        if os.path.exists(os.path.join(cfg.out, "final.json")):
+            raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
+        start = Start(locks=[RunLock(cfg.out)] if lead else [])
+        try:
+            restore(cfg, start, model, optimizer, generator, lead)
+        except BaseException:  # refused: the lock goes with its file
+            start.close()
+            raise
+        return start
     check_run_dir(cfg, lead)
     if dist.is_initialized():
         dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
@@ -165,31 +167,16 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     return start
 
 
-def resume_run(cfg, model, optimizer, generator, lead) -> Start:
-    if lead:
-        finish_swap(cfg.out)
-    if os.path.exists(os.path.join(cfg.out, "final.json")):
-        raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
-    start = Start(locks=[RunLock(cfg.out)] if lead else [])
-    try:
-        restore(cfg, start, model, optimizer, generator, lead)
-    except BaseException:  # refused: the lock goes with its file
-        start.close()
-        raise
-    return start
-
-
 def restore(cfg, start: Start, model, optimizer, generator, lead):
     """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
-    file changes; then drop what metrics.jsonl holds after it. No checkpoint yet: start over in place."""
+    file changes; then roll the files back to it (roll_back). No checkpoint yet: start over in place."""
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
         if lead:
             print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
-            remove_temp_files(cfg.out)
-            truncate_metrics(cfg.out, 0)
+            roll_back(cfg.out, 0)
         return
-    checkpoint = load_checkpoint(checkpoint_path, generator.device, CHECKPOINT_KEYS)
+    checkpoint = load_checkpoint(checkpoint_path, generator.device, ("model", "optimizer", "rng", "step", "elapsed"))
     try:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -200,8 +187,7 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
     if not 0 <= step <= cfg.steps:
         raise UsageError(f"{checkpoint_path} is at step {step}, outside this run's 0..{cfg.steps}")
     if lead:
-        remove_temp_files(cfg.out)
-        truncate_metrics(cfg.out, step)
+        roll_back(cfg.out, step)
     start.step, start.elapsed, start.logged = step, elapsed, step
     start.metrics, start.losses = checkpoint.get("metrics", {}), checkpoint.get("losses", [])
 
@@ -225,9 +211,7 @@ def replace_old_run(out, start: Start):
 
 
 def finish_swap(out):
-    """Complete or undo what a killed command left of putting a new run at out, read from the hidden
-    siblings on disk. A new run is staged in .NAME.new until its first step; then replace_old_run
-    exchanges it with out (or renames out -> .NAME.old, then .NAME.new -> out) and deletes the old.
+    """Complete or undo what a killed command left of replace_old_run, read from the hidden siblings on disk:
       - out missing, .NAME.old and .NAME.new: killed between the two renames: the new run, past its
         first step, takes out, and the old run it was asked to replace goes;
       - out missing, .NAME.old alone: the old run goes back to out;
@@ -311,16 +295,17 @@ class RunLock:
         if self.file.closed:
             return
         path = os.path.join(self.run_dir, ".lock")
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(self.file.fileno())):
                 os.remove(path)
-        except FileNotFoundError:
-            pass
         self.file.close()
 
 
-def check_out_path(out):
-    """UsageError unless out can name a run directory of its own."""
+def check_run_dir(cfg, lead=True):
+    """UsageError unless cfg.out may become a new run: a path of its own, absent, empty, or (with --overwrite)
+    an old run: a directory holding config.json and only files that this program writes. First the lead
+    process settles what a killed start left beside it (finish_swap)."""
+    out = cfg.out
     if not out or not out.strip():
         raise UsageError("--out is empty; name a run directory")
     if os.path.islink(out.rstrip("/")):
@@ -335,25 +320,18 @@ def check_out_path(out):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise UsageError(f"--out {out} lies under {parent}, which is a file")
-
-
-def check_run_dir(cfg, lead=True):
-    """UsageError unless cfg.out may become a new run: absent, empty, or (with --overwrite) an old
-    run: a directory holding config.json and only files that this program writes. First the lead
-    process settles what a killed start left beside it (finish_swap)."""
-    check_out_path(cfg.out)
     if lead:
-        finish_swap(cfg.out)
-    if not os.path.exists(cfg.out) or not os.listdir(cfg.out):
+        finish_swap(out)
+    if not os.path.exists(out) or not os.listdir(out):
         return
-    if not cfg.overwrite and os.path.exists(os.path.join(cfg.out, "final.json")):
-        raise UsageError(f"{cfg.out} holds a finished run; pass --overwrite to replace it, or --out another directory")
+    if not cfg.overwrite and os.path.exists(os.path.join(out, "final.json")):
+        raise UsageError(f"{out} holds a finished run; pass --overwrite to replace it, or --out another directory")
     if not cfg.overwrite:
-        raise UsageError(f"run directory {cfg.out} exists; pass --overwrite to replace it or --resume {cfg.out} to continue it")
-    foreign = sorted(name for name in os.listdir(cfg.out) if not is_run_file(name))
-    if foreign or not os.path.exists(os.path.join(cfg.out, "config.json")):
+        raise UsageError(f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to continue it")
+    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
+    if foreign or not os.path.exists(os.path.join(out, "config.json")):
         what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
-        raise UsageError(f"{cfg.out} is not a run directory ({what}); --overwrite replaces only runs")
+        raise UsageError(f"{out} is not a run directory ({what}); --overwrite replaces only runs")
 
 
 def run_state(run_dir) -> str:
@@ -375,11 +353,9 @@ JSON_NAMES = {dict: "a JSON object", list: "a JSON array", str: "a string", int:
 
 def read_json(path, expect=dict, keys=None, optional=None):
     """The JSON in file `path`, checked: the one reader of every JSON file the project reads (config.json,
-    final.json, analysis.json, claims.json). expect: the top-level type; keys: {key: type} an object must
-    hold (for a list, each of its items); optional: {key: type} checked where present. A type is a
-    Python type, a tuple of them, or [type] for a list of it. Any malformation is one UsageError naming
-    the file and what is wrong: bytes that are not UTF-8, text that is not JSON, nesting deeper than
-    MAX_JSON_DEPTH, the wrong type at the top, a key missing or of the wrong type."""
+    final.json, analysis.json, claims.json). expect: the top-level type; keys: {key: type} an object must hold
+    (for a list, each of its items); optional: {key: type} checked where present; a type as is_json_type takes.
+    Any malformation (not UTF-8, not JSON, too deep, a wrong type, a missing key) is one UsageError naming the file."""
     with open(path, "rb") as f:
         return parse_json(f.read(), path, expect, keys, optional)
 
@@ -436,14 +412,6 @@ def json_type_name(kind) -> str:
     return " or ".join(JSON_NAMES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
-def remove_temp_files(run_dir):
-    """Delete the temp files of writes a kill cut short: write_atomic's .<name>.<random>.tmp of a
-    file that runs write, and no other file."""
-    for name in os.listdir(run_dir):
-        if is_temp_file(name) and is_run_file(name):
-            os.remove(os.path.join(run_dir, name))
-
-
 def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, losses=()):
     """checkpoint.pt: everything a resumed run needs to go on exactly as if never stopped: the
     last test metrics (for a run killed after its last checkpoint) and the training losses
@@ -468,12 +436,9 @@ def set_rng_states(states, generator):
 
 
 def log_eval(out, step, loss, lr, metrics, elapsed, steps_per_s=None):
-    """Append one evaluation to out/metrics.jsonl; steps_per_s excludes evaluation time.
-
-    Appended before the checkpoint of the same step is saved: a kill between
-    the two leaves a line newer than the checkpoint, which resuming drops
-    before the step is run and logged again.
-    """
+    """Append one evaluation to out/metrics.jsonl; steps_per_s excludes evaluation time. Appended before the
+    checkpoint of the same step is saved: a kill between the two leaves a line newer than the checkpoint,
+    which resuming drops before the step is run and logged again."""
     record = {"step": step, "loss": loss, "lr": lr, **{f"test_{k}": v for k, v in metrics.items()},
               "elapsed": elapsed, "steps_per_s": steps_per_s}
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
@@ -517,9 +482,12 @@ def read_metrics(run_dir, name="metrics.jsonl"):
     return records
 
 
-def truncate_metrics(run_dir, step):
-    """Rewrite run_dir/metrics.jsonl with only its records up to `step`, the resumed checkpoint's:
-    later ones, and a line cut short by a kill, are from steps the resumed run repeats."""
+def roll_back(run_dir, step):
+    """Drop what a killed run left after `step`, the checkpoint it resumes (0: none): write_atomic's temp files
+    of files runs write (no other file), and metrics.jsonl's later records and a line cut short by the kill."""
+    for name in os.listdir(run_dir):
+        if is_temp_file(name) and is_run_file(name):
+            os.remove(os.path.join(run_dir, name))
     path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(path):
         kept = [json.dumps(record) + "\n" for record in read_metrics(run_dir) if record["step"] <= step]
@@ -533,9 +501,8 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
     final = {**metrics, **final}
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)
-    checkpoint = os.path.join(cfg.out, "checkpoint.pt")
-    if os.path.exists(checkpoint):
-        os.remove(checkpoint)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(cfg.out, "checkpoint.pt"))
     print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({final['elapsed']:.1f}s)")
     if "bits" in final:
         print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
