@@ -57,29 +57,22 @@ def clip_per_seed(params, max_norm):
 def train_batched(cfg) -> list:
     """Train every seed of cfg.seeds at once and return each seed's final test metrics.
 
-    Each seed's weights become one slice of stacked tensors (leading seed
-    dimension); torch.func.vmap runs the model once over all seeds and a single
-    AdamW updates the stack, which is N independent AdamWs because AdamW is
-    elementwise. Per seed this computes what a separate train.train run computes,
-    up to float rounding: the same init (torch.manual_seed(seed) before building),
-    the same data (its own generator seeded with its seed, drawn in the same
-    order), its own mean loss and its own gradient-norm clipping. Each seed
-    writes its run directory like a normal run, but no checkpoint.pt: a batched
-    run does not resume.
+    Each seed is a slice of stacked weights (leading seed dimension). As train.train would: its init follows
+    torch.manual_seed(seed) before building, its data its own generator seeded with its seed; a single AdamW
+    over the stack is N independent AdamWs, AdamW being elementwise. No checkpoint.pt: a batched run does not resume.
     """
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise UsageError("batched seeds run in one process; use torchrun with train.py for single large runs")
     if cfg.seeds < 2:
         raise UsageError("--seeds must be >= 2 (train.py trains a single run)")
     device = pick_device(cfg.device)
-    seeds, models, counts = [], [], []
+    built = []
     for run in seed_configs(cfg):
         torch.manual_seed(run.seed)
         run, task, model, n = build(run)
         runs.check_run_dir(run)
-        seeds.append(run)
-        models.append(model.to(device))
-        counts.append(n)
+        built.append((run, model.to(device), n))
+    seeds, models, counts = map(list, zip(*built))
     cfg = seeds[0]  # settings filled in by build, shared by every seed
     params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
@@ -90,7 +83,7 @@ def train_batched(cfg) -> list:
     optimizer = make_optimizer(trainable, cfg, device, matrix_dim=3)
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
-    with SeedRuns(seeds, task, models, params, base, counts, device) as run:
+    with SeedRuns(seeds, task, models, params, counts, device) as run:
         for step, evaluate_now in run.steps():
             if evaluate_now:
                 run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
@@ -120,18 +113,16 @@ class SeedRuns(Run):
     """train.Run for the seeds' N run directories at once: staged and put in place together, one log
     line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
-    def __init__(self, seeds, task, models, params, base, counts, device):
-        self.seeds, self.params, self.base, self.summary = seeds, params, base, task.summary
-        self.cfg, self.counts, self.ranks, self.stop_after = seeds[0], counts, Ranks(), None
-        self.starts = []
+    def __init__(self, seeds, task, models, params, counts, device):
+        self.seeds, self.params, self.base, self.summary = seeds, params, models[0], task.summary
+        self.cfg, self.counts, self.ranks, self.stop_after, self.starts = seeds[0], counts, Ranks(), None, []
         try:  # every seed checked and staged, or none
             for run, model, n in zip(seeds, models, counts):
                 self.starts.append(runs.start_or_resume(run, False, model, None, None, runs.run_record(run, n, device)))
         except BaseException:
             self.close()
             raise
-        self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
-        self.clock = Clock()
+        self.start, self.step, self.metrics, self.losses, self.clock = self.starts[0], 0, None, [], Clock()
         seconds = len(seeds) * seconds_per_step(self.cfg, task, models[0], device, self.ranks)  # one seed's step, N times
         print(first_line(self.cfg, counts[0], device, seconds, self.cfg.steps, f"{len(seeds)} seeds: a seed's step timed x {len(seeds)}"),
               flush=True)

@@ -6,16 +6,14 @@
 
 Takes train.py's flags (config.py), unset ones at the paper's settings for the task.
 
-Serves the paper's experimental protocol (section 4, appendix D): thousands of
-small trainings and a few large ones, so the cost of a step decides what can be
-reproduced. `--pipeline ours` times train.train_step, the training loop's own
-step (sample on the device, length-chunked forward and backward, clip, AdamW). `--pipeline
-authors` times a stand-in for the authors' setup on needle: Hugging Face GPT-2
-(when `transformers` is installed; otherwise our GPT run the same way, and the
-table says "emulated"), sequences padded to n_positions = 100, logits at every
-position with the loss masked afterwards, and examples built one at a time in
-Python with `random`. It leaves out the HF Trainer's own overhead, so it flatters
-the authors' pipeline.
+Serves the paper's experimental protocol (section 4, appendix D): thousands of small trainings
+and a few large ones, so the cost of a step decides what can be reproduced. `--pipeline ours`
+times train.train_step, the training loop's own step (sample on the device, length-chunked
+forward and backward, clip, AdamW). `--pipeline authors` times a stand-in for the authors' setup
+on needle: Hugging Face GPT-2 (without `transformers`, our GPT run the same way: "emulated"),
+sequences padded to n_positions = 100, logits at every position with the loss masked afterwards,
+examples built one at a time in Python with `random`; leaving out the HF Trainer's own overhead
+flatters it.
 
 Counted FLOPs are the useful matmul FLOPs of forward plus backward, over each
 row's tokens up to its last answer (padding and later tokens, which cannot
@@ -67,17 +65,14 @@ def best_seconds(fn, calls, repeats, device):
 def measured_peak(device, bf16):
     """FLOP/s of a large square matmul in the step's dtype: the practical peak of this device."""
     n = 8192 if device.type == "cuda" else 2048
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16 if bf16 else torch.float32) for _ in range(2))
     a @ b
     return 2 * n**3 / best_seconds(lambda: a @ b, 3, 3, device)
 
 
 def useful_flops(cfg, vocab, lengths, answer_pos):
     """Matmul FLOPs of forward + backward that can affect the loss (module docstring).
-
-    lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position.
-    """
+    lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position."""
     d, trains, early = cfg.width, TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}), cfg.layers - 1  # a mask: counted as full
     tokens, answers = lengths.sum().item(), answer_pos.numel()
     pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs
@@ -91,8 +86,8 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 # ---------------------------------------------------------------------------
-# The two pipelines: each returns (step, make_data, rows) where rows(batch)
-# gives (lengths through the last answer, answer positions) for the FLOP count.
+# The two pipelines: each returns (label, step, make_data, rows), where rows() gives a
+# batch's (lengths through the last answer, answer positions) for useful_flops.
 # ---------------------------------------------------------------------------
 
 
@@ -113,7 +108,7 @@ def ours(cfg, task, model, device):
         batch = make_data()
         return batch.pos.amax(1) + 1, batch.pos[batch.y >= 0]
 
-    return "ours", task, step, make_data, rows
+    return "ours", step, make_data, rows
 
 
 def needle_example(rng, max_pairs):
@@ -131,13 +126,12 @@ def authors(cfg, task, model, device):
         raise UsageError("--pipeline authors is implemented for needle only")
     if cfg.mode not in ("frozen", "full"):
         raise UsageError("--pipeline authors times the frozen and full modes")
-    n_positions = task.n_positions
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        hf = GPT2LMHeadModel(GPT2Config(vocab_size=task.vocab_size, n_positions=n_positions, n_embd=cfg.width,
-                                        n_layer=cfg.layers, n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-                                        attn_pdrop=0.0, tie_word_embeddings=False))
+        hf = GPT2LMHeadModel(GPT2Config(vocab_size=task.vocab_size, n_positions=task.n_positions, n_embd=cfg.width, n_layer=cfg.layers,
+                                        n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                        eos_token_id=0, tie_word_embeddings=False))
         for name, p in hf.named_parameters():
             p.requires_grad_(cfg.mode == "full" or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"))
         model, label = hf.to(device), "authors (HF GPT-2)"
@@ -147,8 +141,7 @@ def authors(cfg, task, model, device):
         label = "authors (emulated: our GPT, transformers not installed)"
 
         def forward(x, labels):  # full-sequence logits, loss masked afterwards, as HF computes it
-            logits = model(x)
-            return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+            return F.cross_entropy(model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
     optimizer = make_optimizer(model.parameters(), cfg, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -161,7 +154,7 @@ def authors(cfg, task, model, device):
             tokens, answer = needle_example(rng, task.max_pairs)
             if tuple(tokens) in test:
                 continue
-            pad = n_positions - len(tokens)
+            pad = task.n_positions - len(tokens)
             inputs.append(tokens + [answer] + [0] * (pad - 1))
             labels.append([-100] * len(tokens) + [answer] + [-100] * (pad - 1))
         return torch.tensor(inputs, device=device), torch.tensor(labels, device=device)
@@ -180,10 +173,7 @@ def authors(cfg, task, model, device):
         lengths = (labels != -100).int().argmax(1)  # the answer label sits just after the query
         return lengths, lengths - 1
 
-    return label, task, step, make_data, rows
-
-
-BENCH_FLAGS = ("pipeline", "steps_timed", "repeats", "warmup_steps", "peak_tflops")
+    return label, step, make_data, rows
 
 
 def main(argv=None):
@@ -194,7 +184,7 @@ def main(argv=None):
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: measured with a large matmul)")
     given = vars(parser.parse_args(argv))
-    args = argparse.Namespace(**{name: given.pop(name, None) for name in BENCH_FLAGS})
+    args = argparse.Namespace(**{k: given.pop(k, None) for k in ("pipeline", "steps_timed", "repeats", "warmup_steps", "peak_tflops")})
     with usage_errors("bench.py"):
         cfg, _ = config_from_args(argparse.Namespace(**given))
         if args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0:  # timings that measure nothing
@@ -205,7 +195,7 @@ def main(argv=None):
         bf16 = uses_bf16(device, cfg.dtype)
         torch.manual_seed(cfg.seed)
         cfg, task, model, _ = build(replace(cfg, out="unused"))
-        label, task, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, task, model, device)
+        label, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, task, model, device)
 
     for _ in range(args.warmup_steps):
         step()

@@ -46,9 +46,8 @@ UNCOMPARED = ("device", "compile", "out", "overwrite", "scale")
 
 
 def check_same_config(cfg: TrainConfig):
-    """A run directory made by another protocol must not pass as this one's: the run's saved settings
-    must equal the cell's once resolved (every default filled in), so a setting the cell leaves to the
-    scale's default counts as much as one it names. UsageError naming the first that differs."""
+    """A run directory made by another protocol must not pass as this one's: its saved settings must equal the
+    cell's resolved ones, defaults filled in (one left to the scale counts too). UsageError naming the first that differs."""
     saved = saved_config(cfg.out)
     if saved is None:
         return
@@ -60,9 +59,8 @@ def check_same_config(cfg: TrainConfig):
 
 
 def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
-    """Finish one run, run k of the sweep's n (fresh, or resumed from its checkpoint), and make the
-    analyze.py analyses its table reads: (its final.json, what was done, seconds). The unit of work
-    of a sweep's pool."""
+    """The unit of work of a sweep's pool: finish run k of n (fresh, or resumed from its checkpoint) and make the
+    analyze.py analyses its table reads; returns (its final.json, its run_state before, seconds)."""
     state, start = run_state(cfg.out), time.time()
     if state != "finished":
         print(f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})", flush=True)
@@ -93,9 +91,8 @@ def train_split_metrics(run_dir: str) -> dict:
 
 
 def run_cost(cfg: TrainConfig) -> float:
-    """A run's training time relative to others' (steps x examples x tokens x width^2, a trained body
-    counting 1.5x), enough to start the longest runs first so that --jobs workers finish together
-    rather than one of them running the last long run alone."""
+    """A run's training time relative to others', enough to start the longest runs first so that --jobs
+    workers finish together rather than one of them running the last long run alone."""
     tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
     body = 1.5 if cfg.mode == "full" else 1.0
     return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
@@ -139,19 +136,14 @@ def visible_gpus() -> list:
 
 def start_worker(started, gpus: list):
     """A pool worker's first act, before anything in it touches CUDA (which reads CUDA_VISIBLE_DEVICES once):
-    die with reproduce.py, and take the next of gpus for its own (round robin if workers outnumber them)."""
-    die_with_parent()
+    end when reproduce.py ends, however it ends, so a killed sweep leaves no run training behind it (Linux;
+    elsewhere a worker finishes its run first), and take the next of gpus (round robin if workers outnumber them)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     if gpus:
         with started.get_lock():
             k, started.value = started.value, started.value + 1
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
-
-
-def die_with_parent():
-    """Make a pool worker end when reproduce.py ends, however it ends (Linux: PR_SET_PDEATHSIG), so a
-    killed sweep leaves no run training behind it; elsewhere a worker finishes its run first."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 # ---------------------------------------------------------------------------
