@@ -1,14 +1,11 @@
-"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and the look of reproduce.py's pictures.
+"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and reproduce.py's pictures and markdown.
 
     python reproduce.py table1 --scale cpu   # draws results/table1-cpu.png (plot_seeds) and -curves.png (plot_curves)
     python compare.py runs/a runs/b          # draws runs/compare.png
 
-pyplot and save_figure serve every figure (the paper's Figures 2 and 3 in analyze.py among them).
-The rest draws reproduce.py's tables in the paper's form: Tables 1, 2, 3 and 9 as seeds per
-column beside the paper's number, Figures 4, 6 and 7 as lines over width, and the task tables'
-learning curves. Then the markdown: results/<table>-<scale>.md, and RESULTS.md's claims table with the
-results/ tables it shows. A Table (below; reproduce.py builds them) gives the numbers drawn through
-seed_values, as it gives the .md's. Nothing here trains.
+pyplot and save_figure serve every figure (analyze.py's among them). The rest draws reproduce.py's Tables in the
+paper's form and writes results/<table>-<scale>.md and RESULTS.md's claims table; the .png and the .md read their
+numbers through the same Table.seed_values. Nothing here trains.
 """
 
 import os
@@ -41,9 +38,8 @@ class Table:
     analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
 
     def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
-        """The cell's metric (the table's unless named; accuracies in %) for each seed that finished, read from its
-        final.json (train_split.json for a "(train)" row, or the table's `read` of its analysis.json or
-        metrics.jsonl); the .md and the .png both read it from here."""
+        """The cell's metric (the table's unless named; accuracies in %) for each finished seed, from its final.json
+        (train_split.json for a "(train)" row), or the table's `read` of its analysis.json or metrics.jsonl."""
         if self.read:
             values = [self.read[col](cfg.out) if run_state(cfg.out) == "finished" else None for cfg in cell]
             return [value for value in values if value is not None]
@@ -87,17 +83,13 @@ COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
 READ_UNITS = {"fig2": "mean attention (%)", "fig3": "score (0 to 1)", "table7": "% of variance in the top 10",
               "table4": "% of variance in the top 10", "table5": "% of variance in the top 10", "parens": "accuracy (%)"}  # the explanation's tables: one unit per table
+METRIC_UNITS = {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
 
 def picture_cells(table, runs: dict) -> dict:
-    """Where each cell goes in the table's picture: (panel, line, x) -> (per-seed values, the paper's number or None).
-
-    Tables 1, 2, 9: a panel per row, a column per x (line None), and on the addition panel also
-    line "exact match": per-token accuracy is the table's number, whole sums right the stricter one. Table 3: a panel of
-    bits per trainable parameter and one of accuracy, a row per x. Figure 7: a panel per task, Random and
-    Normal lines over width; Figure 4: a panel per depth; Figure 6: one panel over target width.
-    """
+    """The table's picture: (panel, line, x) -> (per-seed values, the paper's number or None). The task tables'
+    addition panel also has line "exact match": per-token accuracy is the table's number, whole sums the stricter one."""
     cells = {}
     for (row, col), cell in runs.items():
         key = picture_key(table, row, col)
@@ -110,7 +102,8 @@ def picture_cells(table, runs: dict) -> dict:
 
 
 def picture_key(table, row: str, col: str):
-    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn."""
+    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn. Tables 1, 2,
+    9: a panel per row, a column per x; Table 3: a panel per metric, a row per x; Figures 4, 6, 7: lines over width."""
     if table.name == "table3":
         return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
     if table.name == "fig7":
@@ -128,9 +121,7 @@ def y_label(table, panel: str) -> str:
     """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
     if table.name in READ_UNITS:
         return READ_UNITS[table.name]
-    if table.metric == "column":
-        return panel
-    return {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}[table.metric]
+    return panel if table.metric == "column" else METRIC_UNITS[table.metric]
 
 
 def new_figure(panels: list, title: str):
@@ -147,6 +138,10 @@ def new_figure(panels: list, title: str):
 
 
 def save_with_legend(plt, fig, handles: list, path: str):
+    """Save the figure with a legend under its panels; a handle given as a dict is a Line2D's keywords."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], **h) if isinstance(h, dict) else h for h in handles]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     save_figure(plt, fig, path, bbox_inches="tight")
@@ -160,10 +155,7 @@ def paper_label(table) -> str:
 
 def plot_seeds(table, cells: dict, title: str, path: str):
     """A table as a picture: per column the seeds as points with a median bar (a box plot from 5 seeds), the paper's number as a star."""
-    from matplotlib.lines import Line2D
-
-    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
-    plt, fig, axes = new_figure(panels, title)
+    plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
     for panel, ax in axes.items():
         xs = [x for p, line, x in cells if p == panel and line is None]
         for i, x in enumerate(xs):
@@ -181,73 +173,65 @@ def plot_seeds(table, cells: dict, title: str, path: str):
             if not values:
                 ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
         ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
-        ax.set_xlim(-0.6, len(xs) - 0.4)
-        if y_label(table, panel) == "accuracy (%)":
-            ax.set_ylim(-5, 105)
-        else:
-            ax.set_ylim(bottom=0)  # bits per parameter: the paper's contrast is a ratio from zero
+        unit = y_label(table, panel)  # bits per parameter from zero: the paper's contrast is a ratio
+        ax.set(xlim=(-0.6, len(xs) - 0.4), ylim=(-5, 105) if unit == "accuracy (%)" else (0, None), ylabel=unit)
         exact = any(line == "exact match" for p, line, _ in cells if p == panel)
         ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
-        ax.set_ylabel(y_label(table, panel))
         ax.grid(axis="y", alpha=0.3)
     boxes = any(len(values) >= 5 for values, _ in cells.values())
-    handles = [Line2D([], [], marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
-               Line2D([], [], color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
-               Line2D([], [], marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label=paper_label(table))]
+    handles = [dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
+               dict(color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
+               dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label=paper_label(table))]
     if any(line == "exact match" for _, line, _ in cells):
-        handles.insert(1, Line2D([], [], marker="o", color="tab:green", markerfacecolor="none", linestyle="",
-                                 label="our seeds, whole sum exact (addition)"))
+        handles.insert(1, dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
+                               label="our seeds, whole sum exact (addition)"))
     save_with_legend(plt, fig, handles, path)
 
 
 def plot_lines(table, cells: dict, title: str, path: str):
     """A figure over width: per line the median over seeds with a min-max band, log2 width axis, the paper's numbers as stars."""
-    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     from matplotlib.ticker import ScalarFormatter
 
-    panels = list(dict.fromkeys(panel for panel, _, _ in cells))
-    plt, fig, axes = new_figure(panels, title)
+    plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
     for panel, ax in axes.items():
-        lines = list(dict.fromkeys(line for p, line, _ in cells if p == panel))
-        for line in lines:
-            points = sorted((x, values) for (p, l, x), (values, _) in cells.items() if p == panel and l == line and values)
+        for line in dict.fromkeys(l for p, l, _ in cells if p == panel):
+            line_cells = {x: cell for (p, l, x), cell in cells.items() if p == panel and l == line}
+            points = sorted((x, values) for x, (values, _) in line_cells.items() if values)
             xs = [x for x, _ in points]
             color = COLORS.get(line)
             ranges = [median_range(v) for _, v in points]
             ax.plot(xs, [r[0] for r in ranges], marker="o", color=color, label=line)
             ax.fill_between(xs, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2, linewidth=0)
             ax.scatter([x for x, v in points for _ in v], [value for _, v in points for value in v], s=10, color=color, alpha=0.5, zorder=3)
-            for (p, l, x), (_, paper) in cells.items():
-                if p == panel and l == line and paper is not None:
+            for x, (_, paper) in line_cells.items():
+                if paper is not None:
                     ax.scatter([x], [paper], **{**PAPER_STYLE, "color": color})
         for (row, col), paper in table.paper.items():  # a paper number at a width this scale does not train: a level line
             p, line, x = picture_key(table, row, col)
             if p == panel and (p, line, x) not in cells:
                 ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
-                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}" + (" (TinyStories, not our corpus)" if table.name == "fig4" else ""), (0.02, paper), xycoords=("axes fraction", "data"),
+                corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
+                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}{corpus}", (0.02, paper), xycoords=("axes fraction", "data"),
                             xytext=(0, 3), textcoords="offset points", fontsize=8, color=COLORS.get(line))
-        widths = sorted({x for p, _, x in cells if p == panel})
         ax.set_xscale("log", base=2)
-        ax.set_xticks(widths)
+        ax.set_xticks(sorted({x for p, _, x in cells if p == panel}))
         ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(ScalarFormatter(useOffset=False))
         ax.minorticks_off()
         if table.metric == "accuracy":
             ax.set_ylim(-5, 105)
         if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
-        ax.set_xlabel("target transformer width" if table.name == "fig6" else "width")
-        ax.set_ylabel(y_label(table, panel))
+        ax.set(xlabel="target transformer width" if table.name == "fig6" else "width", ylabel=y_label(table, panel))
         ax.grid(alpha=0.3)
-    names = list(dict.fromkeys(line for _, line, _ in cells))
-    handles = [Line2D([], [], marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
+    names = dict.fromkeys(line for _, line, _ in cells)
+    handles = [dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
     handles.append(Patch(color="gray", alpha=0.5, label="min-max over seeds (band, thin where the seeds agree), each seed (dots)"))
     if any(paper is not None for _, paper in cells.values()):
-        handles.append(Line2D([], [], marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
+        handles.append(dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
     if any(picture_key(table, *cell) not in cells for cell in table.paper):
-        handles.append(Line2D([], [], color="gray", linestyle="--", label="paper, at a width not trained here"))
+        handles.append(dict(color="gray", linestyle="--", label="paper, at a width not trained here"))
     save_with_legend(plt, fig, handles, path)
 
 
@@ -259,53 +243,40 @@ def accuracy_curve(run_dir: str) -> list:
 def plot_curves(table, runs: dict, title: str, path: str):
     """Test accuracy against step, a panel per task, a color per column, a line per seed: shows
     why a cell falls short (a plateau it never leaves, a late start, a peak and decline)."""
-    from matplotlib.lines import Line2D
-
     rows = [row for row in table.rows if not row.endswith("(train)")]  # the training split is scored once, at the end
     plt, fig, axes = new_figure(rows, title)
     colors = dict(zip(table.cols, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for row, ax in axes.items():
         for col in table.cols:
-            for cfg in runs[row, col]:
-                points = accuracy_curve(cfg.out)
-                if points:
-                    ax.plot(*zip(*points), color=colors[col], linewidth=1, alpha=0.8)
-        ax.set_ylim(-5, 105)
+            for cfg in runs[row, col]:  # a run not yet evaluated plots no points, so draws nothing
+                ax.plot(*zip(*accuracy_curve(cfg.out)), color=colors[col], linewidth=1, alpha=0.8)
+        ax.set(ylim=(-5, 105), xlabel="step", ylabel="test accuracy (%)")
         ax.set_title(row, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-    save_with_legend(plt, fig, [Line2D([], [], color=colors[col], label=col) for col in table.cols], path)
+    save_with_legend(plt, fig, [dict(color=colors[col], label=col) for col in table.cols], path)
 
 
 def plot_convergence(table, runs: dict, title: str, path: str):
     """Figure 8: test accuracy per seed against step, a panel per model, with the lr schedule beside it
     (dashed, right axis), so a curve that flattens only where the lr reaches zero shows as such."""
-    from matplotlib.lines import Line2D
-
     plt, fig, axes = new_figure(table.rows, title)
     for row, ax in axes.items():
-        for cfg in runs[row, table.cols[0]]:
-            points = accuracy_curve(cfg.out)
-            if points:
-                ax.plot(*zip(*points), color=COLORS.get(row), linewidth=1, alpha=0.8, marker=".")
+        for cfg in runs[row, table.cols[0]]:  # a run not yet evaluated plots no points, so draws nothing
+            ax.plot(*zip(*accuracy_curve(cfg.out)), color=COLORS.get(row), linewidth=1, alpha=0.8, marker=".")
         log = read_metrics(runs[row, table.cols[0]][0].out)
         lr_ax = ax.twinx()
         lr_ax.plot([r["step"] for r in log], [r["lr"] for r in log], color="gray", linestyle="--", linewidth=1)
         lr_ax.set_ylabel("learning rate", color="gray")
         ax.set(title=row, xlabel="step", ylabel="test accuracy (%)", ylim=(0, 105))
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
-    save_with_legend(plt, fig, handles + [Line2D([], [], color="gray", linestyle="--", label="lr (right axis)")], path)
+    handles = [dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
+    save_with_legend(plt, fig, handles + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
 
 
 def first_analysis(runs: list, name: str):
     """(the first seed's run with analyze.py result `name`, that result) among a cell's runs, or (None, None)."""
-    for cfg in runs:
-        result = read_analysis(cfg.out, name)
-        if result is not None:
-            return cfg, result
-    return None, None
+    results = ((cfg, read_analysis(cfg.out, name)) for cfg in runs)
+    return next(((cfg, result) for cfg, result in results if result is not None), (None, None))
 
 
 def plot_heads(table, runs: dict, title: str, path: str):
@@ -319,13 +290,12 @@ def plot_heads(table, runs: dict, title: str, path: str):
             if result is None:
                 ax.set_title(f"{row}: not analysed")
                 continue
-            head = max(range(len(result[key][layer])), key=lambda h: result[key][layer][h])
-            labels = result["labels"]
+            scores, labels = result[key][layer], result["labels"]
+            head = scores.index(max(scores))
             ax.imshow(result["patterns"][layer][head], cmap="Blues", vmin=0, vmax=1)
-            ax.set_xticks(range(len(labels)), labels)
-            ax.set_yticks(range(len(labels)), labels)
-            ax.set(title=f"{row} seed {cfg.seed}: L{layer + 1} head {head + 1}\n{what} {100 * result[key][layer][head]:.0f}% "
-                   "(test mean)", xlabel="attended", ylabel="attending")
+            ax.set(xticks=range(len(labels)), xticklabels=labels, yticks=range(len(labels)), yticklabels=labels,
+                   title=f"{row} seed {cfg.seed}: L{layer + 1} head {head + 1}\n{what} {100 * scores[head]:.0f}% (test mean)",
+                   xlabel="attended", ylabel="attending")
     save_figure(plt, fig, path)
 
 
@@ -367,9 +337,8 @@ PAPER_FIGURES = {"fig2": plot_heads, "fig3": plot_circles, "fig5": plot_samples,
 
 
 def render_picture(table, scale: str, runs: dict, path: str):
-    """results/<table>-<scale>.png from the runs' final.json (and train_split.json) files, their analysis.json
-    (Figures 2, 3, 5) or metrics.jsonl (Figure 8), and for the task tables <table>-<scale>-curves.png from
-    their metrics.jsonl; trains nothing."""
+    """results/<table>-<scale>.png from the runs' files (through seed_values, or analysis.json and metrics.jsonl
+    for the paper's own figures), and for the task tables <table>-<scale>-curves.png from their metrics.jsonl."""
     if table.name in PAPER_FIGURES:
         return PAPER_FIGURES[table.name](table, runs, table.title + f"\nours at {scale} scale ({table.name}-{scale}.md)", path)
     cells = picture_cells(table, runs)
@@ -423,15 +392,12 @@ def train_command(cfg, seeds: int) -> str:
 
 def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
     """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
-    finals = []
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
-    for cfg in cfgs:
-        if run_state(cfg.out) == "finished":
-            finals.append(read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS))
-    minutes = sum(final["elapsed"] for final in finals) / 60
+    finals = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
+              for cfg in cfgs if run_state(cfg.out) == "finished"]
     lines = [f"# {table.title}", "",
              f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
-             f"{minutes:.0f} min of training summed over runs.",
+             f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over runs.",
              f"Command: `{command}`", ""]
     if scale == "cpu":
         lines += [cpu_note(cfgs, seeds), ""]
@@ -455,12 +421,10 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
         lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
     lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
               "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
-    seen = set()
+    commands = {}  # command -> the first cell it trains
     for (row, col), cell in runs.items():
-        cmd = train_command(cell[0], seeds)
-        if cmd not in seen:
-            seen.add(cmd)
-            lines.append(f"- {row}, {col}: `{cmd}`")
+        commands.setdefault(train_command(cell[0], seeds), f"{row}, {col}")
+    lines += [f"- {where}: `{cmd}`" for cmd, where in commands.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -495,14 +459,14 @@ PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re
 
 
 def claims(claimed_cell, results: str, scale: str, path="RESULTS.md") -> str:
-    """RESULTS.md's opening table: each claim of results/claims.json (a cell, a verdict), the paper's number and
-    ours, from the cell's runs or from the runs the claim names; a verdict's {table/row/col[/metric]} reads that
-    cell's median, so that its numbers come from the runs as the table's own do. claimed_cell(name, row, col,
-    where) is reproduce.py's (the table, the cell's per-seed configs). The results/ tables shown between
-    <!-- table NAME --> and <!-- table end --> are pasted again, so that no number there is typed by hand."""
-    if not os.path.isfile(os.path.join(results, "claims.json")):
-        raise UsageError(f"no {os.path.join(results, 'claims.json')}: the claims to tabulate")
-    listed = read_json(os.path.join(results, "claims.json"), expect=list, keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
+    """RESULTS.md's opening table: per claim of results/claims.json (a cell, a verdict) the paper's number and ours,
+    from the cell's runs or the runs it names. So that no number is typed by hand, a verdict's {table/row/col[/metric]}
+    reads that cell's median and the results/ tables between <!-- table NAME --> and <!-- table end --> are pasted
+    again. claimed_cell(name, row, col, where) is reproduce.py's: (the table, the cell's per-seed configs)."""
+    listing = os.path.join(results, "claims.json")
+    if not os.path.isfile(listing):
+        raise UsageError(f"no {listing}: the claims to tabulate")
+    listed = read_json(listing, expect=list, keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
                        optional={"paper": (str, int, float), "runs": [str]})
 
     def cited_median(reference: re.Match) -> str:
