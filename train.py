@@ -343,19 +343,25 @@ def slow_run_hint(cfg, seconds_per_step, steps_left):
 
 
 def seconds_per_step(cfg, task, model, device, ranks) -> float:
-    """A training step's seconds here, timed on copies of the model and optimizer with a batch of
-    their own, so that the run's weights, optimizer and data stay untouched (a deep copy runs
-    eagerly). On a CPU, the second of two steps (the first allocates), or the first alone where it
-    took over 5 s. On a GPU, the fastest of five: its first steps load kernels and choose
-    algorithms for each new shape, and can take longer than the whole run (RESULTS.md, H200)."""
+    """A training step's seconds here (typical_seconds), timed on copies of the model and optimizer
+    with a batch of their own, so that the run's weights, optimizer and data stay untouched (a deep
+    copy runs eagerly)."""
     model = copy.deepcopy(model)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
     generator = torch.Generator(device=device).manual_seed(cfg.seed + 1)
-    seconds, cpu = [], device.type == "cpu"
+    batch = lambda: task.sample(cfg.batch_size, generator).to(device)  # noqa: E731
+    return typical_seconds(lambda: train_step(model, task.loss, batch(), optimizer, clip, precision).item(), device.type == "cpu")
+
+
+def typical_seconds(step, cpu: bool) -> float:
+    """On a CPU, the second of two calls of step (the first allocates), or the first alone where it took
+    over 5 s. On a GPU, the fastest of five: its first steps load kernels and choose algorithms for each
+    new shape, and can take longer than the whole run (RESULTS.md, H200)."""
+    seconds = []
     while len(seconds) < (2 if cpu else 5) and not (cpu and sum(seconds) > 5):
         start = time.time()
-        train_step(model, task.loss, task.sample(cfg.batch_size, generator).to(device), optimizer, clip, precision).item()
+        step()
         seconds.append(time.time() - start)
     return seconds[-1] if cpu else min(seconds)
 

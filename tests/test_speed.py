@@ -160,3 +160,13 @@ def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
     losses = [[json.loads(line)["loss"] for line in open(tmp_path / run / "metrics.jsonl")] for run in ("eager", "compiled")]
     assert losses[0] == pytest.approx(losses[1], abs=1e-4) and compiled == pytest.approx(eager, abs=1e-4)
     assert counters["stats"]["unique_graphs"] <= 4 and counters["frames"]["ok"] <= 4
+
+
+@pytest.mark.parametrize("cpu, expected", [(True, 6.9), (False, 0.1)])
+def test_the_first_lines_step_time_skips_a_gpus_warm_up_steps(monkeypatch, cpu, expected):
+    # On the H200 a needle run's first step (kernels loading) took 6.9 s and its 10,000 steps 204 s;
+    # timing that step announced "about 19.1 h". A CPU step that long is a real one: it stops there.
+    durations, clock = iter([6.9, 0.8, 0.1, 0.1, 0.1]), [0.0]
+    monkeypatch.setattr(train.time, "time", lambda: clock[0])
+    step = lambda: clock.__setitem__(0, clock[0] + next(durations))  # noqa: E731
+    assert train.typical_seconds(step, cpu) == pytest.approx(expected)
