@@ -27,7 +27,7 @@ from model import GPT
 from tasks import Batch
 from cli import OneLineParser, UsageError, usage_errors
 from config import build, config_from_dict, load_run
-from figures import pyplot, save_figure
+from figures import markdown_table, pyplot, save_figure
 from runs import FINAL_KEYS, read_json, read_metrics, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
@@ -77,12 +77,6 @@ def run_with_cache(model, x, names):
         for name in names:
             out[name].append(cache[name])
     return {name: torch.cat(parts) for name, parts in out.items()}
-
-
-def markdown_table(header, rows) -> list:
-    """A markdown table's lines: the header cells, the rule under them, then a line per row of cells."""
-    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
-    return lines[:1] + ["|---" * len(header) + "|"] + lines[1:]
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 
 from cli import OneLineParser, UsageError, usage_errors
 from config import config_from_dict
-from figures import pyplot, save_figure
+from figures import markdown_table, pyplot, save_figure
 from runs import FINAL_KEYS, median_range, read_json, read_metrics
 from tasks import TASKS
 
@@ -117,13 +117,11 @@ def table(groups) -> str:
     scores = [[results(run) for run in group] for group in groups]
     metrics = list(dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")) + ["minutes"]
     head = ["run", *differing, "trainable", *metrics]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for group, setting, rows in zip(groups, settings, scores):
-        cells = [row_name(group), *(setting_text(setting.get(k)) for k in differing),
-                 f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
-                 *(spread([row[k] for row in rows if k in row]) for k in metrics)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    cells = [[row_name(group), *(setting_text(setting.get(k)) for k in differing),
+              f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
+              *(spread([row[k] for row in rows if k in row]) for k in metrics)]
+             for group, setting, rows in zip(groups, settings, scores)]
+    return "\n".join(markdown_table(head, cells))
 
 
 def setting_text(value) -> str:

@@ -3,9 +3,10 @@
     python reproduce.py table1 --scale cpu   # draws results/table1-cpu.png (plot_seeds) and -curves.png (plot_curves)
     python compare.py runs/a runs/b          # draws runs/compare.png
 
-pyplot and save_figure serve every figure (analyze.py's among them). The rest draws reproduce.py's Tables in the
-paper's form and writes results/<table>-<scale>.md and RESULTS.md's claims table; the .png and the .md read their
-numbers through the same Table.seed_values. Nothing here trains.
+pyplot and save_figure serve every figure (analyze.py's among them), markdown_table compare.py's and analyze.py's
+tables. The rest draws reproduce.py's Tables in the paper's form and writes results/<table>-<scale>.md and
+RESULTS.md's claims table; the .png and the .md read their numbers through the same Table.seed_values. Nothing
+here trains.
 """
 
 import os
@@ -61,6 +62,12 @@ def save_figure(plt, fig, path, **savefig):
     """Write the figure as a PNG atomically (a kill never leaves half a picture) and free it."""
     write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, **savefig))
     plt.close(fig)
+
+
+def markdown_table(header, rows) -> list:
+    """A markdown table's lines: the header cells, the rule under them, then a line per row of cells."""
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
+    return lines[:1] + ["|---" * len(header) + "|"] + lines[1:]
 
 
 def pyplot():
