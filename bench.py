@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from cli import UsageError, config_from_args, make_parser, usage_errors
 from config import build
 from devices import autocast, compile_model, pick_device, uses_bf16
+from figures import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
 from train import make_optimizer, train_step
@@ -212,9 +213,7 @@ def main(argv=None):
         "TFLOP/s": f"{flops / seconds / 1e12:.3g}", "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
         "MFU": f"{flops / seconds / peak:.1%}", "data share": f"{data_seconds / seconds:.1%}",
     }
-    print("| " + " | ".join(figures) + " |")
-    print("|" + "---|" * len(figures))
-    print("| " + " | ".join(figures.values()) + " |")
+    print("\n".join(markdown_table(list(figures), [list(figures.values())])))
     print(f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)")
 
 
