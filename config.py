@@ -102,7 +102,7 @@ def config_from_dict(saved: dict) -> TrainConfig:
 
 
 def build_task(cfg: TrainConfig):
-    """The task cfg names, with cfg's sizes for it (the lm task reads or writes its corpus here)."""
+    """The task cfg names, at cfg's sizes (an lm task reads, or first writes, its corpus)."""
     try:
         return make_task(cfg.task, **asdict(cfg))
     except (ValueError, OSError) as e:
@@ -179,9 +179,8 @@ def check_config(cfg: TrainConfig, task) -> None:
 
 
 def check_memory(cfg: TrainConfig, task):
-    """UsageError where the weights and AdamW's state alone would outgrow this machine's memory.
-    An estimate (16 bytes a parameter: weight, gradient, two moments; activations not counted),
-    so that a run too big to allocate is refused before it starts, not by a failed allocation."""
+    """UsageError, before the run starts, where weights, gradients and AdamW's two moments alone (16 bytes a
+    parameter; activations not counted) would outgrow this machine's memory, instead of a failed allocation."""
     parameters = 12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
     needed, available = 16 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > available:
@@ -216,8 +215,7 @@ def build(cfg: TrainConfig):
 
 
 def saved_config(run_dir: str):
-    """The TrainConfig the run in run_dir saved (its config.json), or None where there is none;
-    a UsageError naming the file for one that is not a run's config."""
+    """The TrainConfig run_dir/config.json holds, None without one, a UsageError if it is no run's config."""
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
         return None
@@ -228,10 +226,9 @@ def saved_config(run_dir: str):
 
 
 def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
-    """The settings cfg sets that the run saved in run_dir was not trained with ([] when run_dir holds
-    no run). The device is what the run resolved, the directory may be spelled another way,
-    overwrite says only how the directory was made, and the scale only whose defaults filled in
-    what the other settings already say: none of them counts."""
+    """The settings cfg sets that the run in run_dir (if any) was not trained with. The device (what the run
+    resolved), the directory's spelling, overwrite and the scale (whose defaults filled in what the other
+    settings say) do not count: they change nothing the run computes."""
     saved = saved_config(run_dir)
     if saved is None:
         return []
@@ -258,8 +255,7 @@ def load_run(run_dir):
 
 
 # ---------------------------------------------------------------------------
-# The cpu scale: each task's laptop variant (docs/protocol.md §8; RESULTS.md has
-# the probes that chose each setting)
+# The cpu scale: each task's laptop variant (docs/protocol.md §8)
 # ---------------------------------------------------------------------------
 
 CPU_WIDTH = 512  # the cpu scale's wide model, standing in for the paper's 1024 (and 512 in Table 9)
@@ -279,8 +275,7 @@ CPU_BLOCKS_LR_MIN_WIDTH = 128
 
 
 def cpu_variant(cfg: TrainConfig) -> TrainConfig:
-    """cfg on its task's laptop variant: CPU_VARIANTS' settings, its width unless cfg asks for a
-    narrower one, and the lr default_lr gives at the cpu scale."""
+    """cfg on its task's laptop variant: CPU_VARIANTS' settings (a narrower width kept) and default_lr's cpu lr."""
     if cfg.task not in CPU_VARIANTS:
         raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
     settings = CPU_VARIANTS[cfg.task]
