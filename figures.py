@@ -3,10 +3,8 @@
     python reproduce.py table1 --scale cpu   # draws results/table1-cpu.png (plot_seeds) and -curves.png (plot_curves)
     python compare.py runs/a runs/b          # draws runs/compare.png
 
-pyplot and save_figure serve every figure (analyze.py's among them), markdown_table compare.py's and analyze.py's
-tables. The rest draws reproduce.py's Tables in the paper's form and writes results/<table>-<scale>.md and
-RESULTS.md's claims table; the .png and the .md read their numbers through the same Table.seed_values. Nothing
-here trains.
+reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and RESULTS.md's claims
+table read their numbers through the same Table.seed_values. Nothing here trains.
 """
 
 import os
@@ -88,8 +86,8 @@ LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables
 CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
 COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
-READ_UNITS = {"fig2": "mean attention (%)", "fig3": "score (0 to 1)", "table7": "% of variance in the top 10",
-              "table4": "% of variance in the top 10", "table5": "% of variance in the top 10", "parens": "accuracy (%)"}  # the explanation's tables: one unit per table
+READ_UNITS = {"table7": "% of variance in the top 10", "table4": "% of variance in the top 10",
+              "table5": "% of variance in the top 10", "parens": "accuracy (%)"}  # the explanation's tables: one unit per table
 METRIC_UNITS = {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
@@ -126,9 +124,7 @@ def picture_key(table, row: str, col: str):
 
 def y_label(table, panel: str) -> str:
     """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
-    if table.name in READ_UNITS:
-        return READ_UNITS[table.name]
-    return panel if table.metric == "column" else METRIC_UNITS[table.metric]
+    return READ_UNITS.get(table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric])
 
 
 def new_figure(panels: list, title: str):
@@ -152,12 +148,6 @@ def save_with_legend(plt, fig, handles: list, path: str):
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     save_figure(plt, fig, path, bbox_inches="tight")
-
-
-def paper_label(table) -> str:
-    """The stars' legend: the paper's Tables 1 and 2 train width 1,024 where the cpu scale trains 512."""
-    narrower = table.name in ("table1", "table2") and any(cfg.width == 512 for cfg in table.configs.values())
-    return "paper (its width 1,024 where ours is 512)" if narrower else "paper"
 
 
 def plot_seeds(table, cells: dict, title: str, path: str):
@@ -186,9 +176,11 @@ def plot_seeds(table, cells: dict, title: str, path: str):
         ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     boxes = any(len(values) >= 5 for values, _ in cells.values())
+    narrower = table.name in ("table1", "table2") and any(cfg.width == 512 for cfg in table.configs.values())
     handles = [dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
                dict(color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
-               dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="", label=paper_label(table))]
+               dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="",
+                    label="paper (its width 1,024 where ours is 512)" if narrower else "paper")]
     if any(line == "exact match" for _, line, _ in cells):
         handles.insert(1, dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
                                label="our seeds, whole sum exact (addition)"))
@@ -344,8 +336,7 @@ PAPER_FIGURES = {"fig2": plot_heads, "fig3": plot_circles, "fig5": plot_samples,
 
 
 def render_picture(table, scale: str, runs: dict, path: str):
-    """results/<table>-<scale>.png from the runs' files (through seed_values, or analysis.json and metrics.jsonl
-    for the paper's own figures), and for the task tables <table>-<scale>-curves.png from their metrics.jsonl."""
+    """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
         return PAPER_FIGURES[table.name](table, runs, table.title + f"\nours at {scale} scale ({table.name}-{scale}.md)", path)
     cells = picture_cells(table, runs)
@@ -399,6 +390,13 @@ def train_command(cfg, seeds: int) -> str:
 
 def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
     """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
+    def cell_text(row, col):
+        summary = cell_summary(table, row, col, runs[row, col])
+        unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
+        text = (unread if summary is None else summary if isinstance(summary, str)
+                else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}] ({summary[3]}/{seeds})")
+        return text + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else "")
+
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
     finals = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
               for cfg in cfgs if run_state(cfg.out) == "finished"]
@@ -412,17 +410,7 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
         lines += [table.note, ""]
     lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
               "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|"]
-    for row in table.rows:
-        cells = []
-        for col in table.cols:
-            summary = cell_summary(table, row, col, runs[row, col])
-            unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
-            text = (unread if summary is None else summary if isinstance(summary, str)
-                    else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}] ({summary[3]}/{seeds})")
-            if (row, col) in table.paper:
-                text += f"; paper {number(table.paper[row, col])}"
-            cells.append(text)
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += [f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |" for row in table.rows]
     lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
     if table.name in CURVE_TABLES:
         lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
@@ -466,10 +454,9 @@ PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re
 
 
 def claims(claimed_cell, results: str, scale: str, path="RESULTS.md") -> str:
-    """RESULTS.md's opening table: per claim of results/claims.json (a cell, a verdict) the paper's number and ours,
-    from the cell's runs or the runs it names. So that no number is typed by hand, a verdict's {table/row/col[/metric]}
-    reads that cell's median and the results/ tables between <!-- table NAME --> and <!-- table end --> are pasted
-    again. claimed_cell(name, row, col, where) is reproduce.py's: (the table, the cell's per-seed configs)."""
+    """RESULTS.md's opening table: per claim of results/claims.json the paper's number and ours, from the cell's runs or
+    the runs it names. So that no number is typed by hand, a verdict's {table/row/col[/metric]} reads that cell's median
+    and the results/ tables RESULTS.md shows are pasted anew. claimed_cell(name, row, col, where): (table, seeds' configs)."""
     listing = os.path.join(results, "claims.json")
     if not os.path.isfile(listing):
         raise UsageError(f"no {listing}: the claims to tabulate")

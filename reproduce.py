@@ -1,20 +1,16 @@
 """Regenerate the paper's tables and figures: a sweep of train.py runs, ours beside the paper's, as markdown and PNG.
 
     OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # reduced protocol, 2 CPU cores
-    python reproduce.py all --scale cpu --jobs 2                        # every table and figure, one after another
     python reproduce.py table2 --scale paper                            # the paper's configurations, one run per GPU
     python reproduce.py all --scale paper --plan                        # what that costs on an H100, trains nothing
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
 
-What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7, Figures 2, 3,
-5, 8: read from each run's analysis.json, made as the run finishes). Each cell is one TrainConfig trained for
-several seeds (sweep.py: in this process or --jobs processes, one per GPU by default) into
-runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a finished run is skipped and a checkpointed one resumes,
-so an interrupted sweep picks up where it stopped. Writes results/<table>-<scale>.md (our median [min, max]
-over seeds beside the paper's number, the protocol, each cell's train.py command) and a .png of the same
-numbers in the paper's form (figures.py). `--scale paper` is the paper's protocol (docs/protocol.md §3);
-`--scale cpu` each task's laptop variant (config.CPU_VARIANTS, §8). --print-commands hands the runs to a
-scheduler instead and --plan prices them; `claims` rewrites RESULTS.md's claims table from the runs.
+What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7, Figures 2, 3, 5, 8:
+read from each run's analysis.json, made as the run finishes). Each cell is one TrainConfig trained for several seeds
+(sweep.py) into runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a finished run is skipped and a checkpointed one
+resumes, so an interrupted sweep picks up where it stopped. Writes results/<table>-<scale>.md (our median [min, max]
+over seeds beside the paper's number, the protocol, each cell's train.py command) and a .png of the same numbers in
+the paper's form (figures.py); `claims` rewrites RESULTS.md's claims table from the runs.
 """
 
 import os
@@ -34,12 +30,10 @@ from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
 
+
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
-    """The TrainConfig of one cell: the paper's protocol for the task, or its cpu variant."""
     cfg = TrainConfig(task=task, **settings)
-    if scale == "paper":
-        return replace(cfg, scale="paper")
-    return cpu_variant(cfg)
+    return replace(cfg, scale="paper") if scale == "paper" else cpu_variant(cfg)
 
 
 # ---------------------------------------------------------------------------
@@ -48,6 +42,7 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
 
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
+MODES = {"Normal": "full", "Random": "frozen"}  # the paper's models -> their training mode
 WIDE = {"paper": 1024, "cpu": CPU_WIDTH}  # the wide models' width: Table 1's "wide" columns, and the explanation's models
 TABLE1_COLS = {  # column -> settings; "wide" is WIDE[scale], and names its columns
     "Random wide": {"mode": "frozen"}, "Random 16": {"mode": "frozen", "width": 16}, "Normal wide": {"mode": "full"},
@@ -67,9 +62,6 @@ TABLE2_PAPER = {  # row -> one number per column; "modadd (train)" is accuracy o
     "addition": [27.3, 100.0, 48.5],
     "parens": [92.3, 100.0, 100.0],
 }
-FIG7_WIDTHS = [16, 64, 128, 256, 512, 1024]
-FIG4_WIDTHS = [64, 128, 256, 512, 1024]
-FIG6_TARGET_WIDTHS = [4, 8, 12, 16, 32, 64, 128]
 
 
 def table1(scale):
@@ -92,8 +84,7 @@ def table2(scale):
 
 def table3(scale):
     cols = ["accuracy", "bits", "bits_per_parameter"]
-    configs = {(row, col): task_config("memorize", scale, mode=mode)
-               for row, mode in (("Normal", "full"), ("Random", "frozen")) for col in cols}
+    configs = {(row, col): task_config("memorize", scale, mode=MODES[row]) for row in MODES for col in cols}
     paper = {("Normal", "accuracy"): 80.54, ("Normal", "bits"): 1_900_177, ("Normal", "bits_per_parameter"): 2.88,
              ("Random", "accuracy"): 4.53, ("Random", "bits"): 106_876, ("Random", "bits_per_parameter"): 0.41}
     note = "Columns are final.json keys; each row is one run per seed. " + (
@@ -116,20 +107,19 @@ def table9(scale):
 
 def fig7(scale):
     rows = ["needle", "addition", "parens"]
-    widths = {"paper": FIG7_WIDTHS, "cpu": [16, 128, CPU_WIDTH]}[scale]
+    widths = {"paper": [16, 64, 128, 256, 512, 1024], "cpu": [16, 128, CPU_WIDTH]}[scale]
     cols = [f"{kind} {w}" for kind in ("Random", "Normal") for w in widths]
-    configs = {(row, col): task_config(row, scale, mode="frozen" if col.startswith("Random") else "full", width=int(col.split()[1]))
+    configs = {(row, col): task_config(row, scale, mode=MODES[col.split()[0]], width=int(col.split()[1]))
                for row in rows for col in cols}
     return Table("fig7", "Figure 7: test accuracy (%) across widths (the paper gives box plots, no numbers)",
                  "accuracy", rows, cols, configs)
 
 
 def fig4(scale):
-    widths = {"paper": FIG4_WIDTHS, "cpu": [32, 64, 128]}[scale]
+    widths = {"paper": [64, 128, 256, 512, 1024], "cpu": [32, 64, 128]}[scale]
     rows = ["Normal", "Random"]
     cols = [f"{layers} layers, width {w}" for layers in (2, 4) for w in widths]
-    configs = {(row, col): task_config("lm", scale, mode="full" if row == "Normal" else "frozen", layers=int(col[0]),
-                                       width=int(col.split()[-1]))
+    configs = {(row, col): task_config("lm", scale, mode=MODES[row], layers=int(col[0]), width=int(col.split()[-1]))
                for row in rows for col in cols}
     paper = {("Normal", "4 layers, width 1024"): 1.35, ("Random", "2 layers, width 512"): 2.64}
     note = ("Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random 512-wide 2-layer ~2.64 (read off Figure 4). "
@@ -139,20 +129,18 @@ def fig4(scale):
 
 
 def fig6(scale):
-    targets = {"paper": FIG6_TARGET_WIDTHS, "cpu": [8, 12, 16, 32]}[scale]  # cpu: the paper's 12 -> 16 -> 32 and one below
+    targets = {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[scale]  # cpu: 8 and the paper's 12 -> 16 -> 32
     rows = ["Normal", "Random"]
     cols = [f"target {w}" for w in targets]
-    configs = {(row, col): task_config("imitate", scale, mode="full" if row == "Normal" else "frozen", layers=3,
-                                       target_width=int(col.split()[1]))
+    configs = {(row, col): task_config("imitate", scale, mode=MODES[row], layers=3, target_width=int(col.split()[1]))
                for row in rows for col in cols}
     return Table("fig6", "Figure 6: circuit imitation test KL across target widths (lower is better)", "kl", rows, cols, configs,
                  note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact numbers).")
 
 
 def paper_comparison(cfg: TrainConfig, final: dict):
-    """'<ours>; the paper's <cell>: <number> (<table>)' for a finished run standing for a cell of Tables 1,
-    2, 3 or 9 (same task, mode and architecture; width 16 for the narrow columns, else the wide ones,
-    whatever the scale), or None where the paper has no comparable number."""
+    """'<ours>; the paper's <cell>: <number> (<table>)' for a finished run standing for a cell of Tables 1, 2, 3 or 9
+    (same task, mode and architecture, width 16 or wide whatever the scale), or None where the paper has no number."""
     for build in (table1, table2, table3, table9):
         table = build("paper")
         for (row, col), cell in table.configs.items():
@@ -168,8 +156,7 @@ def paper_comparison(cfg: TrainConfig, final: dict):
 
 
 # ---------------------------------------------------------------------------
-# Why random transformers can: the explanation's tables (section 4.2, section 6,
-# appendix E), each column read from a run's analysis.json or metrics.jsonl
+# Why random transformers can: the explanation's tables (sections 4.2, 6, appendix E)
 # ---------------------------------------------------------------------------
 
 
@@ -198,8 +185,7 @@ def wide_models(scale, task: str, models=("Random", "Normal")) -> dict:
 
 
 def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
-    """Tables 4, 5 and 7: % of hidden-state variance in the top 10 principal components, then in the top 10 neurons,
-    after the embedding and after each of the model's layers."""
+    """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the embedding and each layer."""
     names = ["Emb"] + [f"L{i}" for i in range(1, layers + 1)]
     cols = {f"{kind} {name}": analysis_reader("variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i])
             for kind in ("PC", "Neuron") for i, name in enumerate(names)}
@@ -233,10 +219,9 @@ def table4(scale):
 
 
 def lm_models(scale) -> dict:
-    """Table 5's language models, 4 layers of width 512 at either scale: the paper's protocol, or the cpu
-    variant's corpus, context and one epoch (docs/protocol.md §8)."""
+    """Table 5's language models, 4 layers of width 512 at either scale, otherwise the scale's (docs/protocol.md §8)."""
     # width after the variant, as `train.py --width 512 --scale cpu` sets it: the variant's lm width is Figure 4's 128
-    return {row: replace(task_config("lm", scale, mode=mode, layers=4), width=512) for row, mode in (("Normal", "full"), ("Random", "frozen"))}
+    return {row: replace(task_config("lm", scale, mode=mode, layers=4), width=512) for row, mode in MODES.items()}
 
 
 def table5(scale):
@@ -248,7 +233,6 @@ def table5(scale):
 
 
 def fig5(scale):
-    """Figure 5: how one random and one normal language model (Table 5's) continue the same story prompt."""
     def completion(r):
         return " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/")
     return read_table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model",
@@ -259,8 +243,6 @@ def fig5(scale):
 
 
 def fig2(scale):
-    """Figure 2: needle's two attention heads, found per seed: the layer-1 head where each value attends to
-    its marker, the layer-2 head where the query attends to the queried value (mean attention over the test set)."""
     cols = {f"L{layer + 1} {name}": analysis_reader("attention", lambda r, key=key, layer=layer: 100 * max(r[key][layer]))
             for key, name in (("value_to_marker", "value -> its marker"), ("query_to_value", "query -> queried value"))
             for layer in (0, 1)}
@@ -272,8 +254,7 @@ def fig2(scale):
 
 
 def fig3(scale):
-    """Figure 3 and section 4.2: modadd's token embedding forms circles (the paper draws principal components
-    1 and 3), and the network is a Clock: gradient symmetricity and distance irrelevance, the paper's 0.88 and 0.88."""
+    """Figure 3 draws modadd's embedding on principal components 1 and 3; section 4.2 finds its random model a Clock."""
     cols = {"circle in PCs 1 and 3": analysis_reader("embedding", lambda r: r["circles"]["pcs_1_3"]),
             "best circle in PCs 1-4": analysis_reader("embedding", lambda r: r["circles"]["best"]["score"]),
             "gradient symmetricity": analysis_reader("clock_pizza", lambda r: r["gradient_symmetricity"]),
@@ -288,8 +269,7 @@ def fig3(scale):
 
 
 def parens(scale):
-    """Parentheses by string length: each wide cell of Tables 1 and 2 on the test strings whose (length, answer)
-    training shows and on those it never shows (docs/protocol.md §4: the test-set exclusion rule)."""
+    """Tables 1 and 2's parentheses runs on the test strings training shows and on the rest (docs/protocol.md §4)."""
     wide, task_tables = WIDE[scale], (table1(scale), table2(scale))
     rows = [f"{model} {width}" for model, width in (("Random", wide), ("Normal", wide), ("Random", 16), ("Normal", 16), ("LSTM", wide))]
     cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else TABLE2_COLS)}
@@ -304,8 +284,6 @@ def parens(scale):
 
 
 def fig8(scale):
-    """Figure 8: Table 3's memorization runs over training. Converged in the paper's sense means flat while the
-    lr is still up; a curve that flattens only as the cosine schedule takes the lr to zero has not."""
     def flat(i):
         return lambda run_dir: (flat_from(read_metrics(run_dir)) or (None, None))[i] if run_state(run_dir) == "finished" else None
     return read_table("fig8", "Figure 8: memorization accuracy during training, and whether it converged",
@@ -331,10 +309,9 @@ def slug(text: str) -> str:
 
 
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
-    """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3
-    and 5 share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
-    trains exactly a Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's
-    tables) shares its runs."""
+    """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3 and 5 share one
+    run per row, Table 2's modadd (train) shares the modadd runs, and a cell that trains exactly a Table 1, 2, 3 or 5
+    cell (Figure 7's width 16 and widest, the explanation's tables) shares its runs."""
     owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale), table5(scale))
               for key, other in owner.configs.items()]
     runs = {}

@@ -2,17 +2,11 @@
 
     OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2            # sweep: train what is not finished, then draw
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
-    python reproduce.py all --scale paper --plan                               # what the paper scale costs on an H100
 
-Serves every table and figure reproduce.py regenerates (Tables 1, 2, 3 and 9, Figures 4, 6 and 7).
-sweep trains each unfinished run with train.train, in this process or in a pool of --jobs worker
-processes (one per GPU by default), longest first; a finished run is skipped and a checkpointed one
-resumes, so an interrupted sweep picks up where it stopped.
-
---print-commands hands the runs to a scheduler instead: a shell line per unfinished run, safe
-to rerun after a kill, for a SLURM job array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`)
-or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then draws the tables.
---plan predicts each run's steps, tokens, FLOPs and H100 time from its config, training nothing.
+Serves every table and figure reproduce.py regenerates. sweep trains each unfinished run with train.train, in this
+process or in a pool of --jobs worker processes (one per GPU by default), longest first. --print-commands hands the
+runs to a scheduler instead, a line each, for a SLURM job array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`)
+or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then draws the tables. --plan prices each run.
 """
 
 import ctypes
@@ -65,17 +59,18 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
     if state != "finished":
         print(f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})", flush=True)
         train.train(replace(cfg, overwrite=True), resume=state == "resume")
-    if cfg.task == "modadd" and not os.path.exists(os.path.join(cfg.out, "train_split.json")):
-        write_json(os.path.join(cfg.out, "train_split.json"), train_split_metrics(cfg.out))
+    split = os.path.join(cfg.out, "train_split.json")
+    if cfg.task == "modadd" and not os.path.exists(split):  # Table 2's train accuracy: the run scored on its training split
+        saved, task, model, _ = load_run(cfg.out)
+        write_json(split, train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype))
     analyse(cfg.out, analyses)
     final = read_json(os.path.join(cfg.out, "final.json"), optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)})
     return final, state, time.time() - start
 
 
 def analyse(run_dir: str, names):
-    """The analyses `names` of a finished run that its analysis.json lacks, made now: its weights
-    (model.pt) stay on this machine, so a run is analysed as soon as it finishes, and once its
-    analysis.json is committed a fresh clone redraws the table without weights or training."""
+    """Make the analyses `names` a finished run's analysis.json lacks, now: its weights (model.pt) stay on this machine,
+    so a run is analysed as soon as it finishes; once analysis.json is committed a fresh clone redraws without them."""
     path = os.path.join(run_dir, "analysis.json")
     done = read_json(path) if os.path.exists(path) else {}
     for name in names:
@@ -83,24 +78,15 @@ def analyse(run_dir: str, names):
             analyze.main([run_dir, "--only", name])
 
 
-@torch.no_grad()
-def train_split_metrics(run_dir: str) -> dict:
-    """A finished modadd run scored on its training split (Table 2's train accuracy)."""
-    cfg, task, model, _ = load_run(run_dir)
-    return train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=cfg.dtype)
-
-
 def run_cost(cfg: TrainConfig) -> float:
-    """A run's training time relative to others', enough to start the longest runs first so that --jobs
-    workers finish together rather than one of them running the last long run alone."""
+    """A run's training time relative to others': the longest start first, so --jobs workers finish together."""
     tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
     body = 1.5 if cfg.mode == "full" else 1.0
     return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
 
 
 def sweep(table, runs: dict, jobs: int) -> int:
-    """Train every run of the table not yet finished, longest first, printing one line per run; returns
-    how many it trained (or resumed)."""
+    """Train the table's unfinished runs, longest first, printing a line per run; returns how many it trained (or resumed)."""
     todo = sorted({cfg.out: cfg for cell in runs.values() for cfg in cell}.values(), key=run_cost, reverse=True)
     for cfg in todo:
         check_same_config(cfg)
@@ -196,8 +182,7 @@ PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs
 
 
 def run_estimate(cfg: TrainConfig) -> tuple:
-    """(steps, tokens, model FLOPs, predicted H100 seconds) of one run of cfg, from its settings
-    alone (PLAN_NOTE says how): nothing trains, no corpus is read."""
+    """(steps, tokens, model FLOPs, predicted H100 seconds) of cfg's run from its settings: nothing trains, no corpus is read."""
     if cfg.task == "lm":  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
         lm = TASKS["lm"]
         batch_size = cfg.batch_size or lm.batch_size
