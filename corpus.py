@@ -5,11 +5,10 @@
     tokenizer_path = load_or_train_tokenizer(train_path, vocab=10_000)
     tokens = load_or_tokenize(train_path, tokenizer_path, vocab=10_000)  # uint16 memmap
 
-Serves the paper's language-modeling experiment (section 5.2, appendix D.1.4),
-which trains on TinyStories. TinyStories cannot be downloaded here, so a small
-story grammar writes a stand-in corpus in the same file format; a real
-TinyStories-train.txt works the same way. Caches are written beside the text
-and redone when the text (or the tokenizer) is newer.
+Serves the paper's language-modeling experiment (section 5.2, appendix D.1.4), which trains on TinyStories.
+TinyStories cannot be downloaded here, so a small story grammar writes a stand-in corpus in the same file format; a
+real TinyStories-train.txt works the same way. Caches are written beside the text and redone when the text (or the
+tokenizer) is newer.
 """
 
 import itertools
@@ -47,7 +46,7 @@ def read_stories(path: str):
     story = []
     with open(path, encoding="utf-8") as f:
         try:
-            for line in f:
+            for line in itertools.chain(f, [END_OF_TEXT]):  # a separator after the last line ends the last story
                 *finished, rest = line.split(END_OF_TEXT)
                 for part in finished:
                     text = "".join(story + [part]).strip()
@@ -57,9 +56,6 @@ def read_stories(path: str):
                 story.append(rest)
         except UnicodeDecodeError as e:
             raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None
-    text = "".join(story).strip()
-    if text:
-        yield text
 
 
 def has_stories(path: str) -> bool:
@@ -67,7 +63,6 @@ def has_stories(path: str) -> bool:
 
 
 def is_fresh(cache: str, source: str) -> bool:
-    """A cache file is reused unless its source text changed after it was written."""
     return os.path.exists(cache) and os.path.getmtime(cache) >= os.path.getmtime(source)
 
 
@@ -90,9 +85,8 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
 
 
 def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
-    """The file's stories as one uint16 token stream, each story followed by <|endoftext|>,
-    cached beside it as <file stem>.bpe<vocab>.u16 and memory-mapped (TinyStories is
-    ~0.5B tokens); redone when the text or the tokenizer is newer than the cache."""
+    """The file's stories as one uint16 token stream, each story followed by <|endoftext|>, cached beside it as
+    <file stem>.bpe<vocab>.u16 and memory-mapped (TinyStories is ~0.5B tokens)."""
     cache = f"{os.path.splitext(path)[0]}.bpe{vocab}.u16"
     if not (is_fresh(cache, path) and is_fresh(cache, tokenizer_path)):
         if not has_stories(path):  # an empty cache cannot be memory-mapped
@@ -110,10 +104,8 @@ def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
     return np.memmap(cache, dtype=np.uint16, mode="r")
 
 
-# The shipped corpus: a small story grammar standing in for TinyStories, which
-# cannot be downloaded here. Stories repeat names, keep pronouns agreeing with
-# them and reuse objects introduced earlier, so a model gains from attending to
-# the context, not only from word statistics.
+# The shipped corpus's grammar. Stories repeat names, keep pronouns agreeing with them and reuse objects introduced
+# earlier, so a model gains from attending to the context, not only from word statistics.
 
 GIRLS = "Lily Mia Sara Anna Emma Zoe Lucy Ella Amy Rose Kate Nora Ruby Ivy Jane".split()
 BOYS = "Tom Max Ben Sam Leo Jack Tim Finn Noah Jake Luke Owen Adam Hugo Dan".split()
@@ -136,12 +128,12 @@ def a(word: str) -> str:
 def story(rng) -> str:
     """One story from the grammar: opening, liking, outing, one of four problems, resolution, ending."""
     pick = rng.choice
-    hero_pronoun, friend_pronoun = pick(["she", "he"]), pick(["she", "he"])
-    hero = pick(GIRLS if hero_pronoun == "she" else BOYS)
+    he, friend_pronoun = pick(["she", "he"]), pick(["she", "he"])
+    hero = pick(GIRLS if he == "she" else BOYS)
     friend = pick([n for n in (GIRLS if friend_pronoun == "she" else BOYS) if n != hero])
-    he, He, his = hero_pronoun, hero_pronoun.capitalize(), "her" if hero_pronoun == "she" else "his"
-    him = "her" if hero_pronoun == "she" else "him"
-    kind = pick([("girl" if he == "she" else "boy"), "little " + ("girl" if he == "she" else "boy"), pick(ANIMALS)])
+    He = he.capitalize()
+    his, him, child = ("her", "her", "girl") if he == "she" else ("his", "him", "boy")
+    kind = pick([child, "little " + child, pick(ANIMALS)])
     thing, adjective, place, relative = pick(OBJECTS), pick(ADJECTIVES), pick(PLACES), pick(RELATIVES[friend_pronoun])
     animal = pick(ANIMALS)
     lines = [pick([f"Once upon a time, there was {a(kind)} named {hero}.",
@@ -187,9 +179,8 @@ def story(rng) -> str:
 
 
 def write_story_corpus(directory: str, n_train: int = 5000, n_valid: int = 500) -> str:
-    """Write stories-train.txt and stories-valid.txt (stories separated by <|endoftext|>, as
-    TinyStories ships) into directory, unless already there; return the train file's path.
-    Deterministic: the same arguments always write the same bytes."""
+    """Write stories-train.txt and stories-valid.txt (stories separated by <|endoftext|>, as TinyStories ships) into
+    directory, unless already there; return the train file's path. Deterministic: the same arguments, the same bytes."""
     train_path = os.path.join(directory, "stories-train.txt")
     if os.path.exists(train_path):
         return train_path

@@ -4,13 +4,11 @@
     model = GPT(GPTConfig(vocab_size=256, n_positions=100))
     counts = apply_training_mode(model, "frozen")   # only wte, wpe, lm_head train
 
-Serves the whole paper (Zhong & Andreas 2024, "Algorithmic Capabilities of
-Random Transformers", section 3): a "random transformer" is this model with
-every block left at its random initialization and only the embeddings trained.
-Baselines live here too: LSTM (the paper's recurrent baseline) and
-GPTConfig(attention="linear") (Table 9's linearized transformer).
-Names follow GPT-2 (wte wpe h ln_1 attn.c_attn c_proj mlp.c_fc ln_2 ln_f
-lm_head) so weights map onto GPT-2 checkpoints and readers recognise them.
+Serves the whole paper (Zhong & Andreas 2024, "Algorithmic Capabilities of Random Transformers", section 3): a
+"random transformer" is this model with every block left at its random initialization and only the embeddings
+trained. Baselines live here too: LSTM (the paper's recurrent baseline) and GPTConfig(attention="linear") (Table 9's
+linearized transformer). Names follow GPT-2 (wte wpe h ln_1 attn.c_attn c_proj mlp.c_fc ln_2 ln_f lm_head) so
+weights map onto GPT-2 checkpoints and readers recognise them.
 """
 
 import fnmatch
@@ -30,20 +28,18 @@ class GPTConfig:
     n_layer: int = 2  # transformer blocks
     n_head: int = 4  # attention heads per block; must divide n_embd
     attention: str = "softmax"  # "linear": Table 9's baseline, attention matrix = causal all-ones
-    pos: str = "learned"  # "sinusoidal": fixed sin/cos positions, a buffer that never trains
+    pos: str = "learned"  # "sinusoidal": fixed sin/cos positions, a buffer that never trains and is never counted
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a fused qkv projection.
 
-    One path computes it, for training and for analysis alike: each query at
-    position t mixes the values at positions <= t with weights pattern =
-    softmax(q k^T * scale) (linear attention: the unnormalized all-ones causal
-    matrix instead, Table 9). With a cache the pattern is materialised, stored as
-    "blocks.{i}.attn.pattern" and applied; without one, a fused kernel computes
-    the same mix (scaled_dot_product_attention, or a running sum for linear
-    attention) without ever holding the (T, T) pattern. Edit `scale`, `mask` or
-    `pattern` and both change; the tests check that the two kernels agree.
+    One path computes it, for training and for analysis alike: each query at position t mixes the values at
+    positions <= t with weights pattern = softmax(q k^T * scale) (linear attention: the unnormalized all-ones causal
+    matrix instead, Table 9). With a cache the pattern is materialised, stored as "blocks.{i}.attn.pattern" and
+    applied; without one, a fused kernel computes the same mix (scaled_dot_product_attention, or a running sum for
+    linear attention) without ever holding the (T, T) pattern. Edit `scale`, `mask` or `pattern` and both change;
+    the tests check that the two kernels agree.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -57,7 +53,11 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, cache=None, name="", pos=None):
         """x (B, T, C) -> (B, T, C), or with pos (B, A) the output at those positions only, (B, A, C)."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2) if pos is None else self.project_at(x, pos)
+        if pos is None:
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:  # q at pos only, k and v everywhere: c_attn's query third is skipped where nothing is scored
+            w, b = self.c_attn.weight, self.c_attn.bias
+            q, (k, v) = F.linear(at(x, pos), w[:C], b[:C]), F.linear(x, w[C:], b[C:]).split(C, dim=2)
         q, k, v = (t.view(B, t.size(1), self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, *, hs)
         if cache is not None:
             pattern = self.pattern(q, k, self.mask(T, pos, x.device))  # (B, nh, A, T)
@@ -78,9 +78,7 @@ class CausalSelfAttention(nn.Module):
     def mask(T, pos, device):
         """Which keys each query sees: (T, T) causal, or (B, 1, A, T) for queries at positions pos (B, A)."""
         keys = torch.arange(T, device=device)
-        if pos is None:
-            return keys <= keys[:, None]
-        return keys <= pos[:, None, :, None]
+        return keys <= (keys[:, None] if pos is None else pos[:, None, :, None])
 
     def pattern(self, q, k, mask):
         """The attention weights (B, nh, A, T) that mix the values."""
@@ -88,14 +86,6 @@ class CausalSelfAttention(nn.Module):
             return mask.to(q.dtype).expand(q.size(0), self.n_head, q.size(2), k.size(2))
         scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, A, T)
         return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-
-    def project_at(self, x, pos):
-        """q at pos only, k and v everywhere: c_attn's query third is skipped where nothing is scored."""
-        C = x.size(-1)
-        w, b = self.c_attn.weight, self.c_attn.bias
-        q = F.linear(at(x, pos), w[:C], b[:C])
-        k, v = F.linear(x, w[C:], b[C:]).split(C, dim=2)
-        return q, k, v
 
 
 class MLP(nn.Module):
@@ -127,11 +117,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 decoder: token + positional embedding, blocks, ln_f, unbiased unembedding.
-
-    With cfg.pos = "sinusoidal", wpe is a fixed (n_positions, n_embd) buffer rather
-    than a parameter, so it never trains and drops out of the parameter counts.
-    """
+    """GPT-2 decoder: token + positional embedding, blocks, ln_f, unbiased unembedding."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -172,13 +158,10 @@ class GPT(nn.Module):
                 p.normal_(0.0, 0.02)
 
     def forward(self, idx, pos=None, cache=None):
-        """Logits for tokens idx (B, T).
+        """Logits for tokens idx (B, T): (B, T, vocab), or (B, A, vocab) at positions pos (B, A) only.
 
-        pos (B, A): positions whose logits are wanted; the unembedding then runs
-        only there and the result is (B, A, vocab). Without pos: (B, T, vocab).
-        cache: a dict to fill with activations for analysis, named like
-        TransformerLens: "embed" and "blocks.{i}.resid_post" (B, T, C),
-        "blocks.{i}.attn.pattern" (B, nh, T, T).
+        cache: a dict to fill with activations for analysis, named like TransformerLens: "embed" and
+        "blocks.{i}.resid_post" (B, T, C), "blocks.{i}.attn.pattern" (B, nh, T, T).
         """
         B, T = idx.shape
         if T > self.cfg.n_positions:
@@ -221,10 +204,9 @@ def sinusoids(n_positions, n_embd):
 class LSTM(nn.Module):
     """The paper's LSTM baseline: Embedding -> torch LSTM(d, d, n_layer) -> Linear(d, vocab).
 
-    Reads vocab_size, n_embd and n_layer from a GPTConfig so both architectures
-    are built and counted the same way; it has no positional embedding (order is
-    in the recurrence) and no heads. Torch's default init throughout (the paper
-    gives none); always fully trained in the paper.
+    Reads vocab_size, n_embd and n_layer from a GPTConfig so both architectures are built and counted the same
+    way; it has no positional embedding (order is in the recurrence) and no heads. Torch's default init throughout
+    (the paper gives none); always fully trained in the paper.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -235,10 +217,8 @@ class LSTM(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size)
 
     def forward(self, idx, pos=None, cache=None):
-        """Logits at positions pos (B, A) -> (B, A, vocab), or everywhere (B, T, vocab) without pos.
-
-        cache: filled with "embed" and "lstm.out" (B, T, C), the last layer's hidden states.
-        """
+        """Logits at positions pos (B, A) -> (B, A, vocab), or everywhere (B, T, vocab) without pos; cache: filled
+        with "embed" and "lstm.out" (B, T, C), the last layer's hidden states."""
         x = self.wte(idx)  # (B, T, C)
         h, _ = self.lstm(x)  # (B, T, C)
         if cache is not None:
@@ -248,9 +228,8 @@ class LSTM(nn.Module):
         return self.lm_head(h)
 
 
-# What each training mode of the paper trains (docs/protocol.md §2). Every
-# parameter is an embedding ("wte", "wpe"), the unembedding ("lm_head"), or
-# part of the body (blocks and ln_f, or the LSTM's recurrence), which only "full" trains.
+# What each training mode of the paper trains (docs/protocol.md §2). Every parameter is an embedding ("wte", "wpe"),
+# the unembedding ("lm_head"), or part of the body (blocks and ln_f, or the LSTM's recurrence), which only "full" trains.
 TRAINING_MODES = {
     "full": {"wte", "wpe", "lm_head", "body"},  # "Normal" transformer
     "frozen": {"wte", "wpe", "lm_head"},  # "Random" transformer
@@ -274,7 +253,7 @@ def parameter_group(name: str) -> str:
 def mask_patterns(mode: str) -> list:
     """A mode that is no named mode is a mask: comma-separated parameter-name patterns (fnmatch), each
     naming the parameters it matches or those under it: "wte,wpe,lm_head,h.1.*", "h.0.attn", "ln_f"."""
-    return [] if mode in TRAINING_MODES else [p.strip() for p in mode.split(",") if p.strip()]
+    return [p.strip() for p in mode.split(",") if p.strip()]
 
 
 def matches(name: str, pattern: str) -> bool:

@@ -5,13 +5,8 @@
     batch = task.sample(1000, torch.Generator().manual_seed(0))
     test = task.test_set()
 
-Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic
-tasks, memorization, circuit imitation and language modeling; token ids follow
-docs/protocol.md §4 exactly. Every task hands the trainer a `Batch`: input
-tokens x, the positions whose next-token prediction is scored (`pos`) and the
-answer token at each of them (`y`, -1 where a row has fewer answers); circuit
-imitation adds the target's distribution (`target`). The model runs its
-unembedding only at `pos`, so the loss never touches a padded position.
+Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic tasks, memorization, circuit imitation
+and language modeling; token ids follow docs/protocol.md §4 exactly.
 """
 
 import math
@@ -30,6 +25,8 @@ TEST_SEED = 1_000_003  # every test set is drawn from this seed, whatever the ru
 
 @dataclass
 class Batch:
+    """What every task hands the trainer. The model runs its unembedding only at pos, so the loss never sees padding."""
+
     x: torch.Tensor  # (B, T) input tokens
     pos: torch.Tensor  # (B, A) positions whose logits are scored
     y: torch.Tensor  # (B, A) answer token at each position, -1 = no answer there
@@ -77,10 +74,9 @@ class Batch:
         return self.apply(lambda t: torch.take_along_dim(t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), row_dim))
 
 
-# Rows are sorted by length and cut into this many chunks, each trimmed after
-# its own last answer. With uniform lengths (needle, parens) n chunks feed
-# (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8, so
-# past 4 the saving is small while each chunk costs its own kernel launches.
+# Rows are sorted by length and cut into this many chunks, each trimmed after its own last answer. With uniform
+# lengths (needle, parens) n chunks feed (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8,
+# so past 4 the saving is small while each chunk costs its own kernel launches.
 LENGTH_CHUNKS = 4
 
 
@@ -176,13 +172,11 @@ def uniform_below(n, generator):
 class FiniteTask(Task):
     """A task with a fixed training set, `self.train_set`, passed over `epochs` times, and test set `self.test`.
 
-    Each batch draws rows uniformly with replacement, so the paper's shuffled
-    epochs become the same number of steps with the same expected passes over
-    every example.
+    Each batch draws rows uniformly with replacement, so the paper's shuffled epochs become the same number of steps
+    with the same expected passes over every example.
     """
 
     def steps_for(self, batch_size: int) -> int:
-        """The steps that pass over the training set `epochs` times at this batch size."""
         return math.ceil(self.epochs * len(self.train_set) / batch_size)
 
     def sample(self, batch_size, generator):
@@ -235,9 +229,8 @@ class ModularAddition(FiniteTask):
 class Needle(StreamTask):
     """Recall the value stored after a queried marker.
 
-    Example: a 1 b 2 c 3 d 4 b -> x = [128, 1, 129, 2, 130, 3, 131, 4, 159],
-    scored at position 8 (the query, marker b = 129 plus 30), answer 2.
-    k ~ U[1, max_pairs] distinct markers, values from [1, 127], padding 0.
+    Example: a 1 b 2 c 3 d 4 b -> x = [128, 1, 129, 2, 130, 3, 131, 4, 159], scored at position 8 (the query,
+    marker b = 129 plus 30), answer 2. k ~ U[1, max_pairs] distinct markers, values from [1, 127], padding 0.
     """
 
     max_pairs: int = 30
@@ -280,11 +273,9 @@ PLUS, EQUALS, ADD_PAD, SUM_DIGIT0, SUM_END = 10, 11, 12, 20, 30
 class Addition(StreamTask):
     """Add two `digits`-digit numbers, every number written least significant digit first.
 
-    Example (digits = 3): 123 + 989 = 1112 ->
-    x = [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21] (the input is the full sequence
-    minus its last token), answers [22, 21, 21, 21, 30] at positions 7..11:
-    sum digits as tokens 20..29, then the end token 30; pad 12. Scored per
-    answer token (every sum digit and the end token) and by exact match.
+    Example (digits = 3): 123 + 989 = 1112 -> x = [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21] (the input is the full
+    sequence minus its last token), answers [22, 21, 21, 21, 30] at positions 7..11: sum digits as tokens 20..29,
+    then the end token 30; pad 12. Scored per answer token (every sum digit and the end token) and by exact match.
     """
 
     digits: int = 10
@@ -332,12 +323,10 @@ OPEN, CLOSE, QUERY = 1, 2, 3
 class Parens(StreamTask):
     """Is a string of up to `max_parens` parentheses balanced?
 
-    Example: ( ) ( ( ) ? -> x = [1, 2, 1, 1, 2, 3], scored at position 5 (the
-    '?'), answer 1 (unbalanced); a balanced string is answered 2.
-    Generate-then-mutate exactly as the authors' sampler (docs/protocol.md §4.4):
-    1/3 uniformly random strings, 2/3 random balanced strings of t ~ U[1,
-    max_parens/2] pairs, then random swaps and flips. Vectorized over the
-    batch with the same distribution as the per-example recursive sampler.
+    Example: ( ) ( ( ) ? -> x = [1, 2, 1, 1, 2, 3], scored at position 5 (the '?'), answer 1 (unbalanced); a
+    balanced string is answered 2. Generate-then-mutate exactly as the authors' sampler (docs/protocol.md §4.4): 1/3
+    uniformly random strings, 2/3 random balanced strings of t ~ U[1, max_parens/2] pairs, then random swaps and
+    flips. Vectorized over the batch with the same distribution as the per-example recursive sampler.
     """
 
     max_parens: int = 60
@@ -398,9 +387,8 @@ def geometric_count(n, generator):
 def balanced_strings(pairs, width, generator):
     """Random balanced strings of `pairs` pairs each, by the authors' recursion.
 
-    balanced(1) = "()"; balanced(t) = "(" + balanced(t-1) + ")" with prob 1/2,
-    else balanced(u) + balanced(t-u) with u ~ U[1, t-1]. Instead of recursing
-    per example, every pending sub-string of the whole batch is one row of
+    balanced(1) = "()"; balanced(t) = "(" + balanced(t-1) + ")" with prob 1/2, else balanced(u) + balanced(t-u) with
+    u ~ U[1, t-1]. Instead of recursing per example, every pending sub-string of the whole batch is one row of
     (example, offset, t) and each loop expands all of them one level.
     """
     device = pairs.device
@@ -430,11 +418,9 @@ def balanced_strings(pairs, width, generator):
 class Memorization(FiniteTask):
     """Memorize a random map from key pairs to values; the training set is the test set.
 
-    Example: x = [7, 600] (keys 7 and 600 - 512 = 88), scored at position 1,
-    answer z = the value drawn for that pair, uniform in [0, 511]. The paper uses
-    keys = 512: 262,144 pairs x 9 bits. Vocab and positions stay 1024 and 5 at
-    every size so parameter counts match Table 3. The map is drawn once from
-    TEST_SEED, the same for every run.
+    Example: x = [7, 600] (keys 7 and 600 - 512 = 88), scored at position 1, answer z = the value drawn for that
+    pair, uniform in [0, 511]. The paper uses keys = 512: 262,144 pairs x 9 bits. Vocab and positions stay 1024 and 5
+    at every size so parameter counts match Table 3.
     """
 
     keys: int = 512
@@ -463,9 +449,8 @@ class Memorization(FiniteTask):
 def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:
     """Table 3's measures of how much a memorization run stored.
 
-    bits: each exactly recalled pair counts its full value (Table 3: accuracy
-    0.8054 over 262,144 pairs -> 1,900,177 bits). loss_bits: the information the
-    predicted distribution carries beyond a uniform guess (loss in nats per pair).
+    bits: each exactly recalled pair counts its full value (Table 3: accuracy 0.8054 over 262,144 pairs -> 1,900,177
+    bits). loss_bits: the information the predicted distribution carries beyond a uniform guess (loss in nats per pair).
     """
     value_bits = math.log2(n_values)
     bits = round(accuracy * n_pairs * value_bits)
@@ -479,12 +464,9 @@ def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:
 
 
 def imitation_target(width: int, seed: int) -> GPT:
-    """The random target transformer: vocab 512, 40 positions, 3 layers, 2 heads.
-
-    GPT-2 init drawn from `seed` (the global RNG is left untouched), then scaled
-    as the authors' code does (docs/protocol.md §4.6, §7.7) so its predictions
-    vary strongly across inputs; the unembedding ends with std 2/sqrt(width).
-    """
+    """The random target transformer: GPT-2 init drawn from `seed` (the global RNG is left untouched), then scaled as
+    the authors' code does (docs/protocol.md §4.6, §7.7) so its predictions vary strongly across inputs; the
+    unembedding ends with std 2/sqrt(width)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         target = GPT(GPTConfig(vocab_size=512, n_positions=40, n_embd=width, n_layer=3, n_head=2))
@@ -501,10 +483,9 @@ def imitation_target(width: int, seed: int) -> GPT:
 class Imitation(StreamTask):
     """Match a random target transformer's next-token distribution at the last position.
 
-    Example: x = 40 tokens uniform in [0, 511], e.g. [17, 402, ..., 88], scored
-    at position 39; the label is the target's full distribution there
-    (batch.target, log-probabilities) and the loss KL(target || model). y holds
-    the target's most likely token, so "accuracy" is top-1 agreement.
+    Example: x = 40 tokens uniform in [0, 511], e.g. [17, 402, ..., 88], scored at position 39; the label is the
+    target's full distribution there (batch.target, log-probabilities) and the loss KL(target || model). y holds the
+    target's most likely token, so "accuracy" is top-1 agreement.
     """
 
     target_width: int = 16
@@ -555,12 +536,9 @@ class LanguageModeling(Task):
 
     Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64, 301],
     pos = [0, 1, 2, 3], y = [389, 64, 301, 11]: y is x shifted by one.
-    `data` is a TinyStories-style train file (stories separated by <|endoftext|>), its validation
-    file the same name with the last "train" replaced by "valid"; without it the shipped story
-    corpus is written to data/stories/. A byte-level BPE of `vocab` tokens is trained on the train
-    file only; it and both files' tokens (uint16) are cached beside the data. Training windows start
-    anywhere in the train tokens; the test set is the validation tokens cut into consecutive windows.
-    Metric "loss" is validation cross-entropy in nats per token.
+    `data` is a TinyStories-style train file with its validation file beside it (corpus.validation_path); without
+    it the shipped story corpus is written to data/stories/. corpus.py trains a byte-level BPE of `vocab` tokens on
+    the train file and caches it and both files' tokens beside the data.
     """
 
     data: str = None
@@ -588,13 +566,12 @@ class LanguageModeling(Task):
             if len(tokens) <= self.context:
                 raise ValueError(f"{path} has {len(tokens)} tokens, fewer than context + 1 = {self.context + 1}")
         self.vocab_size = self.tokenizer.get_vocab_size()
+        self.end_of_text = self.tokenizer.token_to_id(END_OF_TEXT)
 
     def steps_for(self, batch_size: int) -> int:
-        """The steps that pass over the training tokens `epochs` times at this batch size."""
         return math.ceil(self.epochs * len(self.train_tokens) / (batch_size * self.context))
 
     def windows(self, tokens, starts):
-        """Batch of x = tokens[s : s + context], y = tokens[s + 1 : s + context + 1] per start s."""
         rows = torch.from_numpy(tokens[starts[:, None] + np.arange(self.context + 1)].astype(np.int64))  # (B, C + 1)
         pos = torch.arange(self.context).expand(len(starts), -1)
         return Batch(rows[:, :-1], pos, rows[:, 1:])
@@ -613,10 +590,6 @@ class LanguageModeling(Task):
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
-
-    @property
-    def end_of_text(self) -> int:
-        return self.tokenizer.token_to_id(END_OF_TEXT)
 
 
 # ---------------------------------------------------------------------------
