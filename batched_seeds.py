@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from dataclasses import fields
+from functools import partial
 
 import torch
 
@@ -27,9 +28,7 @@ from train import Clock, Diverged, Run, evaluate, first_line, lr_at, make_optimi
 
 def stacked_forward(base, params):
     """forward(x, pos) of N models with base's architecture and the seed-stacked params: (N, B, ...) -> (N, B, A, V)."""
-    def one(p, x, pos):
-        return torch.func.functional_call(base, p, (x, pos))
-    return lambda x, pos: torch.func.vmap(one)(params, x, pos)
+    return lambda x, pos: torch.func.vmap(partial(torch.func.functional_call, base))(params, (x, pos))
 
 
 def seed_model(base, params, i):
@@ -39,11 +38,8 @@ def seed_model(base, params, i):
 
 def seed_losses(task, logits, batch: Batch):
     """(N,) each seed's task loss: task.loss vmapped over the leading seed dimension of logits and batch."""
-    names = [f.name for f in fields(Batch) if getattr(batch, f.name) is not None]
-
-    def one(seed_logits, *tensors):
-        return task.loss(seed_logits, Batch(**dict(zip(names, tensors))))
-    return torch.func.vmap(one)(logits, *(getattr(batch, name) for name in names))
+    tensors = {f.name: getattr(batch, f.name) for f in fields(Batch) if getattr(batch, f.name) is not None}
+    return torch.func.vmap(lambda seed_logits, seed_batch: task.loss(seed_logits, Batch(**seed_batch)))(logits, tensors)
 
 
 def clip_per_seed(params, max_norm):
@@ -55,12 +51,9 @@ def clip_per_seed(params, max_norm):
 
 
 def train_batched(cfg) -> list:
-    """Train every seed of cfg.seeds at once and return each seed's final test metrics.
-
-    Each seed is a slice of stacked weights (leading seed dimension). As train.train would: its init follows
-    torch.manual_seed(seed) before building, its data its own generator seeded with its seed; a single AdamW
-    over the stack is N independent AdamWs, AdamW being elementwise. No checkpoint.pt: a batched run does not resume.
-    """
+    """Train every seed of cfg.seeds at once and return each seed's final test metrics. Each seed is a slice of
+    stacked weights (leading seed dimension); as train.train would, its init follows torch.manual_seed(seed) and its
+    data a generator seeded with its seed. One AdamW over the stack is N independent AdamWs, AdamW being elementwise."""
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise UsageError("batched seeds run in one process; use torchrun with train.py for single large runs")
     if cfg.seeds < 2:
@@ -128,18 +121,9 @@ class SeedRuns(Run):
               flush=True)
         print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
 
-    def staged(self) -> bool:
-        return self.starts[0].staged is not None
-
     def take_place(self):
         for run, start in zip(self.seeds, self.starts):
             runs.replace_old_run(run.out, start)
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)  # closes the first seed's Start
-        finally:
-            self.close()
 
     def close(self):
         for start in self.starts:

@@ -40,8 +40,7 @@ os.umask(UMASK)  # reading the process's umask means setting it: put it back at 
 
 
 def write_atomic(path, write):
-    """Write path through write(f) (f a binary file) as a temp file beside it, then os.replace it
-    into place: a kill at any moment leaves the old file or the new one, never a part."""
+    """Write path through write(f) (f a binary file): a temp file beside it, synced, then os.replace'd over it."""
     fd, temp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         os.chmod(temp, 0o666 & ~UMASK)  # mkstemp makes it private (0600); results are for others to read too
@@ -127,10 +126,9 @@ class Start:
 
 
 def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
-    """Prepare the run directory for the loop, holding its lock (a second process on the run is refused),
-    and return where the loop starts; only the lead process (rank 0) touches files. A new run is staged
-    beside cfg.out until its first step (replace_old_run), so a failed start leaves nothing and an old run
-    it would --overwrite survives any failure; a resumed run goes on from its checkpoint (restore)."""
+    """Prepare the run directory for the loop, holding its lock (a second process on the run is refused), and
+    return where the loop starts; only the lead process (rank 0) touches files. A new run is staged, so a failed
+    start leaves nothing and an old run it would --overwrite survives any failure; a resumed run restores its checkpoint."""
     if resume:
         if lead:
             finish_swap(cfg.out)
@@ -180,7 +178,11 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
     try:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        set_rng_states(checkpoint["rng"], generator)
+        rng = checkpoint["rng"]
+        torch.set_rng_state(rng["torch"])
+        generator.set_state(rng["data"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state_all(rng["cuda"])
         step, elapsed = int(checkpoint["step"]), float(checkpoint["elapsed"])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{checkpoint_path} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
@@ -303,8 +305,7 @@ class RunLock:
 
 def check_run_dir(cfg, lead=True):
     """UsageError unless cfg.out may become a new run: a path of its own, absent, empty, or (with --overwrite)
-    an old run: a directory holding config.json and only files that this program writes. First the lead
-    process settles what a killed start left beside it (finish_swap)."""
+    an old run: a directory holding config.json and only files that this program writes."""
     out = cfg.out
     if not out or not out.strip():
         raise UsageError("--out is empty; name a run directory")
@@ -352,10 +353,9 @@ JSON_NAMES = {dict: "a JSON object", list: "a JSON array", str: "a string", int:
 
 
 def read_json(path, expect=dict, keys=None, optional=None):
-    """The JSON in file `path`, checked: the one reader of every JSON file the project reads (config.json,
-    final.json, analysis.json, claims.json). expect: the top-level type; keys: {key: type} an object must hold
-    (for a list, each of its items); optional: {key: type} checked where present; a type as is_json_type takes.
-    Any malformation (not UTF-8, not JSON, too deep, a wrong type, a missing key) is one UsageError naming the file."""
+    """The JSON in file `path`, checked: any malformation (not UTF-8, not JSON, too deep, a wrong type, a missing key)
+    is one UsageError naming the file. expect: the top-level type; keys: {key: type} an object must hold (for a list,
+    each of its items); optional: {key: type} checked where present; a type as is_json_type takes."""
     with open(path, "rb") as f:
         return parse_json(f.read(), path, expect, keys, optional)
 
@@ -416,29 +416,17 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
     """checkpoint.pt: everything a resumed run needs to go on exactly as if never stopped: the
     last test metrics (for a run killed after its last checkpoint) and the training losses
     since the last evaluation (for a checkpoint between evaluations, at Ctrl-C)."""
+    rng = {"torch": torch.get_rng_state(), "data": generator.get_state()}
+    if generator.device.type == "cuda":  # never touch CUDA on a CPU run, even where a GPU exists
+        rng["cuda"] = torch.cuda.get_rng_state_all()
     save_torch(os.path.join(cfg.out, "checkpoint.pt"), {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states(generator), "step": step,
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "step": step,
         "elapsed": elapsed, "metrics": metrics, "losses": list(losses), "config": asdict(cfg)})
 
 
-def rng_states(generator):
-    states = {"torch": torch.get_rng_state(), "data": generator.get_state()}
-    if generator.device.type == "cuda":  # never touch CUDA on a CPU run, even where a GPU exists
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states, generator):
-    torch.set_rng_state(states["torch"])
-    generator.set_state(states["data"])
-    if "cuda" in states:
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 def log_eval(out, step, loss, lr, metrics, elapsed, steps_per_s=None):
-    """Append one evaluation to out/metrics.jsonl; steps_per_s excludes evaluation time. Appended before the
-    checkpoint of the same step is saved: a kill between the two leaves a line newer than the checkpoint,
-    which resuming drops before the step is run and logged again."""
+    """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill between the
+    two leaves a line newer than the checkpoint, which resuming drops (roll_back) before logging it again."""
     record = {"step": step, "loss": loss, "lr": lr, **{f"test_{k}": v for k, v in metrics.items()},
               "elapsed": elapsed, "steps_per_s": steps_per_s}
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
@@ -524,14 +512,13 @@ def median_range(values) -> tuple:
     return statistics.median(values), min(values), max(values)
 
 
-def write_seed_summary(runs) -> str:
-    """aggregate() of finished seed runs, written to <out>-seeds.json beside them; returns its path."""
+def write_seed_summary(runs):
+    """aggregate() of finished seed runs, written to <out>-seeds.json beside them."""
     path = runs[0].out.removesuffix(f"-s{runs[0].seed}") + "-seeds.json"
     summary = aggregate([run.out for run in runs])
     write_json(path, summary)
     print(f"{len(runs)} seeds -> {path}: " + ", ".join(
         f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" for k, v in summary["metrics"].items() if k not in ("step", "elapsed")))
-    return path
 
 
 def run_record(cfg, counts: dict, device) -> dict:

@@ -3,18 +3,15 @@
     python train.py --task needle --frozen            # the paper's random transformer, width 1024
     python train.py --task parens --frozen --width 128 --steps 1000 --batch-size 128 --lr 3e-3
     python train.py --resume runs/needle-frozen-w1024-s0   # continue an interrupted run
-    python train.py --task memorize --frozen --keys 64 --steps 3000 --batch-size 4096
-    python train.py --task lm --frozen --width 128 --epochs 2        # shipped story corpus
 
 Serves sections 3-4 and appendix D.3 of the paper: AdamW, linear warmup then
 cosine decay to zero, gradient clipping at 1.0, loss only at answer positions,
 and a `--train` mode choosing which parameters learn (model.py). Settings and
 their flags are in config.py; each run writes runs/<name>/ through runs.py.
 
-Read train() first: build, then the loop: at each evaluation boundary evaluate and
-hand the numbers to the run, else set the lr, draw a batch and train_step (forward,
-loss, backward, clip, optimizer step). Below it the step's pieces, then Run: the
-operations beside the loop (run directory, checkpoints, logs, progress, stops).
+Read train() first: build, then the loop (set the lr, draw a batch, train_step; at an evaluation,
+evaluate and hand the numbers to the run). Below it the step's pieces, then Run: the operations
+beside the loop (run directory, checkpoints, logs, progress, stops).
 """
 
 import copy
@@ -37,13 +34,9 @@ from tasks import Batch
 
 
 def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
-    """Train per cfg and return the final test metrics.
-
-    resume: continue from cfg.out/checkpoint.pt. stop_after: end after this many steps as if
-    killed (tests use it to prove resuming is exact). Under torchrun each process trains on its
-    slice of every batch (devices.Ranks). The run's directory, checkpoints, logs, progress and
-    stops are Run's, below.
-    """
+    """Train per cfg and return the final test metrics. resume: continue from cfg.out/checkpoint.pt.
+    stop_after: end after this many steps as if killed (tests use it to prove resuming is exact).
+    Under torchrun each process trains on its slice of every batch (devices.Ranks)."""
     ranks = Ranks()
     torch.manual_seed(cfg.seed)  # the model's init
     cfg, task, model, counts = build(cfg)
@@ -66,12 +59,8 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
 
 
 def train_step(model, loss_fn, batch: Batch, optimizer, clip, precision):
-    """One optimizer step on batch; returns its mean answer loss (a tensor: no host sync).
-
-    Per length chunk (Batch.length_chunks): forward under the precision context
-    (bf16 autocast or none), loss_fn(logits, chunk) (task.loss), backward, the
-    gradients adding up over chunks; then clip() and optimizer.step().
-    """
+    """One optimizer step on batch, the gradients of its length chunks (Batch.length_chunks) adding up;
+    returns its mean answer loss (a tensor: no host sync)."""
     batch_loss = 0.0
     for chunk, weight in batch.length_chunks():
         with precision:
@@ -87,11 +76,8 @@ def train_step(model, loss_fn, batch: Batch, optimizer, clip, precision):
 @torch.no_grad()
 def evaluate(model, task, test: Batch, device, dtype="auto") -> dict:
     """Every metric of the task, averaged over the whole test set, task.eval_batch_size rows at a time.
-
-    Causal attention means nothing after a row's last answer affects any
-    answer, so rows are taken shortest first and each chunk is cut after its
-    last answer position: the same logits as the padded batch, less work.
-    """
+    Causal attention means nothing after a row's last answer affects any answer, so rows are taken
+    shortest first and each chunk is cut after its last answer: the same logits as the padded batch, less work."""
     scores = {}
     by_length = test.pos.amax(1).argsort()
     for start in range(0, len(test), task.eval_batch_size):
@@ -118,21 +104,16 @@ def set_lr(optimizer, lr: float) -> None:
 
 
 def make_optimizer(params, cfg, device, matrix_dim=2) -> torch.optim.AdamW:
-    """AdamW over the trainable params only; matrices and embeddings decay, biases and LayerNorms do not.
-
-    matrix_dim = 3 for seed-stacked weights (a leading seed dimension, batched_seeds.py).
-    """
+    """AdamW over the trainable params only; matrices and embeddings decay, biases and LayerNorms do not
+    (matrix_dim 3: seed-stacked weights, whose leading dimension is the seed, batched_seeds.py)."""
     trainable = [p for p in params if p.requires_grad]
-    groups = [
-        {"params": [p for p in trainable if p.dim() >= matrix_dim], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in trainable if p.dim() < matrix_dim], "weight_decay": 0.0},
-    ]
+    groups = [{"params": [p for p in trainable if p.dim() >= matrix_dim], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in trainable if p.dim() < matrix_dim], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda")
 
 
 def result_line(cfg, metrics) -> str:
-    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has one
-    (reproduce.py holds the paper's tables)."""
+    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has one."""
     from reproduce import paper_comparison  # reproduce.py trains through this module, so not at the top
 
     scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its own settings")
@@ -142,14 +123,6 @@ def result_line(cfg, metrics) -> str:
     return f"{what}: " + (compared or ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items()) + "; the paper has no comparable number")
 
 
-def seed_state(cfg) -> str:
-    """How the same --seeds command, run again, goes on with this seed: "finished" (skip it), "resume"
-    (it was stopped; its directory holds this very run) or "new" (train it; train() refuses a
-    directory that holds anything else)."""
-    state = runs.run_state(cfg.out)
-    return "new" if state == "fresh" or changed_settings(cfg, cfg.out) else state
-
-
 def main(argv=None):
     try:
         with usage_errors("train.py"):
@@ -157,9 +130,10 @@ def main(argv=None):
             seeds = seed_configs(cfg)
             for run in seeds:
                 state = "new"
-                if len(seeds) > 1 and not cfg.overwrite:
+                if len(seeds) > 1 and not cfg.overwrite:  # the same --seeds command, run again, goes on with each seed
                     run = resolve(run)[0]  # its directory named
-                    state = seed_state(run)
+                    # finished: skipped; resume: it was stopped; fresh or new: trained (train() refuses another run's directory)
+                    state = "new" if changed_settings(run, run.out) else runs.run_state(run.out)
                 if state == "finished":
                     print(f"{run.out} finished before; skipped")
                     continue
@@ -186,19 +160,12 @@ class Diverged(Exception):
 
 
 class Run:
-    """Everything a training loop needs besides the algorithm, so that train() reads as the algorithm:
+    """Everything a training loop needs besides the algorithm, so that train() reads as the algorithm.
 
-        with Run(cfg, task, model, optimizer, generator, counts, device, ranks) as run:
-            for step, evaluate_now in run.steps():   # an evaluation is due, or step is the next to train
-                if evaluate_now:
-                    run.log(step, evaluate(...))      # then `continue`
-                ...; run.losses.append(train_step(...))
-
-    On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
-    caught. steps() moves a staged run into place once its first step has succeeded, stops at the
-    last step, at stop_after or at a signal. The first line, before any step, says what trains and
-    how long it will take here (a step timed on a copy of the model).
-    log() checks for divergence, appends metrics.jsonl, saves the checkpoint and prints. On exit:
+    On entry: the run directory staged (new) or resumed (runs.start_or_resume), its lock held, signals
+    caught, and a first line saying what trains and how long it will take here. steps() moves a staged
+    run into place once its first step has succeeded, and stops at the last step, at stop_after or at a
+    signal. log() checks for divergence, appends metrics.jsonl, saves the checkpoint and prints. On exit:
     a finished run's model.pt and final.json; one stopped by a signal, its checkpoint, then
     KeyboardInterrupt; one ended by stop_after, nothing more, as if killed (tests resume it).
     Under torchrun the lead rank (0) alone writes files and prints.
@@ -225,7 +192,7 @@ class Run:
         cfg, start = self.cfg, self.start
         for step in range(start.step, cfg.steps + 1):
             self.step, last = step, step == cfg.steps
-            if self.staged() and (step > start.step or last):
+            if start.staged and (step > start.step or last):
                 if self.stop.requested:  # during the first step: the old run stays as it was
                     return
                 self.take_place()
@@ -237,7 +204,6 @@ class Run:
             self.bar.update()
 
     def log(self, step, metrics):
-        """An evaluation's metrics: checked, appended to metrics.jsonl, checkpointed and shown."""
         loss = self.mean_loss()  # its .item() waits for every queued step: the lap is true training time
         steps_per_s = len(self.losses) / self.clock.lap() if self.losses else None
         check_finite(step, loss, metrics)
@@ -245,9 +211,6 @@ class Run:
         self.write_eval(step, loss, metrics, self.clock.elapsed(), steps_per_s)
         self.losses = []
         self.clock.lap()  # evaluation time does not count as training time for steps/s
-
-    def staged(self) -> bool:
-        return self.start.staged is not None
 
     def take_place(self):
         runs.replace_old_run(self.cfg.out, self.start)
@@ -274,18 +237,19 @@ class Run:
         try:
             if error:
                 return
-            if self.stop.requested and self.staged():
+            if self.stop.requested and self.start.staged:
                 print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
                 raise KeyboardInterrupt
             if self.stop.requested and self.step < self.cfg.steps:
                 self.save_stopped()
                 raise KeyboardInterrupt
-            if self.step < self.cfg.steps:  # stop_after: ended as if killed, after its last checkpoint
-                return
-            if self.ranks.lead:
+            if self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
                 self.save_finished()
         finally:  # a run that never took its place goes; the locks go with their files
-            self.start.close()
+            self.close()
+
+    def close(self):
+        self.start.close()
 
     def save_stopped(self):
         cfg, step = self.cfg, self.step
@@ -343,9 +307,8 @@ def slow_run_hint(cfg, seconds_per_step, steps_left):
 
 
 def seconds_per_step(cfg, task, model, device, ranks) -> float:
-    """A training step's seconds here (typical_seconds), timed on copies of the model and optimizer
-    with a batch of their own, so that the run's weights, optimizer and data stay untouched (a deep
-    copy runs eagerly)."""
+    """A training step's seconds here (typical_seconds), timed on copies of the model and optimizer with a
+    batch of their own, so that the run's weights, optimizer and data stay untouched (a deep copy runs eagerly)."""
     model = copy.deepcopy(model)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
@@ -388,15 +351,13 @@ class StopOnSignal:
     ending mid-step; a second signal acts at once. Only in the main thread of a single process:
     data-parallel ranks would stop at different steps."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
     def __init__(self, active):
         self.active = active and threading.current_thread() is threading.main_thread()
         self.requested = False
 
     def __enter__(self):
         if self.active:
-            self.previous = {s: signal.signal(s, self.request) for s in self.SIGNALS}
+            self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         return self
 
     def request(self, signum, frame):
