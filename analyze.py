@@ -3,14 +3,11 @@
     python analyze.py runs/modadd31-frozen                  # every analysis that applies to the run's task
     python analyze.py runs/needle-frozen-w1024-s0 --only attention --tokens 128 1 129 2 130 3 131 4 159
 
-Serves section 4.2 (Figure 2: attention patterns, Figure 3: circular embeddings
-and the Clock/Pizza metrics), section 5 (memorization capacity, language-model
-samples) and section 6 (Tables 4, 5, 7: explained variance) of the paper, and
-splits parentheses accuracy by string length (what the test-set exclusion rule
-keeps out of training).
-Numbers go to <run>/analysis.json and a readable <run>/analysis.md, figures to
-<run>/*.png. Running a subset with --only keeps the other results already in
-analysis.json. Everything runs on the CPU; nothing here trains.
+Serves section 4.2 (Figure 2: attention patterns, Figure 3: circular embeddings and the Clock/Pizza metrics),
+section 5 (memorization capacity, language-model samples) and section 6 (Tables 4, 5, 7: explained variance) of the
+paper, and splits parentheses accuracy by string length (what the test-set exclusion rule keeps out of training);
+docs/protocol.md §6 defines each. Numbers go to <run>/analysis.json and a readable <run>/analysis.md, figures to
+<run>/*.png; --only keeps the other results already in analysis.json. Everything runs on the CPU; nothing here trains.
 """
 
 import json
@@ -24,7 +21,6 @@ import torch
 import sample
 import tasks
 from model import GPT
-from tasks import Batch
 from cli import OneLineParser, UsageError, usage_errors
 from config import build, config_from_dict, load_run
 from figures import markdown_table, pyplot, save_figure
@@ -61,7 +57,7 @@ class Run:
         return f"{self.cfg.task} {PAPER_MODELS.get(self.cfg.mode, self.cfg.mode)} w{self.cfg.width}"
 
 
-def last_answer_position(batch: Batch):
+def last_answer_position(batch: tasks.Batch):
     """(B,) the last position of each row whose prediction is scored."""
     return torch.where(batch.y >= 0, batch.pos, -1).amax(1)
 
@@ -97,14 +93,13 @@ def top_k_variance_fractions(X, k=TOP_K):
 
 
 def explained_variance(run: Run, examples: int) -> dict:
-    """Per layer (embedding output, then after each block): fraction of hidden-state variance in the top 10
-    principal components and in the 10 highest-variance neurons, over seeded training-distribution examples.
-    A row contributes its positions up to its last scored one, which excludes padding."""
+    """Tables 4, 5, 7 for one run: per layer (embedding output, then after each block), top_k_variance_fractions of
+    the hidden states of seeded training-distribution examples (docs/protocol.md §6)."""
     batch = run.task.sample(examples, torch.Generator().manual_seed(0))
     batch = batch[: max(1, MAX_VECTORS // batch.x.size(1))]
     last = last_answer_position(batch)
     x = batch.x[:, : int(last.max()) + 1]
-    keep = torch.arange(x.size(1)) <= last[:, None]  # (B, T)
+    keep = torch.arange(x.size(1)) <= last[:, None]  # (B, T): a row's positions up to its last scored one, so no padding
     names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)]
     states = run_with_cache(run.model, x, names)
     fractions = [top_k_variance_fractions(states[name][keep]) for name in names]  # (pc, neuron) per layer
@@ -156,15 +151,9 @@ def principal_components(E):
 
 
 def circularity(E, components=4):
-    """How circular the token embeddings E (p, d) of a modular-addition model are.
-
-    For each of the first `components` principal components, v = the tokens'
-    projections (length p) rescaled to norm 1/sqrt(p), and
-    c = min(1, max over f in 1..p-1 of 2 |sum_t v[t f mod p] exp(2 pi i t / p)|^2).
-    A component that is a pure cosine of frequency k over the tokens scores 1
-    at f = k^-1 mod p (reading tokens in the order t * f turns it into a single
-    cycle); random directions score about 2 ln(p) / p.
-    """
+    """How circular the token embeddings E (p, d) of a modular-addition model are: the score c of docs/protocol.md §6
+    for each of the first `components` principal components. A pure cosine of frequency k over the tokens scores 1 at
+    f = k^-1 mod p (reading tokens in the order t * f turns it into a single cycle); random directions about 2 ln(p) / p."""
     p = E.size(0)
     projections, _ = principal_components(E)
     t = torch.arange(p)
@@ -182,40 +171,35 @@ def circularity(E, components=4):
 
 
 def circle_score(x, y) -> float:
-    """How much the residues' points (x[t], y[t]) on two principal components form one circle: each
-    component scaled to unit variance, the share of the power of z = x + i y in its strongest frequency
-    over the residues. A circle traversed k times scores 1; two cosines of different frequencies 0.25."""
+    """How much the residues' points (x[t], y[t]) on two principal components form one circle (docs/protocol.md §6):
+    a circle traversed k times scores 1; two cosines of different frequencies 0.25."""
     z = torch.complex(x / x.std(), y / y.std())
     power = torch.fft.fft(z).abs() ** 2
     return (power[1:].max() / power.sum()).item()
 
 
 def embedding_geometry(run: Run) -> dict:
-    """PCA of the token embedding; scatter of components 1 vs 2 and 1 vs 3 coloured by token value."""
+    """Figure 3: PCA of the token embedding, drawn as PCs 1 vs 3 (the paper's panel) and 1 vs 2, tokens coloured on a
+    cyclic map since values wrap mod p; with the circularity and circle scores of its first 4 components."""
     E = run.model.wte.weight.detach()
     projections, fractions = principal_components(E)
-    plot_embedding(projections, os.path.join(run.path, "embedding.png"), f"{run.label}: token embedding")
-    scores = {(i, j): circle_score(projections[:, i], projections[:, j]) for i in range(4) for j in range(i + 1, 4)}
-    best = max(scores, key=scores.get)
-    return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png",
-            "circles": {"pcs_1_3": scores[0, 2], "best": {"pcs": [best[0] + 1, best[1] + 1], "score": scores[best]}},
-            "projections": projections[:, :4].mul(1e4).round().div(1e4).tolist()}  # (p, 4): Figure 3 redrawn without weights
-
-
-def plot_embedding(projections, path, title):
-    """Figure 3: PCs 1 vs 3 (the paper's panel) and 1 vs 2, tokens coloured on a cyclic map since values wrap mod p."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), layout="constrained")
-    projections, tokens = projections.numpy(), torch.arange(len(projections)).numpy()
+    points, tokens = projections.numpy(), torch.arange(len(E)).numpy()
     for ax, other in zip(axes, (2, 1)):
-        dots = ax.scatter(projections[:, 0], projections[:, other], c=tokens, cmap="hsv", s=18)
+        dots = ax.scatter(points[:, 0], points[:, other], c=tokens, cmap="hsv", s=18)
         ax.set_xlabel("PC 1")
         ax.set_ylabel(f"PC {other + 1}")
         ax.set_aspect("equal", adjustable="datalim")
         ax.locator_params(nbins=5)
     fig.colorbar(dots, ax=axes, label="token value")
-    fig.suptitle(title)
-    save_figure(plt, fig, path)
+    fig.suptitle(f"{run.label}: token embedding")
+    save_figure(plt, fig, os.path.join(run.path, "embedding.png"))
+    scores = {(i, j): circle_score(projections[:, i], projections[:, j]) for i in range(4) for j in range(i + 1, 4)}
+    best = max(scores, key=scores.get)
+    return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png",
+            "circles": {"pcs_1_3": scores[0, 2], "best": {"pcs": [best[0] + 1, best[1] + 1], "score": scores[best]}},
+            "projections": projections[:, :4].mul(1e4).round().div(1e4).tolist()}  # (p, 4): Figure 3 redrawn without weights
 
 
 def embedding_markdown(result):
@@ -233,6 +217,9 @@ def embedding_markdown(result):
 
 
 NEEDLE_LETTERS = "abcdefghijklmnopqrstuvwxyzABCD"  # one per needle marker, as in Figure 2's "a 1 b 2 c 3 d 4 b"
+# A needle marker is shown as its letter, a query as its marker's letter and "?", a value as its number.
+NEEDLE_NAMES = {0: "_", **{128 + i: c for i, c in enumerate(NEEDLE_LETTERS)},
+                **{128 + tasks.Needle.MARKERS + i: c + "?" for i, c in enumerate(NEEDLE_LETTERS)}}
 ADDITION_NAMES = {**{d: str(d) for d in range(10)}, tasks.PLUS: "+", tasks.EQUALS: "=", tasks.ADD_PAD: "_",
                   **{tasks.SUM_DIGIT0 + d: str(d) for d in range(10)}, tasks.SUM_END: "end"}
 # Figure 2's two steps, in order: name in the results -> what it measures.
@@ -240,20 +227,10 @@ NEEDLE_STEPS = {"value_to_marker": "Each value's attention to the marker just be
                 "query_to_value": "The query's attention to the value after the marker it asks for"}
 
 
-def needle_label(t):
-    """A needle token: markers as letters, a query as its marker's letter and "?", values as numbers, _ padding."""
-    marker, query = t - 128, t - 128 - tasks.Needle.MARKERS
-    if 0 <= marker < tasks.Needle.MARKERS:
-        return NEEDLE_LETTERS[marker]
-    if 0 <= query < tasks.Needle.MARKERS:
-        return NEEDLE_LETTERS[query] + "?"
-    return "_" if t == 0 else str(t)
-
-
 def token_labels(task, tokens):
     """What each token id stands for in its task, for the heatmap axes (_ is padding)."""
     if task.name == "needle":
-        return [needle_label(t) for t in tokens]
+        return [NEEDLE_NAMES.get(t, str(t)) for t in tokens]
     if task.name == "addition":  # input digits and sum digits are separate tokens, both shown as the digit
         return [ADDITION_NAMES.get(t, str(t)) for t in tokens]
     if task.name == "parens":
@@ -273,7 +250,7 @@ def default_attention_input(run: Run):
     return test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
 
 
-def needle_attention_scores(patterns, batch: Batch):
+def needle_attention_scores(patterns, batch: tasks.Batch):
     """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps (NEEDLE_STEPS) on a needle batch,
     value_to_marker averaged over the row's pairs; patterns: (L, B, nh, T, T)."""
     x = batch.x
@@ -323,22 +300,12 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
     patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[:, 0]  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)
-    plot_attention(patterns, labels, os.path.join(run.path, "attention.png"), run.label)
-    result = {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels),
-              "patterns": patterns.mul(1e4).round().div(1e4).tolist()}  # (L, nh, T, T): the figure redrawn without weights
-    if run.cfg.task == "needle":
-        result.update(needle_test_scores(run, names))
-    return result
-
-
-def plot_attention(patterns, labels, path, title):
-    """patterns: (L, nh, T, T); in each panel row i is how position i spreads its attention over positions 0..i."""
     plt = pyplot()
     n_layer, n_head = patterns.shape[:2]
     size = 1.8 + 0.22 * len(labels)
     fig, axes = plt.subplots(n_layer, n_head, figsize=(n_head * size + 1, n_layer * size), squeeze=False, layout="constrained")
     for layer in range(n_layer):
-        for head, ax in enumerate(axes[layer]):
+        for head, ax in enumerate(axes[layer]):  # row i of a panel: how position i spreads its attention over 0..i
             image = ax.imshow(patterns[layer, head].numpy(), cmap="Blues", vmin=0, vmax=1)
             ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=9)
             ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90)
@@ -348,8 +315,13 @@ def plot_attention(patterns, labels, path, title):
     for ax in axes[-1]:
         ax.set_xlabel("attended position", fontsize=8)
     fig.colorbar(image, ax=axes, label="attention weight (each row sums to 1)")
-    fig.suptitle(f"{title}: attention")
-    save_figure(plt, fig, path)
+    fig.suptitle(f"{run.label}: attention")
+    save_figure(plt, fig, os.path.join(run.path, "attention.png"))
+    result = {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels),
+              "patterns": patterns.mul(1e4).round().div(1e4).tolist()}  # (L, nh, T, T): the figure redrawn without weights
+    if run.cfg.task == "needle":
+        result.update(needle_test_scores(run, names))
+    return result
 
 
 def attention_markdown(result):
@@ -359,8 +331,14 @@ def attention_markdown(result):
              "Each panel is one head: row i shows how position i splits its attention (summing to 1) over positions 0..i. "
              f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} head {last['head']} "
              f"on `{last['token']}` at position {last['position']} (attention spread evenly gives each position {last['uniform']:.2f})."]
-    if "uniform" in result:
-        lines += ["", needle_attention_summary(result)]
+    if "uniform" in result:  # a sentence per step of Figure 2: its strongest head, beside a head that spreads attention evenly
+        sentences = []
+        for name, what in NEEDLE_STEPS.items():
+            value, layer, head = max((v, i + 1, h + 1) for i, heads in enumerate(result[name]) for h, v in enumerate(heads))
+            sentences.append(f"{what} is largest in layer {layer} head {head}: {value:.2f} on average "
+                             f"over the test set, against {result['uniform'][name]:.2f} for attention spread evenly.")
+        lines += ["", " ".join(sentences) + (" In the paper's Figure 2, values attend to their markers in layer 1 "
+                                             "and the query to the matching value in layer 2.")]
     for name, what in NEEDLE_STEPS.items():
         if name in result:
             header = ["layer"] + [f"head {h + 1}" for h in range(len(result[name][0]))]
@@ -369,30 +347,14 @@ def attention_markdown(result):
     return "\n".join(lines)
 
 
-def needle_attention_summary(result):
-    """One sentence per step of Figure 2: the head where it is strongest, beside a head that spreads attention evenly."""
-    sentences = []
-    for name, what in NEEDLE_STEPS.items():
-        value, layer, head = max((v, i + 1, h + 1) for i, heads in enumerate(result[name]) for h, v in enumerate(heads))
-        sentences.append(f"{what} is largest in layer {layer} head {head}: {value:.2f} on average "
-                         f"over the test set, against {result['uniform'][name]:.2f} for attention spread evenly.")
-    return " ".join(sentences) + (" In the paper's Figure 2, values attend to their markers in layer 1 "
-                                  "and the query to the matching value in layer 2.")
-
-
 # ---------------------------------------------------------------------------
 # Clock vs Pizza (section 4.2; Zhong et al. 2023)
 # ---------------------------------------------------------------------------
 
 
 def gradient_symmetricity(model, p, triples=100):
-    """Mean cos(dQ_c/de_a, dQ_c/de_b) over `triples` (a, b, c) drawn uniformly from all p^3 (seed 0).
-
-    e_a, e_b: the token embeddings of a and b before positional embeddings are
-    added; Q_c: the pre-softmax logit of class c (any class, not only the
-    answer) at the scored position 1. A Pizza network's logits depend on
-    e_a + e_b, so both gradients agree (~0.99); a Clock's are ~0.33.
-    """
+    """Mean cos(dQ_c/de_a, dQ_c/de_b) over `triples` (a, b, c) drawn uniformly from all p^3 (seed 0; docs/protocol.md §6).
+    A Pizza network's logits depend on e_a + e_b, so both gradients agree (~0.99); a Clock's are ~0.33."""
     a, b, c = torch.randint(p, (3, triples), generator=torch.Generator().manual_seed(0))
     embedded = []
 
@@ -412,14 +374,9 @@ def gradient_symmetricity(model, p, triples=100):
 
 
 def distance_irrelevance_from_logits(correct_logit):
-    """q for L = correct_logit (p, p) indexed [a, b].
-
-    q = mean over differences d = (a - b) mod p of the std of L over the p pairs
-    with that difference, divided by the std of all of L (population stds). A Clock
-    network's logit ignores the distance d (q ~0.85); a Pizza's depends on it (~0.17).
-    For odd p the pairs of one difference have every sum s once, so this is the std
-    over s; for even p the sums of one difference share its parity, each twice.
-    """
+    """q of docs/protocol.md §6 for L = correct_logit (p, p) indexed [a, b]: a Clock network's logit ignores the
+    distance d = (a - b) mod p (q ~0.85); a Pizza's depends on it (~0.17). The std over the p pairs of one difference
+    is the std over their sums s: for odd p they have every s once; for even p they share d's parity, each twice."""
     p = correct_logit.size(0)
     d, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
     by_difference = correct_logit[(b + d) % p, b]  # row d: L at the pairs (a, b) = (b + d, b)
@@ -437,7 +394,7 @@ def distance_irrelevance(model, p):
 
 
 def clock_pizza(run: Run) -> dict:
-    """Gradient symmetricity and distance irrelevance (Zhong et al. 2023, "The Clock and the Pizza"); see each function."""
+    """Gradient symmetricity and distance irrelevance (Zhong et al. 2023, "The Clock and the Pizza")."""
     p = run.task.p
     return {"gradient_symmetricity": gradient_symmetricity(run.model, p), "distance_irrelevance": distance_irrelevance(run.model, p)}
 
@@ -493,12 +450,9 @@ def pooled(rows) -> dict:
 
 @torch.no_grad()
 def parens_lengths(run: Run) -> dict:
-    """Test accuracy per string length and answer, beside how often training shows that pair.
-
-    The exclusion rule drops every training string that is also a test string, and a test set
-    of this size holds every short balanced string, so at some lengths training never asks for
-    the answer "balanced": this tells misses there apart from misses of the rule itself.
-    """
+    """Test accuracy per string length and answer, beside whether training shows that pair. The exclusion rule drops
+    every training string that is also a test string, and a test set of this size holds every short balanced string, so
+    at some lengths training never asks for the answer "balanced": this tells misses there apart from misses of the rule."""
     task, test = run.task, run.task.test_set()
     logits = run.model(test.x, test.pos)
     correct = task.metrics(logits, test)["accuracy"]
@@ -636,8 +590,8 @@ def check_request(run: Run, args):
 
 
 def earlier_results(run: Run) -> dict:
-    """analysis.json of an earlier analyze.py call ({} if none): --only updates one entry of it. It may come from
-    another version of analyze.py or another program, so analysis.md must render from it before any figure is written."""
+    """analysis.json of an earlier analyze.py call ({} if none), for --only to update. It may come from another
+    version of analyze.py or another program, so analysis.md must render from it before any figure is written."""
     path = os.path.join(run.path, "analysis.json")
     if not os.path.isfile(path):
         return {}
@@ -671,8 +625,7 @@ def analyze(run: Run, args) -> dict:
 
 
 def watch(run_dir):
-    """While a parentheses run trains in run_dir, score each checkpoint it saves on the test strings
-    training never shows (parens_lengths) and append {step, unseen, n_unseen, seen, accuracy} to
+    """While a parentheses run trains in run_dir, append each checkpoint's parens_lengths accuracies to
     run_dir/unseen.jsonl, which compare.py draws; ends once the run has written final.json."""
     while not os.path.exists(os.path.join(run_dir, "config.json")):
         time.sleep(5)
@@ -700,7 +653,7 @@ def watch(run_dir):
         time.sleep(15)
 
 
-def parse_args(argv=None):
+def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
     parser.add_argument("--watch", action="store_true", help="follow one parentheses run while it trains: its accuracy on the "
@@ -711,11 +664,6 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.examples < 1:
         parser.error("--examples must be >= 1")
-    return args
-
-
-def main(argv=None):
-    args = parse_args(argv)
     with usage_errors("analyze.py"):
         if args.watch:
             return watch(args.runs[0])

@@ -6,8 +6,7 @@ metrics, and one figure of their test accuracy and test loss against step.
 
 Runs whose directory names differ only in a trailing -s<seed> and whose settings differ only in
 the seed share a row: median [min, max] over the seeds. A run without final.json (still training,
-or killed) shows its last evaluation. The figure goes to runs/compare.png (compare.png without a
-runs/ directory here) unless --plot names another file.
+or killed) shows its last evaluation.
 """
 
 import json
@@ -94,11 +93,6 @@ def row_name(group) -> str:
     return name
 
 
-def row_settings(group) -> dict:
-    """The group's settings, its seeds listed in the seed column."""
-    return {**group[0].settings, "seed": ",".join(str(run.settings["seed"]) for run in group)}
-
-
 def spread(values) -> str:
     """One run's value, or median [min, max] over a group's seeds."""
     if not values:
@@ -111,7 +105,7 @@ def spread(values) -> str:
 
 
 def table(groups) -> str:
-    settings = [row_settings(group) for group in groups]
+    settings = [{**group[0].settings, "seed": ",".join(str(run.settings["seed"]) for run in group)} for group in groups]
     names = dict.fromkeys(k for s in settings for k in s)  # a task's sizes are missing from other tasks' runs
     differing = [k for k in names if len({json.dumps(s.get(k)) for s in settings}) > 1]
     scores = [[results(run) for run in group] for group in groups]

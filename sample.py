@@ -3,9 +3,8 @@
     python train.py --task lm --frozen --width 128 --epochs 2          # writes runs/lm-frozen-w128-epochs2-s0
     python sample.py runs/lm-frozen-w128-epochs2-s0 --prompt "Once upon a time" --top-k 40
 
-Serves the paper's language-modeling experiment (section 5.2): a look at what
-a model with random, frozen attention writes after training only its
-embeddings. Reads the run's model.pt; never trains.
+Serves the paper's language-modeling experiment (section 5.2): a look at what a model with random,
+frozen attention writes after training only its embeddings. Reads the run's model.pt; never trains.
 """
 
 import math
@@ -20,14 +19,10 @@ from devices import pick_device
 
 @torch.no_grad()
 def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None) -> str:
-    """The prompt followed by a continuation sampled from an lm model.
-
-    Each step samples from softmax(logits / temperature) over the top_k most
-    likely tokens, feeding at most the model's context; stops at <|endoftext|>.
-    """
+    """The prompt followed by a continuation sampled from an lm model, stopping at <|endoftext|>."""
     device = next(model.parameters()).device
     idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
-    new = []
+    start = idx.size(1)
     for _ in range(max_new_tokens):
         logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
         kth = logits.topk(min(top_k, logits.numel())).values[-1]
@@ -35,9 +30,8 @@ def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=
         token = torch.multinomial(probs, 1, generator=generator)
         if token.item() == task.end_of_text:
             break
-        new.append(token.item())
         idx = torch.cat([idx, token[None]], 1)
-    return prompt + task.decode(new)
+    return prompt + task.decode(idx[0, start:].tolist())
 
 
 def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
