@@ -10,6 +10,7 @@ are train.Run's (SeedRuns), so a seed trained here computes what train.train
 computes for it, up to float rounding, and its directory holds the same files.
 """
 
+import contextlib
 import os
 import sys
 import warnings
@@ -17,6 +18,7 @@ from dataclasses import fields
 from functools import partial
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import runs
 from cli import UsageError, parse_args, seed_configs, usage_errors
@@ -76,7 +78,9 @@ def train_batched(cfg) -> list:
     optimizer = make_optimizer(trainable, cfg, device, matrix_dim=3)
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
-    with SeedRuns(seeds, task, models, params, counts, device) as run:
+    # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls, which vmap batches.
+    kernels = sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext()
+    with kernels, SeedRuns(seeds, task, models, params, counts, device) as run:
         for step, evaluate_now in run.steps():
             if evaluate_now:
                 run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])

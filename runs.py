@@ -174,7 +174,9 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
             print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
             roll_back(cfg.out, 0)
         return
-    checkpoint = load_checkpoint(checkpoint_path, generator.device, ("model", "optimizer", "rng", "step", "elapsed"))
+    # Loaded on the CPU, where RNG states must be (set_rng_state refuses a CUDA tensor); load_state_dict
+    # copies weights and optimizer state to their parameters' device.
+    checkpoint = load_checkpoint(checkpoint_path, "cpu", ("model", "optimizer", "rng", "step", "elapsed"))
     try:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])

@@ -365,9 +365,13 @@ def test_run_writes_config_metrics_final_and_model(tmp_path):
     assert set(saved) >= {"model", "config", "model_config"}
 
 
-def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
-    whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
-    train.train(tiny(tmp_path, out=str(tmp_path / "cut")), stop_after=4)
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])  # on CUDA, the RNG states a checkpoint restores must come back to the CPU
+def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
+    whole = train.train(tiny(tmp_path, device=device, out=str(tmp_path / "whole")))
+    train.train(tiny(tmp_path, device=device, out=str(tmp_path / "cut")), stop_after=4)
     assert not (tmp_path / "cut" / "final.json").exists()
     cfg, resume = cli.parse_args(["--resume", str(tmp_path / "cut")])
     resumed = train.train(cfg, resume=resume)

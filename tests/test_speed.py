@@ -64,13 +64,15 @@ def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
     assert all(chunk.x.size(1) == chunk.pos.max() + 1 for chunk, _ in seen)
 
 
-def test_batched_seeds_match_separate_runs(tmp_path, capsys):
-    cfg = tiny(tmp_path, seeds=2, out=str(tmp_path / "batched"))
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                       reason="needs a CUDA GPU"))])
+def test_batched_seeds_match_separate_runs(tmp_path, capsys, device):  # on CUDA through the math attention kernel
+    cfg = tiny(tmp_path, seeds=2, device=device, out=str(tmp_path / "batched"))
     batched = batched_seeds.train_batched(cfg)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
     assert [line[:15] for line in printed] == ["seed 0: step 3/", "seed 1: step 3/", "seed 0: step 6/", "seed 1: step 6/"]
     for seed, metrics in zip((0, 1), batched):
-        alone = train.train(tiny(tmp_path, seed=seed, out=str(tmp_path / f"alone-s{seed}")))
+        alone = train.train(tiny(tmp_path, seed=seed, device=device, out=str(tmp_path / f"alone-s{seed}")))
         assert metrics.keys() == alone.keys()
         assert all(metrics[k] == pytest.approx(alone[k], rel=1e-4) for k in alone)
         a = torch.load(tmp_path / f"alone-s{seed}" / "model.pt")["model"]
