@@ -290,20 +290,16 @@ class Clock:
         return self.lap_start - start
 
 
-SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's variant
+SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's laptop variant
 
 
-def slow_run_hint(cfg, seconds_per_step, steps_left):
-    """On CPU, the line that warns of a run longer than SLOW_RUN_SECONDS and names a smaller one; else None."""
-    seconds = seconds_per_step * steps_left
-    if seconds <= SLOW_RUN_SECONDS:
+def slow_run_hint(cfg, seconds):
+    """For a CPU run of more than SLOW_RUN_SECONDS that is not its task's laptop variant: the command that runs the
+    variant; else None."""
+    if seconds <= SLOW_RUN_SECONDS or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
         return None
-    hint = (f"note: at {seconds_per_step:.2g} s per step, the {steps_left:,} steps left take about "
-            f"{seconds / 3600:.1f} h on this CPU")
-    if all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
-        return hint + " (the task's laptop variant; the machine may be busy)"
     variant = command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu"
-    return hint + f"; the task's laptop variant shows its result in under an hour: {variant}"
+    return f"the task's laptop variant shows its result in under an hour: {variant}"
 
 
 def seconds_per_step(cfg, task, model, device, ranks) -> float:
@@ -341,8 +337,8 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed") -
             f"({timed}, {seconds:.2g} s)")
     if cfg.scale == "cpu":
         return line + "; --scale paper insists on the paper's protocol"
-    hint = device.type == "cpu" and slow_run_hint(cfg, seconds, steps_left)
-    return line + (f"; {hint.split('; ', 1)[1]}" if hint and "; " in hint else "")
+    hint = device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left)
+    return line + (f"; {hint}" if hint else "")
 
 
 class StopOnSignal:

@@ -578,12 +578,14 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", mode="frozen")
-    hint = train.slow_run_hint(cfg, 9.3, 9990)
-    assert "about 25.8 h" in hint
-    assert hint.endswith("python train.py --task needle --train frozen --scale cpu")
+    line = train.first_line(config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990)
+    assert "about 25.8 h on this CPU" in line
+    assert line.endswith("; the task's laptop variant shows its result in under an hour: "
+                         "python train.py --task needle --train frozen --scale cpu")
+    hint = train.slow_run_hint(cfg, 9.3 * 9990)
     suggested, _ = cli.parse_args(hint.split("python train.py ")[1].split())
     assert suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
-    full = train.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3, 9990)
+    full = train.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
     suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
     assert suggested.digits == 6 and suggested.lr == 3e-4  # the fully trained wide model's own lr
 
@@ -610,9 +612,9 @@ def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
     cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"])
     assert (cfg.steps, cfg.width, cfg.max_parens, cfg.batch_size) == (50, 1024, 40, 64)
     assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens", scale="paper")
-    assert train.slow_run_hint(cfg, 0.1, 9990) is None
-    assert train.slow_run_hint(config.cpu_variant(cfg), 9.3, 5990).endswith("(the task's laptop variant; the machine may be busy)")
-    assert "--task lm --scale cpu" in train.slow_run_hint(TrainConfig(task="lm"), 2.0, 9990)
+    assert train.slow_run_hint(cfg, 0.1 * 9990) is None
+    assert train.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None  # no variant to suggest to the variant itself
+    assert "--task lm --scale cpu" in train.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
