@@ -69,12 +69,14 @@ def save_torch(path, obj):
     write_atomic(path, write)
 
 
-def load_checkpoint(path, device="cpu", keys=("model", "config")):
-    """The dict saved at path (checkpoint.pt or model.pt), checked to hold `keys`."""
+def load_checkpoint(path, keys=("model", "config")):
+    """The dict saved at path (checkpoint.pt or model.pt), checked to hold `keys`, on the CPU: RNG states must be
+    there (set_rng_state refuses a CUDA tensor), and load_state_dict copies weights and optimizer state to their
+    parameters' device."""
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
     try:
-        saved = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data only: no code runs on load
+        saved = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only: no code runs on load
     except Exception as e:
         raise UsageError(f"{path} does not load ({type(e).__name__})") from None
     missing = [key for key in keys if not isinstance(saved, dict) or key not in saved]
@@ -174,9 +176,7 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
             print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
             roll_back(cfg.out, 0)
         return
-    # Loaded on the CPU, where RNG states must be (set_rng_state refuses a CUDA tensor); load_state_dict
-    # copies weights and optimizer state to their parameters' device.
-    checkpoint = load_checkpoint(checkpoint_path, "cpu", ("model", "optimizer", "rng", "step", "elapsed"))
+    checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
     try:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
