@@ -22,7 +22,7 @@ import sample
 import tasks
 from model import GPT
 from cli import OneLineParser, UsageError, usage_errors
-from config import build, config_from_dict, load_run
+from config import build, load_run, saved_config
 from figures import markdown_table, pyplot, save_figure
 from runs import FINAL_KEYS, read_json, read_metrics, write_atomic, write_json
 
@@ -36,13 +36,14 @@ PAPER_MODELS = {"frozen": "Random", "full": "Normal"}  # the paper's row names: 
 
 
 class Run:
-    """A loaded run: its directory, config, rebuilt task and trained model (CPU, eval mode)."""
+    """A loaded run: its directory, config, rebuilt task, trained model (CPU, eval mode) and its paper-table row name."""
 
     def __init__(self, path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise UsageError(f"{path} is not a run directory (no config.json)")
         self.path = path
         self.cfg, self.task, self.model, self.counts = load_run(path)
+        self.label = f"{self.cfg.task} {PAPER_MODELS.get(self.cfg.mode, self.cfg.mode)} w{self.cfg.width}"
         final_path = os.path.join(path, "final.json")
         if not os.path.isfile(final_path):  # train.py writes model.pt, then final.json: a kill between the two
             raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
@@ -50,11 +51,6 @@ class Run:
         self.final = read_json(final_path, optional=FINAL_KEYS)
         if not all(t.isfinite().all() for t in self.model.state_dict().values() if t.is_floating_point()):
             raise UsageError(f"{path}/model.pt has NaN or infinite weights (the run diverged); there is nothing to analyze")
-
-    @property
-    def label(self):
-        """The row name in the paper's tables."""
-        return f"{self.cfg.task} {PAPER_MODELS.get(self.cfg.mode, self.cfg.mode)} w{self.cfg.width}"
 
 
 def last_answer_position(batch: tasks.Batch):
@@ -82,19 +78,16 @@ def run_with_cache(model, x, names):
 
 def top_k_variance_fractions(X, k=TOP_K):
     """Fractions of the total variance of X (n, d), centred, in its top k principal components and its top k coordinates."""
-    X = X.double()
-    X = X - X.mean(0)
+    X = X.double() - X.double().mean(0)
     cov = X.T @ X / len(X)  # (d, d)
     trace = cov.trace()
-    eigenvalues = torch.linalg.eigvalsh(cov)  # ascending
-    pc = eigenvalues[-k:].sum() / trace
+    pc = torch.linalg.eigvalsh(cov)[-k:].sum() / trace  # eigvalsh: ascending
     neuron = cov.diagonal().topk(min(k, len(cov))).values.sum() / trace
     return pc.item(), neuron.item()
 
 
 def explained_variance(run: Run, examples: int) -> dict:
-    """Tables 4, 5, 7 for one run: per layer (embedding output, then after each block), top_k_variance_fractions of
-    the hidden states of seeded training-distribution examples (docs/protocol.md §6)."""
+    """Tables 4, 5, 7: each layer's top_k_variance_fractions on seeded training-distribution inputs (docs/protocol.md §6)."""
     batch = run.task.sample(examples, torch.Generator().manual_seed(0))
     batch = batch[: max(1, MAX_VECTORS // batch.x.size(1))]
     last = last_answer_position(batch)
@@ -160,14 +153,11 @@ def circularity(E, components=4):
     f = torch.arange(1, p)
     reorder = (t[None, :] * f[:, None]) % p  # (p-1, p): row f lists v[t f mod p] over t
     phase = torch.exp(2j * math.pi * t.double() / p)
-    scores, frequencies = [], []
-    for v in projections.T[:components]:
-        v = v / (v.norm() * math.sqrt(p))
-        power = 2 * (v[reorder] * phase).sum(1).abs() ** 2  # (p-1,)
-        best = int(power.argmax())
-        scores.append(min(1.0, power[best].item()))
-        frequencies.append(int(f[best]))
-    return {"components": scores, "frequencies": frequencies, "mean": sum(scores) / len(scores)}
+    v = projections.T[:components]
+    v = v / (v.norm(dim=1, keepdim=True) * math.sqrt(p))  # (components, p)
+    power = 2 * (v[:, reorder] * phase).sum(-1).abs() ** 2  # (components, p-1)
+    scores = power.amax(1).clamp(max=1.0).tolist()
+    return {"components": scores, "frequencies": f[power.argmax(1)].tolist(), "mean": sum(scores) / len(scores)}
 
 
 def circle_score(x, y) -> float:
@@ -188,8 +178,7 @@ def embedding_geometry(run: Run) -> dict:
     points, tokens = projections.numpy(), torch.arange(len(E)).numpy()
     for ax, other in zip(axes, (2, 1)):
         dots = ax.scatter(points[:, 0], points[:, other], c=tokens, cmap="hsv", s=18)
-        ax.set_xlabel("PC 1")
-        ax.set_ylabel(f"PC {other + 1}")
+        ax.set(xlabel="PC 1", ylabel=f"PC {other + 1}")
         ax.set_aspect("equal", adjustable="datalim")
         ax.locator_params(nbins=5)
     fig.colorbar(dots, ax=axes, label="token value")
@@ -217,7 +206,7 @@ def embedding_markdown(result):
 
 
 NEEDLE_LETTERS = "abcdefghijklmnopqrstuvwxyzABCD"  # one per needle marker, as in Figure 2's "a 1 b 2 c 3 d 4 b"
-# A needle marker is shown as its letter, a query as its marker's letter and "?", a value as its number.
+# Needle: a marker shows as its letter, a query as its letter and "?"; addition: input and sum digit tokens as the digit.
 NEEDLE_NAMES = {0: "_", **{128 + i: c for i, c in enumerate(NEEDLE_LETTERS)},
                 **{128 + tasks.Needle.MARKERS + i: c + "?" for i, c in enumerate(NEEDLE_LETTERS)}}
 ADDITION_NAMES = {**{d: str(d) for d in range(10)}, tasks.PLUS: "+", tasks.EQUALS: "=", tasks.ADD_PAD: "_",
@@ -229,17 +218,14 @@ NEEDLE_STEPS = {"value_to_marker": "Each value's attention to the marker just be
 
 def token_labels(task, tokens):
     """What each token id stands for in its task, for the heatmap axes (_ is padding)."""
-    if task.name == "needle":
-        return [NEEDLE_NAMES.get(t, str(t)) for t in tokens]
-    if task.name == "addition":  # input digits and sum digits are separate tokens, both shown as the digit
-        return [ADDITION_NAMES.get(t, str(t)) for t in tokens]
     if task.name == "parens":
         return ["_()?"[t] for t in tokens]
     if task.name == "memorize":  # a pair's first key x is a token below 512, its second key y is token 512 + y
         return [f"x{t}" if t < 512 else f"y{t - 512}" for t in tokens]
     if task.name == "lm":
         return [task.tokenizer.decode([t]).replace(" ", "␣").replace("\n", "↵") for t in tokens]
-    return [str(t) for t in tokens]  # modadd and imitate: a token is its number
+    names = {"needle": NEEDLE_NAMES, "addition": ADDITION_NAMES}.get(task.name, {})  # modadd, imitate: a token is its number
+    return [names.get(t, str(t)) for t in tokens]
 
 
 def default_attention_input(run: Run):
@@ -269,8 +255,7 @@ def needle_attention_scores(patterns, batch: tasks.Batch):
 
 
 def needle_test_scores(run: Run, names) -> dict:
-    """Figure 2's two scores per layer and head, averaged over the needle test set, and under "uniform"
-    what a head that spreads its attention evenly over the positions it sees would score."""
+    """Figure 2's two scores per layer and head, test-set means; "uniform": a head attending evenly to what it sees."""
     test = run.task.test_set()
     T = test.x.size(1)
     even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # row i: 1 / (i + 1) on positions 0..i
@@ -284,13 +269,6 @@ def needle_test_scores(run: Run, names) -> dict:
             scores.setdefault(key, []).append(value)
     return {**{key: torch.cat(parts).mean(0).tolist() for key, parts in scores.items()},
             "uniform": {key: value.mean().item() for key, value in uniform.items()}}
-
-
-def strongest_attention(weights, labels) -> dict:
-    """Where one position puts its largest attention weight; weights (L, nh, T) over the keys."""
-    layer, head, key = (int(i) for i in torch.unravel_index(weights.argmax(), weights.shape))
-    return {"layer": layer + 1, "head": head + 1, "position": key, "token": labels[key],
-            "weight": weights[layer, head, key].item(), "uniform": 1 / weights.size(-1)}
 
 
 def attention_patterns(run: Run, input_tokens=None) -> dict:
@@ -317,7 +295,11 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     fig.colorbar(image, ax=axes, label="attention weight (each row sums to 1)")
     fig.suptitle(f"{run.label}: attention")
     save_figure(plt, fig, os.path.join(run.path, "attention.png"))
-    result = {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest_attention(patterns[:, :, -1], labels),
+    last = patterns[:, :, -1]  # (L, nh, T): the last position's weights over the keys
+    layer, head, key = (int(i) for i in torch.unravel_index(last.argmax(), last.shape))
+    strongest = {"layer": layer + 1, "head": head + 1, "position": key, "token": labels[key],
+                 "weight": last[layer, head, key].item(), "uniform": 1 / len(labels)}
+    result = {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest,
               "patterns": patterns.mul(1e4).round().div(1e4).tolist()}  # (L, nh, T, T): the figure redrawn without weights
     if run.cfg.task == "needle":
         result.update(needle_test_scores(run, names))
@@ -394,7 +376,6 @@ def distance_irrelevance(model, p):
 
 
 def clock_pizza(run: Run) -> dict:
-    """Gradient symmetricity and distance irrelevance (Zhong et al. 2023, "The Clock and the Pizza")."""
     p = run.task.p
     return {"gradient_symmetricity": gradient_symmetricity(run.model, p), "distance_irrelevance": distance_irrelevance(run.model, p)}
 
@@ -512,8 +493,7 @@ def training_curves(run: Run) -> dict:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points), label=CURVE_LABELS.get(key, key.replace("_", " ")), marker=".")
-    loss_ax.set_yscale("log")
-    loss_ax.set_ylabel("loss (nats per answer token)")
+    loss_ax.set(yscale="log", ylabel="loss (nats per answer token)")
     metric_ax.set_ylabel("test metric")
     for ax in (loss_ax, metric_ax):
         ax.set_xlabel("step")
@@ -525,9 +505,8 @@ def training_curves(run: Run) -> dict:
 
 
 def flat_from(log: list):
-    """Figure 8's test of convergence: (the first evaluation step from which test accuracy stays within half a
-    point of its last value, the lr there as % of its peak), or None for a log without accuracies and an lr.
-    Flat while the lr is well above zero is converged; flat only where the lr is near zero, stopped by the schedule."""
+    """Figure 8's test of convergence (docs/protocol.md §6): (the first evaluation step from which test accuracy stays
+    within half a point of its last value, the lr there as % of its peak), or None for a log without accuracies and an lr."""
     log = [r for r in log if r.get("test_accuracy") is not None and r.get("lr") is not None]
     peak = max((r["lr"] for r in log), default=0)
     if not peak:
@@ -577,16 +556,15 @@ def markdown(run: Run, results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def check_request(run: Run, args):
-    """UsageError for an analysis the run cannot give, before anything is computed or written."""
+def check_request(run: Run, args) -> dict:
+    """UsageError, before anything is computed or written, for a request the run cannot meet; else the results to update."""
     if args.only and not ANALYSES[args.only][1](run):
         raise UsageError(f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model")
     cfg = run.model.cfg
     if args.tokens and (not all(0 <= t < cfg.vocab_size for t in args.tokens) or len(args.tokens) > cfg.n_positions):
         raise UsageError(f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for {run.path}")
     read_metrics(run.path)  # a corrupt log fails here, not after other analyses have written their files
-    if args.only:
-        earlier_results(run)
+    return earlier_results(run) if args.only else {}
 
 
 def earlier_results(run: Run) -> dict:
@@ -608,20 +586,17 @@ def earlier_results(run: Run) -> dict:
     raise UsageError(f"{path} is not results this analyze.py can read; delete it or run analyze.py without --only")
 
 
-def analyze(run: Run, args) -> dict:
-    """Run the selected analyses on one loaded run; write analysis.json, analysis.md and figures."""
-    path = run.path
-    results = earlier_results(run) if args.only else {}
+def analyze(run: Run, results: dict, args):
+    """Run the selected analyses on one loaded run, into results; write analysis.json, analysis.md and figures."""
     torch.manual_seed(0)
     for name, (title, applies, compute, _) in ANALYSES.items():
         if args.only in (None, name) and applies(run):
             results[name] = compute(run, args)
-            print(f"{path}: {title}" + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else ""))
+            print(f"{run.path}: {title}" + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else ""))
             if name == "variance":
                 print(explained_variance_markdown(results[name]))
-    write_json(os.path.join(path, "analysis.json"), results)
-    write_atomic(os.path.join(path, "analysis.md"), lambda f: f.write(markdown(run, results).encode()))
-    return results
+    write_json(os.path.join(run.path, "analysis.json"), results)
+    write_atomic(os.path.join(run.path, "analysis.md"), lambda f: f.write(markdown(run, results).encode()))
 
 
 def watch(run_dir):
@@ -629,7 +604,7 @@ def watch(run_dir):
     run_dir/unseen.jsonl, which compare.py draws; ends once the run has written final.json."""
     while not os.path.exists(os.path.join(run_dir, "config.json")):
         time.sleep(5)
-    cfg, task, model, _ = build(config_from_dict(read_json(os.path.join(run_dir, "config.json"))))
+    cfg, task, model, _ = build(saved_config(run_dir))
     if cfg.task != "parens":
         raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
     scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
@@ -668,10 +643,9 @@ def main(argv=None):
         if args.watch:
             return watch(args.runs[0])
         runs = [Run(path) for path in args.runs]
-        for run in runs:  # every run is checked before any is analyzed
-            check_request(run, args)
-        for run in runs:
-            analyze(run, args)
+        earlier = [check_request(run, args) for run in runs]  # every run is checked before any is analyzed
+        for run, results in zip(runs, earlier):
+            analyze(run, results, args)
             print(f"wrote {os.path.join(run.path, 'analysis.md')}")
 
 

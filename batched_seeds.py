@@ -25,7 +25,7 @@ from cli import UsageError, parse_args, seed_configs, usage_errors
 from config import build
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
-from train import Clock, Diverged, Run, evaluate, first_line, lr_at, make_optimizer, seconds_per_step, set_lr
+from train import Diverged, Run, evaluate, first_line, lr_at, make_optimizer, seconds_per_step
 
 
 def stacked_forward(base, params):
@@ -85,7 +85,8 @@ def train_batched(cfg) -> list:
             if evaluate_now:
                 run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
                 continue
-            set_lr(optimizer, lr_at(step, cfg))
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
             batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
             run.losses.append(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
     return run.metrics
@@ -112,6 +113,7 @@ class SeedRuns(Run):
 
     def __init__(self, seeds, task, models, params, counts, device):
         self.seeds, self.params, self.base, self.summary = seeds, params, models[0], task.summary
+        self.outs = [run.out for run in seeds]
         self.cfg, self.counts, self.ranks, self.stop_after, self.starts = seeds[0], counts, Ranks(), None, []
         try:  # every seed checked and staged, or none
             for run, model, n in zip(seeds, models, counts):
@@ -119,19 +121,11 @@ class SeedRuns(Run):
         except BaseException:
             self.close()
             raise
-        self.start, self.step, self.metrics, self.losses, self.clock = self.starts[0], 0, None, [], Clock()
+        self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
         seconds = len(seeds) * seconds_per_step(self.cfg, task, models[0], device, self.ranks)  # one seed's step, N times
         print(first_line(self.cfg, counts[0], device, seconds, self.cfg.steps, f"{len(seeds)} seeds: a seed's step timed x {len(seeds)}"),
               flush=True)
         print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
-
-    def take_place(self):
-        for run, start in zip(self.seeds, self.starts):
-            runs.replace_old_run(run.out, start)
-
-    def close(self):
-        for start in self.starts:
-            start.close()
 
     def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
         for run, seed_loss, seed_metrics in zip(self.seeds, loss or [None] * len(self.seeds), metrics):
@@ -145,7 +139,7 @@ class SeedRuns(Run):
     def save_finished(self):
         for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.counts)):
             state = {k: v[i].detach().clone() for k, v in self.params.items()}
-            final = {"step": self.step, "elapsed": self.clock.elapsed(), "parameters": n, **self.summary(metrics, n["trainable"])}
+            final = {"step": self.step, "elapsed": self.elapsed(), "parameters": n, **self.summary(metrics, n["trainable"])}
             runs.save_final(run, state, self.base.cfg, metrics, final)
         runs.write_seed_summary(self.seeds)
 

@@ -15,20 +15,8 @@ sequences padded to n_positions = 100, logits at every position with the loss ma
 examples built one at a time in Python with `random`; leaving out the HF Trainer's own overhead
 flatters it.
 
-Counted FLOPs are the useful matmul FLOPs of forward plus backward, over each
-row's tokens up to its last answer (padding and later tokens, which cannot
-change the loss, count for nothing whichever pipeline computes them):
-  forward, per layer and token: 24 d^2 (qkv 6 d^2, out-proj 2 d^2, MLP 16 d^2)
-    plus 4 d (t + 1) for the causal scores and the weighted sum at position t;
-    in the last block only keys and values (4 d^2) are useful away from the
-    answers, so the rest of it counts at answer positions only;
-    unembedding: 2 d V per answer.
-  backward: the same again for the input gradient of every matmul that has
-    something trainable below it (both operands for the attention products),
-    plus the same again for the weight gradient of every trainable weight
-    (frozen weights get none). Embedding lookups and elementwise work are not counted.
-MFU = achieved / peak, the peak given by --peak-tflops or measured with a large
-matmul in the step's dtype.
+Counted FLOPs are the useful matmul FLOPs of forward plus backward (useful_flops); MFU = achieved / peak, the
+peak given by --peak-tflops or measured with a large matmul in the step's dtype.
 """
 
 import argparse
@@ -72,8 +60,19 @@ def measured_peak(device, bf16):
 
 
 def useful_flops(cfg, vocab, lengths, answer_pos):
-    """Matmul FLOPs of forward + backward that can affect the loss (module docstring).
-    lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position."""
+    """Matmul FLOPs of a forward and backward pass over each row's tokens up to its last answer: padding and later
+    tokens cannot change the loss, so they count for nothing whichever pipeline computes them.
+    lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position.
+
+    Forward, per layer and token: 24 d^2 (qkv 6 d^2, out-proj 2 d^2, MLP 16 d^2), plus 4 d (t + 1) for the causal
+    scores and the weighted sum at position t; in the last block only keys and values (4 d^2) are useful away from the
+    answers, so the rest of it counts at answer positions only; the unembedding 2 d V per answer. The LSTM: 16 d^2 per
+    layer and token. Backward: the same again for the input gradient of every matmul with something trainable below
+    it (both operands for the attention products), and again for the weight gradient of every trainable weight
+    (frozen weights get none). Embedding lookups and elementwise work are not counted.
+    """
+    if cfg.arch == "lstm":  # fully trained in every table: forward, input and weight gradients
+        return 3 * (16 * cfg.width**2 * cfg.layers * lengths.sum().item() + 2 * cfg.width * vocab * answer_pos.numel())
     d, trains, early = cfg.width, TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}), cfg.layers - 1  # a mask: counted as full
     tokens, answers = lengths.sum().item(), answer_pos.numel()
     pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs

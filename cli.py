@@ -49,23 +49,26 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def flag(name: str) -> str:
+    """A TrainConfig field's flag: --train for the mode (it says what trains), else the name with dashes."""
+    return "--" + ("train" if name == "mode" else name.replace("_", "-"))
+
+
 def make_parser(description="Train one model on one task.", skip=()):
-    """Flags generated from TrainConfig (but those named in skip), plus --frozen, --scale and --resume.
-    A flag not given is left out of the parsed namespace (TrainConfig supplies its default), so
-    --resume can tell which were given. The mode's flag is --train: it says what trains."""
+    """Flags generated from TrainConfig (but those named in skip), plus --frozen, --scale and --resume. A flag not
+    given is left out of the parsed namespace (TrainConfig supplies its default), so --resume can tell which were given."""
     from config import SCALES, TrainConfig  # config reports its own errors as this module's UsageError
 
     parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
     for f in fields(TrainConfig):
-        flag = "--" + ("train" if f.name == "mode" else f.name.replace("_", "-"))
         if f.name in skip or f.name == "scale":
             continue
         if f.type is bool and f.default is not False:  # True, or None = decided by the device: a flag to turn it off
             parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
         if f.type is bool and f.default is not True:
-            parser.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
+            parser.add_argument(flag(f.name), dest=f.name, action="store_true", help=f.metadata["help"])
         elif f.type is not bool:
-            parser.add_argument(flag, dest=f.name, type=f.type, help=f.metadata["help"])
+            parser.add_argument(flag(f.name), dest=f.name, type=f.type, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument("--scale", choices=("auto",) + SCALES, help="whose defaults the settings not given take: paper, the "
                         "paper's protocol for the task (docs/protocol.md §3); cpu, the task's laptop variant (§8), minutes on "
@@ -94,8 +97,7 @@ def config_from_args(args):
         cfg = TrainConfig(**given)
         return (replace(cpu_variant(cfg), **given) if scale == "cpu" else replace(cfg, scale="paper")), False
     if given:
-        flags = ", ".join("--" + ("train" if name == "mode" else name.replace("_", "-")) for name in given)
-        raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {flags}")
+        raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {', '.join(map(flag, given))}")
     from runs import finish_swap
 
     if not os.path.exists(os.path.join(run_dir, "config.json")):
@@ -127,11 +129,8 @@ def command_line(cfg) -> str:
     parts = ["python train.py"]
     for f in fields(TrainConfig):
         value = getattr(cfg, f.name)
-        if value == f.default and f.name != "task":  # the task always, for the reader
-            continue
-        flag = "train" if f.name == "mode" else f.name.replace("_", "-")
-        if f.type is bool:
-            parts.append(f"--{flag}" if value else f"--no-{f.name}")
-        else:
-            parts.append(f"--{flag} {value}")
+        if f.type is bool and value != f.default:
+            parts.append(flag(f.name) if value else f"--no-{f.name}")
+        elif value != f.default or f.name == "task":  # the task always, for the reader
+            parts.append(f"{flag(f.name)} {value}")
     return " ".join(parts)

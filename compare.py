@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, fields
 
 from cli import OneLineParser, UsageError, usage_errors
-from config import config_from_dict
+from config import saved_config
 from figures import markdown_table, pyplot, save_figure
 from runs import FINAL_KEYS, median_range, read_json, read_metrics
 from tasks import TASKS
@@ -45,13 +45,9 @@ class Run:
 
 
 def load(path) -> Run:
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    cfg = saved_config(path)
+    if cfg is None:
         raise UsageError(f"{path} is not a run directory (no config.json)")
-    saved = read_json(os.path.join(path, "config.json"))
-    try:
-        cfg = config_from_dict(saved)
-    except ValueError as e:
-        raise UsageError(f"{path}/config.json is not a run's config ({e})") from None
     own_sizes = {f.name for f in fields(TASKS[cfg.task])} if cfg.task in TASKS else TASK_SIZES
     settings = {k: v for k, v in asdict(cfg).items() if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)}
     final_path = os.path.join(path, "final.json")
@@ -60,7 +56,8 @@ def load(path) -> Run:
     unseen = {record["step"]: record for record in read_metrics(path, "unseen.jsonl")}  # analyze.py --watch's, where there is one
     for record in log:
         record.update({k: v for k, v in unseen.get(record["step"], {}).items() if k == "unseen"})
-    return Run(path, settings, saved.get("parameters", {}).get("trainable"), final, log)
+    trainable = read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable")
+    return Run(path, settings, trainable, final, log)
 
 
 def seed_groups(runs) -> list:
@@ -75,12 +72,10 @@ def seed_groups(runs) -> list:
 
 def results(run) -> dict:
     """Final test metrics and minutes of training; for an unfinished run, those of its last evaluation."""
-    if run.final:
-        numbers = {k: v for k, v in run.final.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
-        return {**numbers, "minutes": run.final.get("elapsed", math.nan) / 60}
     last = run.log[-1] if run.log else {}
-    numbers = {k.removeprefix("test_"): v for k, v in last.items() if k.startswith("test_") and type(v) in (int, float)}
-    return {**numbers, "minutes": last.get("elapsed", math.nan) / 60}
+    record = run.final or {k.removeprefix("test_"): v for k, v in last.items() if k.startswith("test_") or k == "elapsed"}
+    numbers = {k: v for k, v in record.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
+    return {**numbers, "minutes": record.get("elapsed", math.nan) / 60}
 
 
 def row_name(group) -> str:
@@ -123,8 +118,7 @@ def setting_text(value) -> str:
 
 
 def plot(groups, path):
-    """Each logged curve against step, a panel per curve (accuracy, loss, KL, unseen strings): one line
-    per run, a seed group's median with its min-max band; exact sums dashed where logged."""
+    """A panel per logged curve (PANELS) against step: a line per table row, a seed group's median in its min-max band."""
     plt = pyplot()
     logged = {k for g in groups for run in g for r in run.log for k, v in r.items() if v is not None}
     panels = [panel for panel in PANELS if panel[0] in logged] or list(PANELS[:2])

@@ -18,7 +18,7 @@ import torch
 
 from cli import UsageError
 from runs import load_checkpoint, read_json
-from model import GPT, LSTM, GPTConfig, apply_training_mode, mode_label, training_mode_help, trains_body
+from model import GPT, LSTM, GPTConfig, TRAINING_MODE_HELP, apply_training_mode, mode_label, trains_body
 from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
@@ -31,7 +31,7 @@ PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps i
 @dataclass
 class TrainConfig:
     task: str = field(default="parens", metadata={"help": f"task to train on: {', '.join(TASKS)}"})
-    mode: str = field(default="full", metadata={"help": f"what trains: {training_mode_help()}"})
+    mode: str = field(default="full", metadata={"help": f"what trains: {TRAINING_MODE_HELP}"})
     arch: str = field(default="gpt", metadata={"help": f"model: {', '.join(ARCHS)} (lstm and linear are the paper's baselines)"})
     pos: str = field(default="learned", metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"})
     width: int = field(default=None, metadata={"help": "residual width n_embd (default: the task's, 1024 mostly)"})
@@ -113,17 +113,12 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
     """cfg with every setting it leaves as None set to the paper's protocol for the task, and its run directory named."""
     filled = {name: getattr(task, name) for name in ("batch_size", "weight_decay", "width", "layers", "heads")
               if getattr(cfg, name) is None}
-    given, cfg = cfg, replace(cfg, **filled)
-    if cfg.lr is None:
-        cfg = replace(cfg, lr=default_lr(cfg, "paper", task))
-    if cfg.steps is None:
-        cfg = replace(cfg, steps=task.steps_for(cfg.batch_size))  # epochs count passes over the data at the batch size used
-    if cfg.warmup is None:
-        cfg = replace(cfg, warmup=min(PAPER_WARMUP, cfg.steps // 10))
-    if cfg.eval_every is None:  # 20 evaluations, none closer than 100 steps
-        cfg = replace(cfg, eval_every=max(1, min(cfg.steps, max(100, cfg.steps // 20))))
-    if cfg.out is None:
-        cfg = replace(cfg, out=os.path.join("runs", run_name(given, cfg.width)))
+    given, cfg = cfg, replace(cfg, **filled)  # a copy, filled in further below: each rule reads the ones above it
+    cfg.lr = default_lr(cfg, "paper", task) if cfg.lr is None else cfg.lr
+    cfg.steps = task.steps_for(cfg.batch_size) if cfg.steps is None else cfg.steps  # epochs: passes at the batch size used
+    cfg.warmup = min(PAPER_WARMUP, cfg.steps // 10) if cfg.warmup is None else cfg.warmup
+    cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20))) if cfg.eval_every is None else cfg.eval_every
+    cfg.out = os.path.join("runs", run_name(given, cfg.width)) if cfg.out is None else cfg.out
     return cfg
 
 
@@ -148,13 +143,7 @@ def run_name(given: TrainConfig, width: int) -> str:
 
 def check_config(cfg: TrainConfig, task) -> None:
     """UsageError for a setting no run can use. Task sizes are checked by the task, the model's
-    shape and the training mode by model.py (build_model reports those)."""
-    for name in ("steps", "warmup"):
-        if getattr(cfg, name) < 0:
-            raise UsageError(f"--{name} must be >= 0")
-    for name in ("batch_size", "eval_every", "width", "layers", "heads", "epochs", "test_size"):
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:  # epochs None: the task's own
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    shape and the training mode by model.py (build reports those)."""
     fp32_max = torch.finfo(torch.float32).max  # the optimizer's arithmetic: a larger lr is inf there
     if not 0 < cfg.lr < fp32_max:
         raise UsageError(f"--lr must be a number > 0 and below {fp32_max:.3g}, got {cfg.lr}")
@@ -162,13 +151,18 @@ def check_config(cfg: TrainConfig, task) -> None:
         raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
     if not 0 <= cfg.lr * cfg.weight_decay < 1:  # AdamW scales weights by 1 - lr * weight decay each step
         raise UsageError(f"--weight-decay must be >= 0 with --lr x --weight-decay below 1, got {cfg.weight_decay}")
-    if cfg.dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
-    if cfg.arch not in ARCHS:
-        raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
+    for setting, value, choices in (("dtype", cfg.dtype, DTYPES), ("architecture", cfg.arch, ARCHS)):
+        if value not in choices:
+            raise UsageError(f"unknown {setting} {value!r}; choose from {', '.join(choices)}")
     if cfg.arch == "lstm" and cfg.pos != "learned":
         raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
-    check_memory(cfg, task)
+    # Weights, gradients and AdamW's two moments alone (16 bytes a parameter; activations not counted) must fit
+    # this machine's memory: an error before the run starts instead of a failed allocation.
+    parameters = 12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
+    needed, available = 16 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available:
+        raise UsageError(f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB for its weights "
+                         f"and optimizer state (an estimate), more than this machine's {available / 2**30:,.0f} GiB")
     if isinstance(task, StreamTask):
         try:
             task.check_training_stream()
@@ -178,40 +172,28 @@ def check_config(cfg: TrainConfig, task) -> None:
         raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
 
 
-def check_memory(cfg: TrainConfig, task):
-    """UsageError, before the run starts, where weights, gradients and AdamW's two moments alone (16 bytes a
-    parameter; activations not counted) would outgrow this machine's memory, instead of a failed allocation."""
-    parameters = 12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
-    needed, available = 16 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if needed > available:
-        raise UsageError(f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB for its weights "
-                         f"and optimizer state (an estimate), more than this machine's {available / 2**30:,.0f} GiB")
-
-
 def resolve(cfg: TrainConfig):
     """(cfg with the paper's defaults filled in and checked, its task)."""
     task = build_task(cfg)
+    positive = ("batch_size", "eval_every", "width", "layers", "heads", "epochs", "test_size")
+    for name, least in [("steps", 0), ("warmup", 0)] + [(p, 1) for p in positive]:
+        if getattr(cfg, name) is not None and getattr(cfg, name) < least:  # checked before the defaults divide by them
+            raise UsageError(f"--{name.replace('_', '-')} must be >= {least}")
     cfg = with_paper_defaults(cfg, task)
     check_config(cfg, task)
     return cfg, task
 
 
-def build_model(cfg: TrainConfig, task):
-    """(model, parameter counts): a freshly initialized model for the task, frozen per cfg.mode."""
+def build(cfg: TrainConfig):
+    """(cfg resolved, task, model, parameter counts): what a run of cfg needs, the model fresh and frozen per cfg.mode."""
+    cfg, task = resolve(cfg)
     attention = "linear" if cfg.arch == "linear" else "softmax"
     try:
         model_cfg = GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, attention, cfg.pos)
         model = LSTM(model_cfg) if cfg.arch == "lstm" else GPT(model_cfg)
-        counts = apply_training_mode(model, cfg.mode)
+        return cfg, task, model, apply_training_mode(model, cfg.mode)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return model, counts
-
-
-def build(cfg: TrainConfig):
-    """(cfg resolved, task, model, parameter counts): everything a run of cfg needs, freshly initialized."""
-    cfg, task = resolve(cfg)
-    return cfg, task, *build_model(cfg, task)
 
 
 def saved_config(run_dir: str):
@@ -229,11 +211,8 @@ def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
     """The settings cfg sets that the run in run_dir (if any) was not trained with. The device (what the run
     resolved), the directory's spelling, overwrite and the scale (whose defaults filled in what the other
     settings say) do not count: they change nothing the run computes."""
-    saved = saved_config(run_dir)
-    if saved is None:
-        return []
-    saved = asdict(saved)
-    return [k for k, v in asdict(cfg).items() if v is not None and k not in ("device", "overwrite", "out", "scale") and saved.get(k) != v]
+    saved, ignored = saved_config(run_dir), ("device", "overwrite", "out", "scale")
+    return [k for k, v in asdict(cfg).items() if saved and v is not None and k not in ignored and getattr(saved, k) != v]
 
 
 def load_run(run_dir):

@@ -20,11 +20,7 @@ from cli import UsageError
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if name not in ("cpu", "cuda", "mps"):
         raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
     if name == "cuda" and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
@@ -67,8 +63,7 @@ class Ranks:
     """
 
     def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", 1))
-        self.rank = int(os.environ.get("RANK", 0))
+        self.world, self.rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
         self.lead = self.rank == 0
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

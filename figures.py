@@ -37,23 +37,17 @@ class Table:
     analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
 
     def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
-        """The cell's metric (the table's unless named; accuracies in %) for each finished seed, from its final.json
-        (train_split.json for a "(train)" row), or the table's `read` of its analysis.json or metrics.jsonl."""
+        """The cell's metric (the table's unless named; accuracies in %) per finished seed, or its column's `read`."""
         if self.read:
-            values = [self.read[col](cfg.out) if run_state(cfg.out) == "finished" else None for cfg in cell]
-            return [value for value in values if value is not None]
+            return [v for cfg in cell if run_state(cfg.out) == "finished" and (v := self.read[col](cfg.out)) is not None]
         source = "train_split.json" if row.endswith("(train)") else "final.json"
         own = col if self.metric == "column" else self.metric
         metric = metric or own
-        values = []
-        for cfg in cell:
-            path = os.path.join(cfg.out, source)
-            if os.path.exists(path):
-                record = read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
-                # only a named extra metric may be missing (a record without exact_match draws no ring)
-                if metric == own or metric in record:
-                    values.append(record[metric] * (100 if metric in ("accuracy", "exact_match") else 1))
-        return values
+        records = [read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
+                   for path in (os.path.join(cfg.out, source) for cfg in cell) if os.path.exists(path)]
+        # only a named extra metric may be missing (a record without exact_match draws no ring)
+        return [record[metric] * (100 if metric in ("accuracy", "exact_match") else 1) for record in records
+                if metric == own or metric in record]
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -97,8 +91,7 @@ def picture_cells(table, runs: dict) -> dict:
     addition panel also has line "exact match": per-token accuracy is the table's number, whole sums the stricter one."""
     cells = {}
     for (row, col), cell in runs.items():
-        key = picture_key(table, row, col)
-        if key is None:
+        if (key := picture_key(table, row, col)) is None:
             continue  # Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
         if table.name in CURVE_TABLES and row == "addition":
             cells[row, "exact match", col] = table.seed_values(row, col, cell, "exact_match"), None
@@ -107,24 +100,16 @@ def picture_cells(table, runs: dict) -> dict:
 
 
 def picture_key(table, row: str, col: str):
-    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn. Tables 1, 2,
-    9: a panel per row, a column per x; Table 3: a panel per metric, a row per x; Figures 4, 6, 7: lines over width."""
+    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn."""
     if table.name == "table3":
         return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
-    if table.name == "fig7":
-        kind, width = col.split()
-        return row, kind, int(width)
-    if table.name == "fig4":
-        layers, width = col.split(", width ")
-        return layers, row, int(width)
+    if table.name == "fig7":  # "Random 16"
+        return row, col.split()[0], int(col.split()[1])
+    if table.name == "fig4":  # "2 layers, width 64"
+        return col.split(",")[0], row, int(col.split()[-1])
     if table.name == "fig6":
         return "3-layer students", row, int(col.split()[1])
     return row, None, col
-
-
-def y_label(table, panel: str) -> str:
-    """The panel's y axis: the table's metric, or for Table 3 (a metric per column) the panel's own."""
-    return READ_UNITS.get(table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric])
 
 
 def new_figure(panels: list, title: str):
@@ -150,9 +135,8 @@ def save_with_legend(plt, fig, handles: list, path: str):
     save_figure(plt, fig, path, bbox_inches="tight")
 
 
-def plot_seeds(table, cells: dict, title: str, path: str):
-    """A table as a picture: per column the seeds as points with a median bar (a box plot from 5 seeds), the paper's number as a star."""
-    plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
+def plot_seeds(table, cells: dict, axes: dict) -> list:
+    """A table as a picture: per column the seeds as points, a median bar (a box plot from 5 seeds); returns the legend."""
     for panel, ax in axes.items():
         xs = [x for p, line, x in cells if p == panel and line is None]
         for i, x in enumerate(xs):
@@ -170,7 +154,8 @@ def plot_seeds(table, cells: dict, title: str, path: str):
             if not values:
                 ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
         ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
-        unit = y_label(table, panel)  # bits per parameter from zero: the paper's contrast is a ratio
+        unit = READ_UNITS.get(table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric])
+        # Table 3: a panel per metric, named by its unit; bits per parameter from zero: the paper's contrast is a ratio
         ax.set(xlim=(-0.6, len(xs) - 0.4), ylim=(-5, 105) if unit == "accuracy (%)" else (0, None), ylabel=unit)
         exact = any(line == "exact match" for p, line, _ in cells if p == panel)
         ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
@@ -184,15 +169,14 @@ def plot_seeds(table, cells: dict, title: str, path: str):
     if any(line == "exact match" for _, line, _ in cells):
         handles.insert(1, dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
                                label="our seeds, whole sum exact (addition)"))
-    save_with_legend(plt, fig, handles, path)
+    return handles
 
 
-def plot_lines(table, cells: dict, title: str, path: str):
-    """A figure over width: per line the median over seeds with a min-max band, log2 width axis, the paper's numbers as stars."""
+def plot_lines(table, cells: dict, axes: dict) -> list:
+    """A figure over width: per line the median over seeds with a min-max band, log2 width axis; returns the legend."""
     from matplotlib.patches import Patch
     from matplotlib.ticker import ScalarFormatter
 
-    plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
     for panel, ax in axes.items():
         for line in dict.fromkeys(l for p, l, _ in cells if p == panel):
             line_cells = {x: cell for (p, l, x), cell in cells.items() if p == panel and l == line}
@@ -222,7 +206,7 @@ def plot_lines(table, cells: dict, title: str, path: str):
         if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
-        ax.set(xlabel="target transformer width" if table.name == "fig6" else "width", ylabel=y_label(table, panel))
+        ax.set(xlabel="target transformer width" if table.name == "fig6" else "width", ylabel=METRIC_UNITS[table.metric])
         ax.grid(alpha=0.3)
     names = dict.fromkeys(line for _, line, _ in cells)
     handles = [dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
@@ -231,7 +215,7 @@ def plot_lines(table, cells: dict, title: str, path: str):
         handles.append(dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
     if any(picture_key(table, *cell) not in cells for cell in table.paper):
         handles.append(dict(color="gray", linestyle="--", label="paper, at a width not trained here"))
-    save_with_legend(plt, fig, handles, path)
+    return handles
 
 
 def accuracy_curve(run_dir: str) -> list:
@@ -240,8 +224,7 @@ def accuracy_curve(run_dir: str) -> list:
 
 
 def plot_curves(table, runs: dict, title: str, path: str):
-    """Test accuracy against step, a panel per task, a color per column, a line per seed: shows
-    why a cell falls short (a plateau it never leaves, a late start, a peak and decline)."""
+    """Each seed's test accuracy per step: why a cell falls short (a plateau it never leaves, a late start, a decline)."""
     rows = [row for row in table.rows if not row.endswith("(train)")]  # the training split is scored once, at the end
     plt, fig, axes = new_figure(rows, title)
     colors = dict(zip(table.cols, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
@@ -256,8 +239,7 @@ def plot_curves(table, runs: dict, title: str, path: str):
 
 
 def plot_convergence(table, runs: dict, title: str, path: str):
-    """Figure 8: test accuracy per seed against step, a panel per model, with the lr schedule beside it
-    (dashed, right axis), so a curve that flattens only where the lr reaches zero shows as such."""
+    """Figure 8: each seed's test accuracy beside the lr schedule, showing which curves flatten only as the lr nears zero."""
     plt, fig, axes = new_figure(table.rows, title)
     for row, ax in axes.items():
         for cfg in runs[row, table.cols[0]]:  # a run not yet evaluated plots no points, so draws nothing
@@ -274,13 +256,11 @@ def plot_convergence(table, runs: dict, title: str, path: str):
 
 def first_analysis(runs: list, name: str):
     """(the first seed's run with analyze.py result `name`, that result) among a cell's runs, or (None, None)."""
-    results = ((cfg, read_analysis(cfg.out, name)) for cfg in runs)
-    return next(((cfg, result) for cfg, result in results if result is not None), (None, None))
+    return next(((cfg, result) for cfg in runs if (result := read_analysis(cfg.out, name)) is not None), (None, None))
 
 
 def plot_heads(table, runs: dict, title: str, path: str):
-    """Figure 2 in the paper's layout: per model, the first analysed seed's layer-1 head where values attend
-    most to their markers and layer-2 head where the query attends most to the queried value, on the paper's input."""
+    """Figure 2 in the paper's layout: per model, the first analysed seed's strongest head per layer on the paper's input."""
     plt, fig, axes = new_figure([f"{row}: L{layer + 1}" for row in table.rows for layer in (0, 1)], title)
     for row in table.rows:
         cfg, result = first_analysis(runs[row, table.cols[0]], "attention")
@@ -299,8 +279,7 @@ def plot_heads(table, runs: dict, title: str, path: str):
 
 
 def plot_circles(table, runs: dict, title: str, path: str):
-    """Figure 3: per model, the first analysed seed's token embedding on principal components 1 and 3 (the
-    paper's panel) and on its most circular pair of PCs 1-4, coloured by residue on a cyclic map (residues wrap mod p)."""
+    """Figure 3: per model, the first analysed seed's embedding on PCs 1 and 3 (the paper's) and its most circular pair."""
     plt, fig, axes = new_figure([f"{row} {panel}" for row in table.rows for panel in ("paper", "best")], title)
     for row in table.rows:
         cfg, result = first_analysis(runs[row, table.cols[0]], "embedding")
@@ -311,7 +290,7 @@ def plot_circles(table, runs: dict, title: str, path: str):
         for panel, (i, j), score in (("paper", (1, 3), result["circles"]["pcs_1_3"]), ("best", best["pcs"], best["score"])):
             points = [[point[i - 1], point[j - 1]] for point in result["projections"]]
             ax = axes[f"{row} {panel}"]
-            ax.scatter(*zip(*points), c=range(len(points)), cmap="hsv", s=14)
+            ax.scatter(*zip(*points), c=range(len(points)), cmap="hsv", s=14)  # a cyclic map: residues wrap mod p
             ax.set(title=f"{row} seed {cfg.seed}: PCs {i} and {j}\ncircle score {score:.2f}", xlabel=f"PC {i}", ylabel=f"PC {j}",
                    aspect="equal")
     save_figure(plt, fig, path)
@@ -343,7 +322,8 @@ def render_picture(table, scale: str, runs: dict, path: str):
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
     if any(paper is not None for _, paper in cells.values()):
         title += "; stars: the paper's numbers"
-    (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, title, path)
+    plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
+    save_with_legend(plt, fig, (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes), path)
     if table.name in CURVE_TABLES:
         plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
                     path.removesuffix(".png") + "-curves.png")
@@ -367,20 +347,15 @@ def cpu_note(cfgs, seeds: int) -> str:
     return "; ".join(parts) + "."
 
 
-def cell_summary(table, row: str, col: str, cell: list):
-    """(median, min, max, seeds finished) of the cell's metric, or None when no run finished."""
-    values = table.seed_values(row, col, cell)
-    if not values:
-        return None
-    if isinstance(values[0], str):
-        return values[0]  # a text cell (Figure 5's completions): the first seed's
-    return (*median_range(values), len(values))
-
-
 def number(value) -> str:
     if isinstance(value, int) or abs(value) >= 1000:  # counts (steps, bits) never show a decimal
         return f"{value:,.0f}"
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0"
+
+
+def spread(values: list) -> str:
+    """Seeds' values as every table shows them: median [min, max]."""
+    return "{} [{}, {}]".format(*map(number, median_range(values)))
 
 
 def train_command(cfg, seeds: int) -> str:
@@ -391,10 +366,10 @@ def train_command(cfg, seeds: int) -> str:
 def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
     """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
     def cell_text(row, col):
-        summary = cell_summary(table, row, col, runs[row, col])
+        values = table.seed_values(row, col, runs[row, col])
         unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
-        text = (unread if summary is None else summary if isinstance(summary, str)
-                else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}] ({summary[3]}/{seeds})")
+        text = (unread if not values else values[0] if isinstance(values[0], str)  # a text cell: the first seed's completion
+                else f"{spread(values)} ({len(values)}/{seeds})")
         return text + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else "")
 
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
@@ -423,8 +398,8 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     return "\n".join(lines) + "\n"
 
 
-def write_results(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int) -> str:
-    """results/<table>-<scale>.md and .png after a sweep that trained `trained` runs; returns the .md's path.
+def write_results(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int):
+    """results/<table>-<scale>.md and .png after a sweep that trained `trained` runs.
     A redraw (trained 0, the .md there) keeps the lines that say when, where and by which command the runs trained."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     base = os.path.join(results, f"{table.name}-{scale}")
@@ -442,7 +417,6 @@ def write_results(table, scale: str, runs: dict, seeds: int, command: str, resul
     render_picture(table, scale, runs, base + ".png")
     write_atomic(base + ".md", lambda f: f.write(text.encode()))
     print(text + f"-> {base}.md, {base}.png", flush=True)
-    return base + ".md"
 
 
 # ---------------------------------------------------------------------------
@@ -480,9 +454,8 @@ def claims(claimed_cell, results: str, scale: str, path="RESULTS.md") -> str:
     for claim in listed:
         cell = claim["row"], claim["col"]
         table, runs = claimed_cell(claim["table"], *cell, f"claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
-        runs = [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs
-        summary = cell_summary(table, *cell, runs)
-        ours = "not run" if summary is None else f"{number(summary[0])} [{number(summary[1])}, {number(summary[2])}]"
+        values = table.seed_values(*cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs)
+        ours = spread(values) if values else "not run"
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
         lines.append(f"| {claim['claim']} | {paper} | {ours} | {CELL_REFERENCE.sub(cited_median, claim['verdict'])} |")
     with open(path) as f:

@@ -67,10 +67,9 @@ class CausalSelfAttention(nn.Module):
             y = v.cumsum(dim=2)
             if pos is not None:
                 y = y.gather(2, pos[:, None, :, None].expand(-1, self.n_head, -1, y.size(-1)))
-        elif pos is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(T, pos, x.device), scale=self.scale)
+        else:  # all queries: the kernel's own causal mask; queries at pos: theirs
+            mask = None if pos is None else self.mask(T, pos, x.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=pos is None, scale=self.scale)
         y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)  # (B, A, C)
         return self.c_proj(y)
 
@@ -193,12 +192,9 @@ def at(x, pos):
 
 def sinusoids(n_positions, n_embd):
     """Vaswani et al.'s fixed positions: even columns sin(t / 10000^(2i/d)), odd columns cos."""
-    t = torch.arange(n_positions, dtype=torch.float32)[:, None]
     freq = torch.exp(-math.log(10000.0) * torch.arange(0, n_embd, 2, dtype=torch.float32) / n_embd)
-    table = torch.zeros(n_positions, n_embd)
-    table[:, 0::2] = torch.sin(t * freq)
-    table[:, 1::2] = torch.cos(t * freq)[:, : n_embd // 2]
-    return table
+    angles = torch.arange(n_positions, dtype=torch.float32)[:, None] * freq  # (P, ceil(d / 2))
+    return torch.stack([angles.sin(), angles.cos()], 2).flatten(1)[:, :n_embd]  # (P, d): sin, cos, sin, cos, ...
 
 
 class LSTM(nn.Module):
@@ -238,6 +234,8 @@ TRAINING_MODES = {
     "token+unembed": {"wte", "lm_head"},  # Table 2: E_token & U
 }
 BODY = ("h", "ln_f", "lstm")  # the top-level names of the body's parameters
+TRAINING_MODE_HELP = (", ".join(TRAINING_MODES) + " (frozen = the paper's random transformer), or a mask: comma-separated "
+                      "parameter-name patterns, e.g. wte,wpe,lm_head,h.1.* (block 1 trained too)")
 
 
 def parameter_group(name: str) -> str:
@@ -256,10 +254,6 @@ def mask_patterns(mode: str) -> list:
     return [p.strip() for p in mode.split(",") if p.strip()]
 
 
-def matches(name: str, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
-
-
 def trains_body(mode: str) -> bool:
     """Whether the mode trains any of the body (blocks, ln_f, the LSTM), which sets its cpu-scale lr (config.default_lr)."""
     if mode in TRAINING_MODES:
@@ -272,11 +266,6 @@ def mode_label(mode: str) -> str:
     return mode if mode in TRAINING_MODES else "+".join(p.removesuffix(".*").replace("*", "all") for p in mask_patterns(mode))
 
 
-def training_mode_help() -> str:
-    return (", ".join(TRAINING_MODES) + " (frozen = the paper's random transformer), or a mask: comma-separated "
-            "parameter-name patterns, e.g. wte,wpe,lm_head,h.1.* (block 1 trained too)")
-
-
 def apply_training_mode(model: nn.Module, mode: str) -> dict:
     """Freeze every parameter the mode (a named mode or a mask) does not train; return trainable/frozen counts."""
     named = dict(model.named_parameters())
@@ -284,12 +273,14 @@ def apply_training_mode(model: nn.Module, mode: str) -> dict:
         trained = {name for name in named if parameter_group(name) in TRAINING_MODES[mode]}
     else:
         patterns = mask_patterns(mode)
-        unmatched = [p for p in patterns if not any(matches(name, p) for name in named)]
+        matched = {p: {name for name in named if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")}
+                   for p in patterns}
+        unmatched = [p for p in patterns if not matched[p]]
         if not patterns or unmatched:
             groups = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in named))
             raise ValueError(f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
                              f"({', '.join(TRAINING_MODES)}) or patterns of these: {groups}")
-        trained = {name for name in named if any(matches(name, p) for p in patterns)}
+        trained = set().union(*matched.values())
     counts = {"trainable": 0, "frozen": 0}
     for name, p in named.items():
         p.requires_grad_(name in trained)

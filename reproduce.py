@@ -117,38 +117,35 @@ def fig7(scale):
 
 def fig4(scale):
     widths = {"paper": [64, 128, 256, 512, 1024], "cpu": [32, 64, 128]}[scale]
-    rows = ["Normal", "Random"]
     cols = [f"{layers} layers, width {w}" for layers in (2, 4) for w in widths]
-    configs = {(row, col): task_config("lm", scale, mode=MODES[row], layers=int(col[0]), width=int(col.split()[-1]))
-               for row in rows for col in cols}
+    configs = {(row, col): task_config("lm", scale, mode=mode, layers=int(col[0]), width=int(col.split()[-1]))
+               for row, mode in MODES.items() for col in cols}
     paper = {("Normal", "4 layers, width 1024"): 1.35, ("Random", "2 layers, width 512"): 2.64}
     note = ("Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random 512-wide 2-layer ~2.64 (read off Figure 4). "
             + ("cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in absolute loss)." if scale == "cpu"
                else "Give the TinyStories train file with --data."))
-    return Table("fig4", "Figure 4: language modeling loss across widths", "loss", rows, cols, configs, paper, note)
+    return Table("fig4", "Figure 4: language modeling loss across widths", "loss", list(MODES), cols, configs, paper, note)
 
 
 def fig6(scale):
     targets = {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[scale]  # cpu: 8 and the paper's 12 -> 16 -> 32
-    rows = ["Normal", "Random"]
     cols = [f"target {w}" for w in targets]
-    configs = {(row, col): task_config("imitate", scale, mode=MODES[row], layers=3, target_width=int(col.split()[1]))
-               for row in rows for col in cols}
-    return Table("fig6", "Figure 6: circuit imitation test KL across target widths (lower is better)", "kl", rows, cols, configs,
+    configs = {(row, col): task_config("imitate", scale, mode=mode, layers=3, target_width=int(col.split()[1]))
+               for row, mode in MODES.items() for col in cols}
+    return Table("fig6", "Figure 6: circuit imitation test KL across target widths (lower is better)", "kl",
+                 list(MODES), cols, configs,
                  note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact numbers).")
 
 
 def paper_comparison(cfg: TrainConfig, final: dict):
     """'<ours>; the paper's <cell>: <number> (<table>)' for a finished run standing for a cell of Tables 1, 2, 3 or 9
     (same task, mode and architecture, width 16 or wide whatever the scale), or None where the paper has no number."""
-    for build in (table1, table2, table3, table9):
-        table = build("paper")
+    for table in (build("paper") for build in (table1, table2, table3, table9)):
         for (row, col), cell in table.configs.items():
             metric = col if table.metric == "column" else table.metric
             if ((cell.task, cell.mode, cell.arch, cell.width == 16) == (cfg.task, cfg.mode, cfg.arch, cfg.width == 16)
                     and (row, col) in table.paper and not row.endswith("(train)") and metric in final):
-                ours = final[metric] * (100 if metric in ("accuracy", "exact_match") else 1)
-                unit = "%" if metric in ("accuracy", "exact_match") else ""
+                ours, unit = (100 * final[metric], "%") if metric in ("accuracy", "exact_match") else (final[metric], "")
                 model = col.lower() if table.metric != "column" else row.lower()
                 return (f"{number(ours)}{unit} test {metric.replace('_', ' ')}; the paper's {model}: "
                         f"{number(table.paper[row, col])} ({table.title.split(':')[0]})")
@@ -186,9 +183,8 @@ def wide_models(scale, task: str, models=("Random", "Normal")) -> dict:
 
 def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
     """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the embedding and each layer."""
-    names = ["Emb"] + [f"L{i}" for i in range(1, layers + 1)]
     cols = {f"{kind} {name}": analysis_reader("variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i])
-            for kind in ("PC", "Neuron") for i, name in enumerate(names)}
+            for kind in ("PC", "Neuron") for i, name in enumerate(["Emb"] + [f"L{n}" for n in range(1, layers + 1)])}
     cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
     return read_table(name, title, models, cols, cells, note, ("variance",))
 
@@ -269,7 +265,6 @@ def fig3(scale):
 
 
 def parens(scale):
-    """Tables 1 and 2's parentheses runs on the test strings training shows and on the rest (docs/protocol.md §4)."""
     wide, task_tables = WIDE[scale], (table1(scale), table2(scale))
     rows = [f"{model} {width}" for model, width in (("Random", wide), ("Normal", wide), ("Random", 16), ("Normal", 16), ("LSTM", wide))]
     cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else TABLE2_COLS)}
@@ -332,17 +327,16 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
 
 def table_runs(name: str, args):
     """(the table, its runs per cell) as the command line sets them."""
-    table = TABLES[name](args.scale)
-    if args.data:
-        table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
+    table = TABLES[name](args.scale)  # the language models read --data (None: the shipped corpus)
+    table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
     return table, cell_runs(table, args.scale, args.runs, args.seeds)
 
 
-def reproduce(name: str, args, command: str) -> str:
-    """Sweep one table or figure, then write results/<name>-<scale>.md and its .png; returns the .md's path."""
+def reproduce(name: str, args, command: str):
+    """Sweep one table or figure, then write results/<name>-<scale>.md and its .png."""
     table, runs = table_runs(name, args)
     trained = 0 if args.redraw else sweep(table, runs, args.jobs)
-    return write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
+    write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
 
 
 def claimed_cell(args, name: str, row: str, col: str, where: str):

@@ -93,13 +93,9 @@ RUN_FILES = {"config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "final
 
 def is_run_file(name):
     """Whether runs write a file of this name: RUN_FILES, figures, or write_atomic's .<name>.<random>.tmp of one."""
-    if is_temp_file(name):
+    if name.startswith(".") and name.endswith(".tmp"):
         name = name[1 : -len(".tmp")].rsplit(".", 1)[0]
     return name in RUN_FILES or name.endswith(".png")
-
-
-def is_temp_file(name):
-    return name.startswith(".") and name.endswith(".tmp")
 
 
 @dataclass
@@ -290,8 +286,7 @@ class RunLock:
             raise UsageError(f"{run_dir} is being written by another process (pid {holder}); "
                              "wait for it to finish or stop it") from None
         self.file.truncate(0)
-        self.file.write(f"{os.getpid()}\n")
-        self.file.flush()
+        print(os.getpid(), file=self.file, flush=True)
 
     def release(self):
         """Free the lock and delete its file, if run_dir/.lock is still this lock's file (a swap may
@@ -476,7 +471,7 @@ def roll_back(run_dir, step):
     """Drop what a killed run left after `step`, the checkpoint it resumes (0: none): write_atomic's temp files
     of files runs write (no other file), and metrics.jsonl's later records and a line cut short by the kill."""
     for name in os.listdir(run_dir):
-        if is_temp_file(name) and is_run_file(name):
+        if name.endswith(".tmp") and is_run_file(name):
             os.remove(os.path.join(run_dir, name))
     path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(path):

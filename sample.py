@@ -11,7 +11,6 @@ import math
 
 import torch
 
-from tasks import LanguageModeling
 from cli import OneLineParser, UsageError, usage_errors
 from config import load_run
 from devices import pick_device
@@ -20,8 +19,7 @@ from devices import pick_device
 @torch.no_grad()
 def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None) -> str:
     """The prompt followed by a continuation sampled from an lm model, stopping at <|endoftext|>."""
-    device = next(model.parameters()).device
-    idx = torch.tensor([task.encode(prompt)], device=device)  # (1, T)
+    idx = torch.tensor([task.encode(prompt)], device=next(model.parameters()).device)  # (1, T)
     start = idx.size(1)
     for _ in range(max_new_tokens):
         logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
@@ -43,7 +41,7 @@ def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, see
     if top_k < 1 or max_new_tokens < 0:
         raise UsageError("generation needs --top-k >= 1 and --max-new-tokens >= 0")
     cfg, task, model, _ = load_run(run_dir)
-    if not isinstance(task, LanguageModeling):
+    if cfg.task != "lm":
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
     device = pick_device(device)
     model.to(device)

@@ -27,7 +27,7 @@ import train
 from bench import useful_flops
 from cli import UsageError, command_line
 from config import TrainConfig, build_task, load_run, resolve, saved_config, with_paper_defaults
-from runs import FINAL_KEYS, NUMBER, read_json, run_state, write_json
+from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, run_state, write_json
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------
@@ -63,19 +63,11 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
     if cfg.task == "modadd" and not os.path.exists(split):  # Table 2's train accuracy: the run scored on its training split
         saved, task, model, _ = load_run(cfg.out)
         write_json(split, train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype))
-    analyse(cfg.out, analyses)
+    for name in analyses:  # now, while model.pt is here: git keeps a run's analysis.json, not its weights
+        if read_analysis(cfg.out, name) is None and os.path.exists(os.path.join(cfg.out, "model.pt")):
+            analyze.main([cfg.out, "--only", name])
     final = read_json(os.path.join(cfg.out, "final.json"), optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)})
     return final, state, time.time() - start
-
-
-def analyse(run_dir: str, names):
-    """Make the analyses `names` a finished run's analysis.json lacks, now: its weights (model.pt) stay on this machine,
-    so a run is analysed as soon as it finishes; once analysis.json is committed a fresh clone redraws without them."""
-    path = os.path.join(run_dir, "analysis.json")
-    done = read_json(path) if os.path.exists(path) else {}
-    for name in names:
-        if name not in done and os.path.exists(os.path.join(run_dir, "model.pt")):
-            analyze.main([run_dir, "--only", name])
 
 
 def run_cost(cfg: TrainConfig) -> float:
@@ -106,8 +98,7 @@ def sweep(table, runs: dict, jobs: int) -> int:
 
 
 def worker_pool(jobs: int) -> ProcessPoolExecutor:
-    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from
-    one that has used it) and, where there are GPUs, on the next one of its own (start_worker)."""
+    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from one that has used it)."""
     context = multiprocessing.get_context("spawn")
     return ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker,
                                initargs=(context.Value("i", 0), visible_gpus()))
@@ -137,21 +128,16 @@ def start_worker(started, gpus: list):
 # ---------------------------------------------------------------------------
 
 
-def shell_command(cfg: TrainConfig) -> str:
-    """A shell line that finishes cfg's run from whatever state a scheduler finds it in, so it may rerun the line
-    after a kill: a finished run is left alone; config.json marks a run past its first step, which --resume
-    continues (from its checkpoint, or from the start if killed before one); anything else starts anew."""
-    return (f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
-            f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi")
-
-
 def print_commands(cfgs: list, command: str):
-    """--print-commands: a shell_command per run of cfgs not yet finished, each once (tables share runs), longest first."""
+    """--print-commands: a shell line per run of cfgs not yet finished, each once (tables share runs), longest first,
+    that finishes the run from any state, so a scheduler may rerun it after a kill: config.json marks a run past its
+    first step, which --resume continues (from its checkpoint, or from the start if killed before one)."""
     todo = {cfg.out: cfg for cfg in cfgs}
     todo = sorted((cfg for cfg in todo.values() if run_state(cfg.out) != "finished"), key=run_cost, reverse=True)
     for cfg in todo:
         check_same_config(cfg)
-        print(shell_command(cfg))
+        print(f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
+              f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi")
     print(f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once they finish, "
           f"`{command.replace(' --print-commands', '')}` draws the tables without training them again", file=sys.stderr)
 
@@ -166,11 +152,9 @@ TINYSTORIES_TOKENS = 470_000_000
 PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs alone: a prediction, not a measurement.
 
 - Tokens: those through each row's last answer in one batch drawn at the run's batch size, times the steps. Model
-  FLOPs: bench.py's useful_flops of that batch, times the steps. Forward: 2 per weight of each matmul a token passes
-  (the last block and the unembedding at answer positions only), plus the attention products. Backward: the forward
-  again for the input gradients wherever something trainable lies below (frozen blocks still carry the embeddings'
-  gradients), and again for the weight gradients of trained weights only; so a random transformer costs about 2x its
-  forward, a fully trained one 3x. The LSTM: 16 d^2 per layer and token forward, 3x in all. Evaluation not counted.
+  FLOPs: bench.py's useful_flops of that batch (its docstring says what counts), times the steps: frozen blocks
+  still carry the embeddings' gradients, so a random transformer costs about 2x its forward, a fully trained one and
+  the LSTM 3x. Evaluation not counted.
 - Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the larger of FLOPs / ({ASSUMED_MFU:.0%} MFU x
   {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense bf16 peak; runs use bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host
   syncs, Python), which decides the long runs of small models (Table 3, Figure 4's narrow widths). Both are
@@ -195,18 +179,13 @@ def run_estimate(cfg: TrainConfig) -> tuple:
         # generate, not sample: the stream's lengths without building the test set it excludes (seconds for imitate)
         batch = task.generate(cfg.batch_size, generator) if isinstance(task, StreamTask) else task.sample(cfg.batch_size, generator)
         lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
-    tokens = lengths.sum().item()
-    if cfg.arch == "lstm":  # fully trained in every table: forward, input and weight gradients
-        step = 3 * (16 * cfg.width**2 * cfg.layers * tokens + 2 * cfg.width * vocab * answers.numel())
-    else:
-        step = useful_flops(cfg, vocab, lengths, answers)
+    step = useful_flops(cfg, vocab, lengths, answers)
     seconds = RUN_START + max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
-    return cfg.steps, tokens * cfg.steps, step * cfg.steps, seconds
+    return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds
 
 
 def plan(tables: list, scale: str) -> str:
-    """--plan: PLAN_NOTE, then per (table, its runs per cell) a row per cell with its runs' predicted cost and
-    the table's GPU-hours; for several tables, their total with each run counted once."""
+    """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost, and the GPU-hours of each and all."""
     lines, estimates = [PLAN_NOTE], {}  # run directory less its seed -> (runs, *run_estimate), computed once
     for table, runs in tables:
         rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row

@@ -11,6 +11,7 @@ and language modeling; token ids follow docs/protocol.md §4 exactly.
 
 import math
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -41,12 +42,9 @@ class Batch:
     def __getitem__(self, rows):
         return self.apply(lambda t: t[rows])
 
-    def tensors(self):
-        return [getattr(self, f.name) for f in fields(Batch)]
-
     def apply(self, fn):
         """fn applied to every field that is set (target is None outside imitation)."""
-        return Batch(*(None if t is None else fn(t) for t in self.tensors()))
+        return Batch(*(None if t is None else fn(t) for t in vars(self).values()))
 
     def length_chunks(self, answers=None):
         """Yield (chunk, weight): rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
@@ -74,15 +72,14 @@ class Batch:
         return self.apply(lambda t: torch.take_along_dim(t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), row_dim))
 
 
-# Rows are sorted by length and cut into this many chunks, each trimmed after its own last answer. With uniform
-# lengths (needle, parens) n chunks feed (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8,
-# so past 4 the saving is small while each chunk costs its own kernel launches.
+# With uniform lengths (needle, parens) n chunks feed (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for
+# n = 1, 2, 4, 8, so past 4 the saving is small while each chunk costs its own kernel launches.
 LENGTH_CHUNKS = 4
 
 
 def join_batches(batches, join=torch.cat):
     """One batch from several, field by field: join=torch.cat appends rows, torch.stack adds a leading dimension."""
-    columns = zip(*(b.tensors() for b in batches))
+    columns = zip(*(vars(b).values() for b in batches))
     return Batch(*(None if c[0] is None else join(c) for c in columns))
 
 
@@ -103,8 +100,8 @@ class Task:
         raise NotImplementedError
 
     def test_set(self) -> Batch:
-        """The fixed evaluation set (CPU), identical across runs, seeds and architectures."""
-        raise NotImplementedError
+        """The fixed evaluation set `self.test` (CPU), identical across runs, seeds and architectures."""
+        return self.test
 
     def loss(self, logits, batch: Batch):
         """Mean cross-entropy over every answer token in the batch."""
@@ -140,10 +137,9 @@ class StreamTask(Task):
             raise ValueError(f"{self.name} at these sizes has {self.distinct_inputs:,} distinct inputs, no more than "
                              f"--test-size {self.test_size:,}: the test set would leave none for training")
 
-    def test_set(self) -> Batch:
-        if getattr(self, "_test", None) is None:
-            self._test = self.generate(self.test_size, torch.Generator().manual_seed(TEST_SEED))
-        return self._test
+    @cached_property
+    def test(self) -> Batch:
+        return self.generate(self.test_size, torch.Generator().manual_seed(TEST_SEED))
 
     def sample(self, batch_size, generator):
         if getattr(self, "_test_hashes", None) is None or self._test_hashes.device != generator.device:
@@ -180,13 +176,10 @@ class FiniteTask(Task):
         return math.ceil(self.epochs * len(self.train_set) / batch_size)
 
     def sample(self, batch_size, generator):
-        if getattr(self, "_train_on_device", None) is None or self._train_on_device.x.device != generator.device:
-            self._train_on_device = self.train_set.to(generator.device)
+        if self.train_set.x.device != generator.device:
+            self.train_set = self.train_set.to(generator.device)
         rows = torch.randint(len(self.train_set), (batch_size,), generator=generator, device=generator.device)
-        return self._train_on_device[rows]
-
-    def test_set(self):
-        return self.test
+        return self.train_set[rows]
 
 
 # ---------------------------------------------------------------------------
@@ -240,14 +233,12 @@ class Needle(StreamTask):
     n_positions = 100
     seq_len = property(lambda self: 2 * self.max_pairs + 1)
     MARKERS = 30  # the marker alphabet [128, 157]; queries are [158, 187]
+    distinct_inputs = property(  # k ordered distinct markers, k values, one of k queried
+        lambda self: sum(math.perm(self.MARKERS, k) * 127**k * k for k in range(1, self.max_pairs + 1)))
 
     def __post_init__(self):
         if not 1 <= self.max_pairs <= self.MARKERS:
             raise ValueError(f"needle needs 1 <= max_pairs <= {self.MARKERS}, got {self.max_pairs}")
-
-    @property
-    def distinct_inputs(self):  # k ordered distinct markers, k values, one of k queried
-        return sum(math.perm(self.MARKERS, k) * 127**k * k for k in range(1, self.max_pairs + 1))
 
     def generate(self, n, generator):
         device, K = generator.device, self.max_pairs
@@ -303,9 +294,8 @@ class Addition(StreamTask):
         answer[torch.arange(n, device=device), sum_len] = SUM_END
         col = lambda v: torch.full((n, 1), v, device=device)  # noqa: E731
         seq = torch.cat([digits(a, d), col(PLUS), digits(b, d), col(EQUALS), answer], 1)  # (n, 3d + 4)
-        pos = 2 * d + 1 + torch.arange(d + 2, device=device).expand(n, -1)
-        y = seq.gather(1, pos + 1)
-        return Batch(seq[:, :-1], pos, torch.where(y == ADD_PAD, -1, y))
+        pos = 2 * d + 1 + torch.arange(d + 2, device=device).expand(n, -1)  # each answer is predicted at the token before it
+        return Batch(seq[:, :-1], pos, torch.where(answer == ADD_PAD, -1, answer))
 
     def metrics(self, logits, batch):
         wrong = (logits.argmax(-1) != batch.y) & (batch.y >= 0)
@@ -469,14 +459,13 @@ def imitation_target(width: int, seed: int) -> GPT:
     unembedding ends with std 2/sqrt(width)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        target = GPT(GPTConfig(vocab_size=512, n_positions=40, n_embd=width, n_layer=3, n_head=2))
-    with torch.no_grad():
-        for block in target.h:
-            block.mlp.c_proj.weight.mul_(20)
-            block.mlp.c_proj.bias.mul_(20)
-            block.attn.c_attn.weight.mul_(10)
-        target.lm_head.weight.mul_(100 / math.sqrt(width))
-    return target.requires_grad_(False).eval()
+        target = GPT(GPTConfig(vocab_size=512, n_positions=40, n_embd=width, n_layer=3, n_head=2)).requires_grad_(False)
+    for block in target.h:
+        block.mlp.c_proj.weight.mul_(20)
+        block.mlp.c_proj.bias.mul_(20)
+        block.attn.c_attn.weight.mul_(10)
+    target.lm_head.weight.mul_(100 / math.sqrt(width))
+    return target.eval()
 
 
 @dataclass
@@ -508,8 +497,7 @@ class Imitation(StreamTask):
         self.target.to(device)
         x = torch.randint(self.vocab_size, (n, self.seq_len), generator=generator, device=device)
         pos = torch.full((n, 1), self.seq_len - 1, device=device)
-        with torch.no_grad():
-            target = self.target(x, pos).float().log_softmax(-1)  # (n, 1, V)
+        target = self.target(x, pos).float().log_softmax(-1)  # (n, 1, V); no graph: the target is frozen
         return Batch(x, pos, target.argmax(-1), target)
 
     def loss(self, logits, batch):
@@ -537,8 +525,7 @@ class LanguageModeling(Task):
     Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64, 301],
     pos = [0, 1, 2, 3], y = [389, 64, 301, 11]: y is x shifted by one.
     `data` is a TinyStories-style train file with its validation file beside it (corpus.validation_path); without
-    it the shipped story corpus is written to data/stories/. corpus.py trains a byte-level BPE of `vocab` tokens on
-    the train file and caches it and both files' tokens beside the data.
+    it the shipped story corpus is written to data/stories/ (corpus.py: its BPE of `vocab` tokens, the caches).
     """
 
     data: str = None
@@ -557,12 +544,11 @@ class LanguageModeling(Task):
         if self.context < 2 or self.vocab < 257 or self.vocab > 2**16:
             raise ValueError(f"lm needs context >= 2 and 257 <= vocab <= 65536, got {self.context} and {self.vocab}")
         train_path = self.data or write_story_corpus(STORY_DIR)
-        valid_path = validation_path(train_path)
+        paths = train_path, validation_path(train_path)
         tokenizer_path = load_or_train_tokenizer(train_path, self.vocab)
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
-        self.train_tokens = load_or_tokenize(train_path, tokenizer_path, self.vocab)
-        self.valid_tokens = load_or_tokenize(valid_path, tokenizer_path, self.vocab)
-        for path, tokens in ((train_path, self.train_tokens), (valid_path, self.valid_tokens)):
+        self.train_tokens, self.valid_tokens = (load_or_tokenize(path, tokenizer_path, self.vocab) for path in paths)
+        for path, tokens in zip(paths, (self.train_tokens, self.valid_tokens)):
             if len(tokens) <= self.context:
                 raise ValueError(f"{path} has {len(tokens)} tokens, fewer than context + 1 = {self.context + 1}")
         self.vocab_size = self.tokenizer.get_vocab_size()
@@ -580,10 +566,9 @@ class LanguageModeling(Task):
         starts = torch.randint(len(self.train_tokens) - self.context, (batch_size,), generator=generator, device=generator.device)
         return self.windows(self.train_tokens, starts.cpu().numpy()).to(generator.device)
 
-    def test_set(self):
-        if getattr(self, "_test", None) is None:
-            self._test = self.windows(self.valid_tokens, np.arange(0, len(self.valid_tokens) - self.context, self.context))
-        return self._test
+    @cached_property
+    def test(self):
+        return self.windows(self.valid_tokens, np.arange(0, len(self.valid_tokens) - self.context, self.context))
 
     def encode(self, text: str) -> list:
         return self.tokenizer.encode(text).ids

@@ -52,7 +52,8 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
             if evaluate_now:
                 run.log(step, evaluate(model, task, test, device, cfg.dtype))
                 continue
-            set_lr(optimizer, lr_at(step, cfg))
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
             batch = task.sample(cfg.batch_size, generator).to(device)
             run.losses.append(train_step(model, task.loss, batch, optimizer, clip, precision))
     return run.metrics
@@ -96,11 +97,6 @@ def lr_at(step: int, cfg) -> float:
         return cfg.lr * step / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def set_lr(optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
 
 
 def make_optimizer(params, cfg, device, matrix_dim=2) -> torch.optim.AdamW:
@@ -175,15 +171,18 @@ class Run:
         self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
         self.counts, self.ranks, self.summary, self.stop_after = counts, ranks, task.summary, stop_after
         self.start = runs.start_or_resume(cfg, resume, model, optimizer, generator, runs.run_record(cfg, counts, device), ranks.lead)
+        self.outs, self.starts = [cfg.out], [self.start]  # a directory per seed in batched_seeds.SeedRuns
         self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
         seconds = seconds_per_step(cfg, task, model, device, ranks) if self.start.step < cfg.steps else 0.0
-        self.clock = Clock(self.start.elapsed)
         if ranks.lead:  # the first lines, before any step, wherever the output goes
             print(first_line(cfg, counts, device, seconds, cfg.steps - self.start.step), flush=True)
             print(f"{cfg.task}: {counts['trainable']:,} trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}", flush=True)
 
     def __enter__(self):
-        self.stop = StopOnSignal(self.ranks.world == 1).__enter__()
+        self.began, self.lap_began = time.time() - self.start.elapsed, time.time()  # a resumed run carries its earlier time
+        self.stop_requested, self.handlers = False, {}  # handlers: the ones the signals had before the run
+        if self.ranks.world == 1 and threading.current_thread() is threading.main_thread():
+            self.handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.bar = tqdm(total=self.cfg.steps, initial=self.start.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
         return self
 
@@ -193,27 +192,34 @@ class Run:
         for step in range(start.step, cfg.steps + 1):
             self.step, last = step, step == cfg.steps
             if start.staged and (step > start.step or last):
-                if self.stop.requested:  # during the first step: the old run stays as it was
+                if self.stop_requested:  # during the first step: the old run stays as it was
                     return
-                self.take_place()
+                for out, staged in zip(self.outs, self.starts):
+                    runs.replace_old_run(out, staged)
             if step > start.logged and (last or step > 0 and step % cfg.eval_every == 0):
                 yield step, True
-            if last or step == self.stop_after or self.stop.requested:
+            if last or step == self.stop_after or self.stop_requested:
                 return
             yield step, False
             self.bar.update()
 
     def log(self, step, metrics):
-        loss = self.mean_loss()  # its .item() waits for every queued step: the lap is true training time
-        steps_per_s = len(self.losses) / self.clock.lap() if self.losses else None
+        # the mean training loss since the last evaluation, over every rank (a list for batched seeds); its .tolist()
+        # waits for every queued step, so the lap is true training time
+        loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist() if self.losses else None
+        steps_per_s = len(self.losses) / self.lap() if self.losses else None
         check_finite(step, loss, metrics)
         self.metrics = metrics
-        self.write_eval(step, loss, metrics, self.clock.elapsed(), steps_per_s)
+        self.write_eval(step, loss, metrics, self.elapsed(), steps_per_s)
         self.losses = []
-        self.clock.lap()  # evaluation time does not count as training time for steps/s
+        self.lap()  # evaluation time does not count as training time for steps/s
 
-    def take_place(self):
-        runs.replace_old_run(self.cfg.out, self.start)
+    def elapsed(self) -> float:
+        return time.time() - self.began
+
+    def lap(self) -> float:
+        began, self.lap_began = self.lap_began, time.time()
+        return self.lap_began - began
 
     def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
         if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
@@ -224,23 +230,30 @@ class Run:
         # every headline metric (addition: exact sums beside per-token accuracy); the log line has them all
         self.bar.set_postfix(loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s)
 
-    def mean_loss(self):
-        """The mean training loss of the steps since the last evaluation (over every rank), or None without steps."""
-        if not self.losses:
-            return None
-        mean = self.ranks.sum(sum(self.losses)) / len(self.losses)  # (,), or (seeds,) for batched seeds
-        return mean.item() if mean.dim() == 0 else mean.tolist()
+    def request_stop(self, signum, frame):
+        """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the loop at the next step
+        boundary, where a checkpoint resumes exactly, instead of mid-step; a second signal acts at once. Caught only in
+        the main thread of a single process: data-parallel ranks would stop at different steps."""
+        self.stop_requested = True
+        self.restore_signals()
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
+
+    def restore_signals(self):
+        for s, handler in self.handlers.items():
+            signal.signal(s, handler)
+        self.handlers = {}
 
     def __exit__(self, error, *details):
         self.bar.close()
-        self.stop.__exit__()
+        self.restore_signals()
         try:
             if error:
                 return
-            if self.stop.requested and self.start.staged:
+            if self.stop_requested and self.start.staged:
                 print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
                 raise KeyboardInterrupt
-            if self.stop.requested and self.step < self.cfg.steps:
+            if self.stop_requested and self.step < self.cfg.steps:
                 self.save_stopped()
                 raise KeyboardInterrupt
             if self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
@@ -249,16 +262,17 @@ class Run:
             self.close()
 
     def close(self):
-        self.start.close()
+        for start in self.starts:
+            start.close()
 
     def save_stopped(self):
         cfg, step = self.cfg, self.step
         if self.ranks.lead:
-            runs.save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.clock.elapsed(), self.metrics, self.losses)
+            runs.save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.elapsed(), self.metrics, self.losses)
             print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
 
     def save_finished(self):
-        final = {"step": self.step, "elapsed": self.clock.elapsed(), "parameters": self.counts,
+        final = {"step": self.step, "elapsed": self.elapsed(), "parameters": self.counts,
                  **self.summary(self.metrics, self.counts["trainable"])}
         runs.save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
         print(result_line(self.cfg, self.metrics), flush=True)
@@ -275,28 +289,9 @@ def check_finite(step, loss, metrics):
                        "the run stops at its last checkpoint; a lower --lr may help")
 
 
-class Clock:
-    """Wall time of a run: elapsed() since it began (a resumed run carries its earlier time), lap() since the last lap."""
-
-    def __init__(self, elapsed=0.0):
-        self.start = time.time() - elapsed
-        self.lap_start = time.time()
-
-    def elapsed(self) -> float:
-        return time.time() - self.start
-
-    def lap(self) -> float:
-        start, self.lap_start = self.lap_start, time.time()
-        return self.lap_start - start
-
-
-SLOW_RUN_SECONDS = 3600  # a CPU run estimated longer than this names its task's laptop variant
-
-
 def slow_run_hint(cfg, seconds):
-    """For a CPU run of more than SLOW_RUN_SECONDS that is not its task's laptop variant: the command that runs the
-    variant; else None."""
-    if seconds <= SLOW_RUN_SECONDS or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
+    """For a CPU run of over an hour that is not its task's laptop variant: the command that runs the variant; else None."""
+    if seconds <= 3600 or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k != "width"):
         return None
     variant = command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu"
     return f"the task's laptop variant shows its result in under an hour: {variant}"
@@ -339,34 +334,6 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed") -
         return line + "; --scale paper insists on the paper's protocol"
     hint = device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left)
     return line + (f"; {hint}" if hint else "")
-
-
-class StopOnSignal:
-    """While active, Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal),
-    ask the loop to stop at the next step boundary, where a checkpoint resumes exactly, instead of
-    ending mid-step; a second signal acts at once. Only in the main thread of a single process:
-    data-parallel ranks would stop at different steps."""
-
-    def __init__(self, active):
-        self.active = active and threading.current_thread() is threading.main_thread()
-        self.requested = False
-
-    def __enter__(self):
-        if self.active:
-            self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        return self
-
-    def request(self, signum, frame):
-        self.requested = True
-        self.__exit__()
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
-
-    def __exit__(self, *exc):
-        if self.active:
-            for s, handler in self.previous.items():
-                signal.signal(s, handler)
-            self.active = False
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ BAD_INPUTS = [
     ("train.py", ["--steps", "-1"], "--steps must be >= 0"),
     ("train.py", ["--warmup", "-1"], "--warmup must be >= 0"),
     ("train.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
+    ("train.py", ["--task", "memorize", "--batch-size", "0"], "--batch-size must be >= 1"),  # sets the steps: checked first
     ("train.py", ["--eval-every", "0"], "--eval-every must be >= 1"),
     ("train.py", ["--layers", "0"], "--layers must be >= 1"),
     ("train.py", ["--seeds", "0"], "--seeds must be between 1"),
