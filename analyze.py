@@ -62,13 +62,12 @@ def last_answer_position(batch: tasks.Batch):
 def run_with_cache(model, x, names):
     """{name: activation} for the requested cache names, over x (B, T) in chunks of CHUNK_TOKENS tokens."""
     rows = max(1, CHUNK_TOKENS // x.size(1))
-    out = {name: [] for name in names}
+    chunks = []
     for start in range(0, len(x), rows):
         cache = {}
         model(x[start : start + rows], cache=cache)
-        for name in names:
-            out[name].append(cache[name])
-    return {name: torch.cat(parts) for name, parts in out.items()}
+        chunks.append({name: cache[name] for name in names})
+    return {name: torch.cat([chunk[name] for chunk in chunks]) for name in names}
 
 
 # ---------------------------------------------------------------------------
@@ -178,8 +177,7 @@ def embedding_geometry(run: Run) -> dict:
     points, tokens = projections.numpy(), torch.arange(len(E)).numpy()
     for ax, other in zip(axes, (2, 1)):
         dots = ax.scatter(points[:, 0], points[:, other], c=tokens, cmap="hsv", s=18)
-        ax.set(xlabel="PC 1", ylabel=f"PC {other + 1}")
-        ax.set_aspect("equal", adjustable="datalim")
+        ax.set(xlabel="PC 1", ylabel=f"PC {other + 1}", aspect="equal", adjustable="datalim")
         ax.locator_params(nbins=5)
     fig.colorbar(dots, ax=axes, label="token value")
     fig.suptitle(f"{run.label}: token embedding")
@@ -228,14 +226,6 @@ def token_labels(task, tokens):
     return [names.get(t, str(t)) for t in tokens]
 
 
-def default_attention_input(run: Run):
-    """Figure 2's sequence for needle; otherwise the first test example up to its last scored position."""
-    if run.cfg.task == "needle":
-        return NEEDLE_EXAMPLE
-    test = run.task.test_set()[:1]
-    return test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
-
-
 def needle_attention_scores(patterns, batch: tasks.Batch):
     """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps (NEEDLE_STEPS) on a needle batch,
     value_to_marker averaged over the row's pairs; patterns: (L, B, nh, T, T)."""
@@ -261,20 +251,24 @@ def needle_test_scores(run: Run, names) -> dict:
     even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # row i: 1 / (i + 1) on positions 0..i
     uniform = needle_attention_scores(even.expand(1, len(test), 1, T, T), test)  # expand: one (T, T) for every row
     rows = max(1, CHUNK_TOKENS // T)
-    scores = {}
+    scores = []
     for start in range(0, len(test), rows):
         chunk = test[start : start + rows]
         patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))  # (L, B, nh, T, T)
-        for key, value in needle_attention_scores(patterns, chunk).items():
-            scores.setdefault(key, []).append(value)
-    return {**{key: torch.cat(parts).mean(0).tolist() for key, parts in scores.items()},
+        scores.append(needle_attention_scores(patterns, chunk))
+    return {**{key: torch.cat([part[key] for part in scores]).mean(0).tolist() for key in uniform},
             "uniform": {key: value.mean().item() for key, value in uniform.items()}}
 
 
 def attention_patterns(run: Run, input_tokens=None) -> dict:
     """Heatmaps of every layer's and head's attention on one input and where its last position looks most;
     for needle, also Figure 2's scores over the test set."""
-    tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
+    if not input_tokens and run.cfg.task == "needle":
+        input_tokens = NEEDLE_EXAMPLE
+    elif not input_tokens:  # the first test example up to its last scored position
+        test = run.task.test_set()[:1]
+        input_tokens = test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
+    tokens = input_tokens[:ATTENTION_MAX_TOKENS]
     names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
     patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[:, 0]  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)
@@ -308,7 +302,7 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
 
 def attention_markdown(result):
     last = result["last_position"]
-    decoded = " ".join(result["labels"]) if "labels" in result else ""
+    decoded = " ".join(result.get("labels", []))
     lines = [f"Input: `{decoded}` (token ids {result['tokens']})", "", f"![attention patterns]({result['figure']})", "",
              "Each panel is one head: row i shows how position i splits its attention (summing to 1) over positions 0..i. "
              f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} head {last['head']} "
@@ -368,10 +362,9 @@ def distance_irrelevance_from_logits(correct_logit):
 @torch.no_grad()
 def distance_irrelevance(model, p):
     """Distance irrelevance over all p^2 pairs; see distance_irrelevance_from_logits."""
-    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
-    x = torch.stack([a.flatten(), b.flatten()], 1)
+    x = torch.cartesian_prod(torch.arange(p), torch.arange(p))  # (p^2, 2): the pairs (a, b), a major
     logits = model(x, torch.ones(p * p, 1, dtype=torch.long))[:, 0]  # (p^2, p)
-    correct = logits.gather(1, ((x[:, 0] + x[:, 1]) % p)[:, None])
+    correct = logits.gather(1, (x.sum(1) % p)[:, None])
     return distance_irrelevance_from_logits(correct.view(p, p))
 
 
@@ -404,10 +397,10 @@ def memorization_markdown(result):
             f"(loss-based estimate {result['loss_bits']:,.0f} bits). Paper Table 3: Random 0.41, Normal 2.88.")
 
 
-def samples(run: Run, max_new_tokens=100) -> dict:
-    """Continuations of a few fixed prompts (seed 0, temperature 0.8, top-k 40)."""
+def samples(run: Run) -> dict:
+    """Continuations of a few fixed prompts (up to 100 tokens, seed 0, temperature 0.8, top-k 40)."""
     generator = torch.Generator().manual_seed(0)
-    texts = [sample.sample_text(run.model, run.task, prompt, max_new_tokens, 0.8, 40, generator) for prompt in LM_PROMPTS]
+    texts = [sample.sample_text(run.model, run.task, prompt, 100, 0.8, 40, generator) for prompt in LM_PROMPTS]
     return {"prompts": LM_PROMPTS, "continuations": texts}
 
 
@@ -441,10 +434,9 @@ def parens_lengths(run: Run) -> dict:
     stream = task.sample(STREAM_SAMPLE, torch.Generator().manual_seed(0))
     trained = set(zip(stream.pos[:, 0].tolist(), stream.y[:, 0].tolist()))
     test_pairs = list(zip(test.pos[:, 0].tolist(), test.y[:, 0].tolist()))  # (length, answer) of each test string
-    names = {tasks.CLOSE: "balanced", tasks.OPEN: "unbalanced"}
     rows, unseen_strings = [], []
     for length in range(1, task.max_parens + 1):
-        for answer, name in names.items():
+        for answer, name in {tasks.CLOSE: "balanced", tasks.OPEN: "unbalanced"}.items():
             picked = [i for i, pair in enumerate(test_pairs) if pair == (length, answer)]
             if picked:
                 rows.append({"length": length, "answer": name, "test": len(picked),
@@ -493,10 +485,9 @@ def training_curves(run: Run) -> dict:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points), label=CURVE_LABELS.get(key, key.replace("_", " ")), marker=".")
-    loss_ax.set(yscale="log", ylabel="loss (nats per answer token)")
-    metric_ax.set_ylabel("test metric")
+    loss_ax.set(yscale="log", ylabel="loss (nats per answer token)", xlabel="step")
+    metric_ax.set(ylabel="test metric", xlabel="step")
     for ax in (loss_ax, metric_ax):
-        ax.set_xlabel("step")
         ax.legend()
     fig.suptitle(run.label)
     fig.tight_layout()
@@ -557,21 +548,17 @@ def markdown(run: Run, results: dict) -> str:
 
 
 def check_request(run: Run, args) -> dict:
-    """UsageError, before anything is computed or written, for a request the run cannot meet; else the results to update."""
+    """UsageError, before anything is computed or written, for a request the run cannot meet; else the results to
+    update: for --only, analysis.json of an earlier call ({} if none). It may come from another version of analyze.py
+    or another program, so analysis.md must render from it before any figure is written."""
     if args.only and not ANALYSES[args.only][1](run):
         raise UsageError(f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model")
     cfg = run.model.cfg
     if args.tokens and (not all(0 <= t < cfg.vocab_size for t in args.tokens) or len(args.tokens) > cfg.n_positions):
         raise UsageError(f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for {run.path}")
     read_metrics(run.path)  # a corrupt log fails here, not after other analyses have written their files
-    return earlier_results(run) if args.only else {}
-
-
-def earlier_results(run: Run) -> dict:
-    """analysis.json of an earlier analyze.py call ({} if none), for --only to update. It may come from another
-    version of analyze.py or another program, so analysis.md must render from it before any figure is written."""
     path = os.path.join(run.path, "analysis.json")
-    if not os.path.isfile(path):
+    if not args.only or not os.path.isfile(path):
         return {}
     try:
         results = read_json(path, expect=None)  # any JSON: whether it renders below says whether it is results
@@ -600,8 +587,7 @@ def analyze(run: Run, results: dict, args):
 
 
 def watch(run_dir):
-    """While a parentheses run trains in run_dir, append each checkpoint's parens_lengths accuracies to
-    run_dir/unseen.jsonl, which compare.py draws; ends once the run has written final.json."""
+    """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl until the run has final.json."""
     while not os.path.exists(os.path.join(run_dir, "config.json")):
         time.sleep(5)
     cfg, task, model, _ = build(saved_config(run_dir))

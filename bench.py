@@ -15,8 +15,7 @@ sequences padded to n_positions = 100, logits at every position with the loss ma
 examples built one at a time in Python with `random`; leaving out the HF Trainer's own overhead
 flatters it.
 
-Counted FLOPs are the useful matmul FLOPs of forward plus backward (useful_flops); MFU = achieved / peak, the
-peak given by --peak-tflops or measured with a large matmul in the step's dtype.
+FLOP/s counts useful_flops; MFU divides it by --peak-tflops, or by measured_peak.
 """
 
 import argparse
@@ -55,7 +54,6 @@ def measured_peak(device, bf16):
     """FLOP/s of a large square matmul in the step's dtype: the practical peak of this device."""
     n = 8192 if device.type == "cuda" else 2048
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16 if bf16 else torch.float32) for _ in range(2))
-    a @ b
     return 2 * n**3 / best_seconds(lambda: a @ b, 3, 3, device)
 
 
@@ -86,8 +84,8 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 # ---------------------------------------------------------------------------
-# The two pipelines: each returns (label, step, make_data, rows), where rows() gives a
-# batch's (lengths through the last answer, answer positions) for useful_flops.
+# The two pipelines: each returns (label, step, make_data, rows), where rows(make_data()) gives
+# that batch's (lengths through the last answer, answer positions) for useful_flops.
 # ---------------------------------------------------------------------------
 
 
@@ -104,21 +102,10 @@ def ours(cfg, task, model, device):
     def step():
         train_step(model, task.loss, make_data(), optimizer, clip, autocast(device, cfg.dtype))
 
-    def rows():
-        batch = make_data()
+    def rows(batch):
         return batch.pos.amax(1) + 1, batch.pos[batch.y >= 0]
 
     return "ours", step, make_data, rows
-
-
-def needle_example(rng, max_pairs):
-    """One needle example the way a per-example Python generator builds it: (tokens, answer)."""
-    k = rng.randint(1, max_pairs)
-    markers = rng.sample(range(128, 128 + Needle.MARKERS), k)
-    values = [rng.randint(1, 127) for _ in range(k)]
-    queried = rng.randrange(k)
-    tokens = [t for pair in zip(markers, values) for t in pair] + [markers[queried] + Needle.MARKERS]
-    return tokens, values[queried]
 
 
 def authors(cfg, task, model, device):
@@ -137,8 +124,7 @@ def authors(cfg, task, model, device):
         model, label = hf.to(device), "authors (HF GPT-2)"
         forward = lambda x, labels: model(input_ids=x, labels=labels).loss  # noqa: E731
     except ImportError:
-        model.to(device)
-        label = "authors (emulated: our GPT, transformers not installed)"
+        model, label = model.to(device), "authors (emulated: our GPT, transformers not installed)"
 
         def forward(x, labels):  # full-sequence logits, loss masked afterwards, as HF computes it
             return F.cross_entropy(model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
@@ -148,15 +134,18 @@ def authors(cfg, task, model, device):
     rng = random.Random(cfg.seed)
     test = {tuple(row[: int(p) + 1]) for row, p in zip(task.test_set().x.tolist(), task.test_set().pos[:, 0].tolist())}
 
-    def make_data():
+    def make_data():  # one example at a time, the way a per-example Python generator builds them
         inputs, labels = [], []
         while len(inputs) < cfg.batch_size:
-            tokens, answer = needle_example(rng, task.max_pairs)
-            if tuple(tokens) in test:
-                continue
-            pad = task.n_positions - len(tokens)
-            inputs.append(tokens + [answer] + [0] * (pad - 1))
-            labels.append([-100] * len(tokens) + [answer] + [-100] * (pad - 1))
+            k = rng.randint(1, task.max_pairs)
+            markers = rng.sample(range(128, 128 + Needle.MARKERS), k)
+            values = [rng.randint(1, 127) for _ in range(k)]
+            queried = rng.randrange(k)
+            tokens = [t for pair in zip(markers, values) for t in pair] + [markers[queried] + Needle.MARKERS]
+            if tuple(tokens) not in test:
+                pad = task.n_positions - len(tokens)
+                inputs.append(tokens + [values[queried]] + [0] * (pad - 1))
+                labels.append([-100] * len(tokens) + [values[queried]] + [-100] * (pad - 1))
         return torch.tensor(inputs, device=device), torch.tensor(labels, device=device)
 
     def step():
@@ -168,9 +157,8 @@ def authors(cfg, task, model, device):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def rows():
-        x, labels = make_data()
-        lengths = (labels != -100).int().argmax(1)  # the answer label sits just after the query
+    def rows(data):
+        lengths = (data[1] != -100).int().argmax(1)  # data: (x, labels); the answer label sits just after the query
         return lengths, lengths - 1
 
     return label, step, make_data, rows
@@ -201,7 +189,7 @@ def main(argv=None):
         step()
     seconds = best_seconds(step, args.steps_timed, args.repeats, device)
     data_seconds = best_seconds(make_data, args.steps_timed, args.repeats, device)
-    lengths, answer_pos = rows()
+    lengths, answer_pos = rows(make_data())
     flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
 

@@ -2,10 +2,6 @@
 
     cfg, resume = parse_args(["--task", "needle", "--frozen"])   # TrainConfig, and whether --resume was given
     with usage_errors("train.py"): ...                            # a UsageError inside: one line, exit code 2
-
-Bad input (an unknown task, a wrong flag, a missing file, a corrupt checkpoint)
-is a UsageError wherever it is found; the scripts turn it into one line naming
-the problem, never a traceback.
 """
 
 import argparse
@@ -21,7 +17,7 @@ MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a ty
 
 
 class UsageError(Exception):
-    """Bad input from the user (a flag, a file, a directory): reported as one line, exit code 2."""
+    """Bad input (a flag, a file, a directory, a corrupt checkpoint), raised wherever it is found: never a traceback."""
 
 
 @contextmanager
@@ -30,16 +26,15 @@ def usage_errors(prog: str):
     try:
         yield
     except UsageError as e:
-        fail(prog, e)
+        message = e
     except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file
-        fail(prog, f"{e.strerror or e}: {e.filename}" if e.filename else e)
+        message = f"{e.strerror or e}: {e.filename}" if e.filename else e
     except (MemoryError, RuntimeError) as e:
         if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
             raise
-        fail(prog, f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size")
-
-
-def fail(prog, message):
+        message = f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size"
+    else:
+        return
     print(f"{prog}: error: {message}", file=sys.stderr)
     sys.exit(2)
 

@@ -105,12 +105,11 @@ def table(groups) -> str:
     differing = [k for k in names if len({json.dumps(s.get(k)) for s in settings}) > 1]
     scores = [[results(run) for run in group] for group in groups]
     metrics = list(dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")) + ["minutes"]
-    head = ["run", *differing, "trainable", *metrics]
     cells = [[row_name(group), *(setting_text(setting.get(k)) for k in differing),
               f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
               *(spread([row[k] for row in rows if k in row]) for k in metrics)]
              for group, setting, rows in zip(groups, settings, scores)]
-    return "\n".join(markdown_table(head, cells))
+    return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], cells))
 
 
 def setting_text(value) -> str:

@@ -83,17 +83,16 @@ def config_from_dict(saved: dict) -> TrainConfig:
     if not isinstance(saved, dict):
         raise ValueError(f"a run's config is a JSON object, not {type(saved).__name__}")
     saved = {RENAMED_KEYS.get(name, name): value for name, value in saved.items()}
-    types, defaults = {f.name: f.type for f in fields(TrainConfig)}, {f.name: f.default for f in fields(TrainConfig)}
-    unknown = sorted(set(saved) - set(types) - RECORD_KEYS - RETIRED_KEYS)
+    settings = {f.name: f for f in fields(TrainConfig)}
+    unknown = sorted(set(saved) - set(settings) - RECORD_KEYS - RETIRED_KEYS)
     if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r}")
-    for name, value in saved.items():
-        kind = types.get(name)
-        nullable = kind and defaults[name] is None
-        fits = value is None and nullable or type(value) is kind or kind is float and type(value) is int
-        if kind and not fits:
+    given = {name: value for name, value in saved.items() if name in settings}
+    for name, value in given.items():
+        kind, nullable = settings[name].type, settings[name].default is None
+        if not (value is None and nullable or type(value) is kind or kind is float and type(value) is int):
             raise ValueError(f"{name} is {json.dumps(value)}, not {'null or ' if nullable else ''}{kind.__name__}")
-    return TrainConfig(**{name: saved[name] for name in types if name in saved})
+    return TrainConfig(**given)
 
 
 # ---------------------------------------------------------------------------
@@ -132,11 +131,11 @@ def run_name(given: TrainConfig, width: int) -> str:
     -s<seed>. Two runs that differ in any setting get different names; the scale is the one of the
     two that leaves fewer settings to list."""
     paper = TrainConfig(task=given.task, mode=given.mode, arch=given.arch)
-    differs = lambda reference: [f.name for f in fields(TrainConfig)  # noqa: E731
-                                 if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)]
-    scale, names = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
-    settings = "".join(f"-{name.replace('_', '-')}{getattr(given, name):g}" if type(getattr(given, name)) is float
-                       else f"-{name.replace('_', '-')}{getattr(given, name)}" for name in names)
+    differs = lambda reference: {f.name: getattr(given, f.name) for f in fields(TrainConfig)  # noqa: E731
+                                 if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)}
+    scale, changed = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
+    settings = "".join(f"-{name.replace('_', '-')}{value:g}" if type(value) is float else f"-{name.replace('_', '-')}{value}"
+                       for name, value in changed.items())
     variant = "".join(f"-{v}" for v in (given.arch, given.pos) if v not in ("gpt", "learned"))
     return f"{given.task}{variant}-{mode_label(given.mode)}-w{width}{scale}{settings}-s{given.seed}"
 
@@ -274,10 +273,8 @@ def default_lr(cfg: TrainConfig, scale: str, task=None) -> float:
     The cpu scale is applied before the task is built (cpu_variant): there None leaves rules 1 and 4
     to resolve(), so a run's command shows only what the variant itself sets.
     """
-    if scale == "cpu":
-        if cfg.arch == "lstm":
-            return None
-        if trains_body(cfg.mode) and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
-            return CPU_BLOCKS_LR[cfg.task]
-        return CPU_VARIANTS[cfg.task].get("lr")
-    return LSTM_LR if cfg.arch == "lstm" else task.lr
+    if cfg.arch == "lstm":
+        return None if scale == "cpu" else LSTM_LR
+    if scale == "cpu" and trains_body(cfg.mode) and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
+        return CPU_BLOCKS_LR[cfg.task]
+    return CPU_VARIANTS[cfg.task].get("lr") if scale == "cpu" else task.lr

@@ -46,13 +46,11 @@ def read_stories(path: str):
     with open(path, encoding="utf-8") as f:
         try:
             for line in itertools.chain(f, [END_OF_TEXT]):  # a separator after the last line ends the last story
-                *finished, rest = line.split(END_OF_TEXT)
-                for part in finished:
-                    text = "".join(story + [part]).strip()
-                    story = []
-                    if text:
-                        yield text
-                story.append(rest)
+                story.append(line)
+                if END_OF_TEXT in line:
+                    *finished, rest = "".join(story).split(END_OF_TEXT)
+                    yield from filter(None, map(str.strip, finished))
+                    story = [rest]
         except UnicodeDecodeError as e:
             raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None
 

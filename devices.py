@@ -39,13 +39,10 @@ def autocast(device, dtype="auto"):
 
 
 def compile_model(model, device, use_compile=None):
-    """model compiled if use_compile (None: on CUDA only): a module in place (model.compile(), so one
-    handle serves training and evaluation), any other callable as torch.compile(model); returned.
-    Automatic dynamic shapes: the first change of chunk length recompiles once, for every length after it.
-
-    A model that fails to compile at its first forward runs eagerly instead of ending the run
-    (suppress_errors); inductor lowers the backward lazily, at the first backward(), outside this guard.
-    """
+    """model compiled if use_compile (None: on CUDA only); a module in place, so one handle serves training and
+    evaluation. Automatic dynamic shapes: the first change of chunk length recompiles once, for every length after it.
+    A model that fails to compile at its first forward runs eagerly (suppress_errors); inductor lowers the backward
+    lazily, at the first backward(), outside this guard."""
     if not (device.type == "cuda" if use_compile is None else use_compile):
         return model
     torch._dynamo.config.suppress_errors = True
@@ -56,11 +53,8 @@ def compile_model(model, device, use_compile=None):
 
 
 class Ranks:
-    """This process's place among torchrun's processes (rank 0 of 1 without torchrun).
-
-    The lead (rank 0) alone writes files. shard_task() and clipper() are what the
-    training step needs to be data-parallel; in a single process they change nothing.
-    """
+    """This process's place among torchrun's processes (rank 0 of 1 without torchrun); the lead (rank 0) alone
+    writes files. shard_task() and clipper() make the training step data-parallel; in one process they change nothing."""
 
     def __init__(self):
         self.world, self.rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
@@ -75,7 +69,6 @@ class Ranks:
         return device
 
     def shard_task(self, task):
-        """The task as this rank trains on it: alone, the task itself; under torchrun, ShardedTask."""
         return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
 
     def clipper(self, params, max_norm: float):
@@ -93,7 +86,6 @@ class Ranks:
         return sum_then_clip
 
     def sum(self, total: torch.Tensor) -> torch.Tensor:
-        """total summed over the ranks (each rank's step loss is its share of the global mean)."""
         if self.world > 1:
             dist.all_reduce(total)
         return total
@@ -105,9 +97,7 @@ class Ranks:
 
 
 class ShardedTask:
-    """A task whose training batches are this rank's contiguous slice of the global batch, which every
-    rank draws whole from the shared seed; its loss is scaled by the slice's share of the global
-    batch's answers, so the ranks' summed losses and gradients are the single-process mean."""
+    """The task as one rank trains on it: its slice of each training batch, its loss that slice's share of the mean."""
 
     def __init__(self, task, rank, world):
         self.task, self.rank, self.world = task, rank, world

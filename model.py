@@ -38,8 +38,9 @@ class CausalSelfAttention(nn.Module):
     positions <= t with weights pattern = softmax(q k^T * scale) (linear attention: the unnormalized all-ones causal
     matrix instead, Table 9). With a cache the pattern is materialised, stored as "blocks.{i}.attn.pattern" and
     applied; without one, a fused kernel computes the same mix (scaled_dot_product_attention, or a running sum for
-    linear attention) without ever holding the (T, T) pattern. Edit `scale`, `mask` or `pattern` and both change;
-    the tests check that the two kernels agree.
+    linear attention) without ever holding the (T, T) pattern. Edit `scale` and both change; the fused kernel never
+    calls `pattern` (nor `mask` over all positions), so an edit there reaches training only once the kernel's line is
+    replaced by the cache path's `pattern @ v`. The tests check that the two kernels agree.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -213,8 +214,7 @@ class LSTM(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size)
 
     def forward(self, idx, pos=None, cache=None):
-        """Logits at positions pos (B, A) -> (B, A, vocab), or everywhere (B, T, vocab) without pos; cache: filled
-        with "embed" and "lstm.out" (B, T, C), the last layer's hidden states."""
+        """As GPT.forward; cache gets "embed" and "lstm.out" (B, T, C), the last layer's hidden states."""
         x = self.wte(idx)  # (B, T, C)
         h, _ = self.lstm(x)  # (B, T, C)
         if cache is not None:

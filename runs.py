@@ -125,8 +125,7 @@ class Start:
 
 def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
     """Prepare the run directory for the loop, holding its lock (a second process on the run is refused), and
-    return where the loop starts; only the lead process (rank 0) touches files. A new run is staged, so a failed
-    start leaves nothing and an old run it would --overwrite survives any failure; a resumed run restores its checkpoint."""
+    return where the loop starts: a new run staged, a resumed one at its checkpoint. Only rank 0 touches files."""
     if resume:
         if lead:
             finish_swap(cfg.out)
@@ -367,7 +366,7 @@ def parse_json(data: bytes, where: str, expect=dict, keys=None, optional=None):
         raise UsageError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes") from None
     except ValueError as e:
         raise UsageError(f"{where} is not JSON ({e})") from None
-    if json_depth(record) > MAX_JSON_DEPTH:
+    if nested_deeper(record, MAX_JSON_DEPTH):
         raise UsageError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes")
     if expect is not None and not is_json_type(record, expect):
         raise UsageError(f"{where} holds {JSON_NAMES[type(record)]}, not {json_type_name(expect)}")
@@ -383,15 +382,12 @@ def parse_json(data: bytes, where: str, expect=dict, keys=None, optional=None):
     return record
 
 
-def json_depth(value) -> int:
-    """How deeply value's lists and objects nest (0 for a number or string), without recursion."""
-    depth, level = 0, [(value, 1)]
-    while level:
-        value, d = level.pop()
-        if isinstance(value, (dict, list)):
-            depth = max(depth, d)
-            level += [(item, d + 1) for item in (value.values() if isinstance(value, dict) else value)]
-    return depth
+def nested_deeper(value, levels: int) -> bool:
+    """Whether value's lists and objects nest deeper than `levels`; it recurses at most `levels` deep."""
+    if not isinstance(value, (dict, list)):
+        return False
+    items = value.values() if isinstance(value, dict) else value
+    return levels == 0 or any(nested_deeper(item, levels - 1) for item in items)
 
 
 def is_json_type(value, kind) -> bool:
@@ -480,9 +476,8 @@ def roll_back(run_dir, step):
 
 
 def save_final(cfg, state_dict, model_cfg, metrics, final):
-    """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`):
-    final.json marks a run finished, so it is written last. A finished run cannot be resumed, so
-    its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
+    """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`), which marks
+    the run finished. A finished run cannot be resumed, so its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
     final = {**metrics, **final}
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)

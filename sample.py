@@ -44,8 +44,8 @@ def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, see
     if cfg.task != "lm":
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
     device = pick_device(device)
-    model.to(device)
-    return sample_text(model, task, prompt, max_new_tokens, temperature, top_k, torch.Generator(device=device).manual_seed(seed))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return sample_text(model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator)
 
 
 def main(argv=None):

@@ -18,7 +18,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import fields, replace
+from dataclasses import asdict, replace
 
 import torch
 
@@ -35,21 +35,18 @@ from tasks import TASKS, StreamTask
 # ---------------------------------------------------------------------------
 
 
-# Not what a run computes: where it ran and was written, how its directory was made, whose defaults filled it in.
-UNCOMPARED = ("device", "compile", "out", "overwrite", "scale")
-
-
 def check_same_config(cfg: TrainConfig):
     """A run directory made by another protocol must not pass as this one's: its saved settings must equal the
     cell's resolved ones, defaults filled in (one left to the scale counts too). UsageError naming the first that differs."""
     saved = saved_config(cfg.out)
     if saved is None:
         return
-    resolved = resolve(cfg)[0]
-    for f in fields(TrainConfig):
-        if f.name not in UNCOMPARED and getattr(saved, f.name) != getattr(resolved, f.name):
-            raise UsageError(f"{cfg.out} was trained with other settings ({f.name} {getattr(saved, f.name)!r}, this cell's "
-                             f"{getattr(resolved, f.name)!r}); delete it to rerun")
+    resolved = asdict(resolve(cfg)[0])
+    for name, value in asdict(saved).items():
+        # not what a run computes: where it ran and was written, how its directory was made, whose defaults filled it in
+        if name not in ("device", "compile", "out", "overwrite", "scale") and value != resolved[name]:
+            raise UsageError(f"{cfg.out} was trained with other settings ({name} {value!r}, this cell's "
+                             f"{resolved[name]!r}); delete it to rerun")
 
 
 def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
@@ -132,8 +129,7 @@ def print_commands(cfgs: list, command: str):
     """--print-commands: a shell line per run of cfgs not yet finished, each once (tables share runs), longest first,
     that finishes the run from any state, so a scheduler may rerun it after a kill: config.json marks a run past its
     first step, which --resume continues (from its checkpoint, or from the start if killed before one)."""
-    todo = {cfg.out: cfg for cfg in cfgs}
-    todo = sorted((cfg for cfg in todo.values() if run_state(cfg.out) != "finished"), key=run_cost, reverse=True)
+    todo = sorted({cfg.out: cfg for cfg in cfgs if run_state(cfg.out) != "finished"}.values(), key=run_cost, reverse=True)
     for cfg in todo:
         check_same_config(cfg)
         print(f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "

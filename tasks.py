@@ -46,16 +46,16 @@ class Batch:
         """fn applied to every field that is set (target is None outside imitation)."""
         return Batch(*(None if t is None else fn(t) for t in vars(self).values()))
 
-    def length_chunks(self, answers=None):
+    def length_chunks(self):
         """Yield (chunk, weight): rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
 
         Causal attention means no token after a row's last answer can change any answer, so the
-        trim leaves loss and gradient unchanged up to float rounding. weight = the chunk's answers /
-        `answers` (default: the batch's), so the weighted chunk mean losses add up to the batch's
-        mean. A batch with a leading seed dimension (batched_seeds.py) is sorted per seed and cut at
-        the longest row over seeds; weight then has one entry per seed. One host sync, for the ends.
+        trim leaves loss and gradient unchanged up to float rounding. weight = the chunk's share of
+        the batch's answers, so the weighted chunk mean losses add up to the batch's mean. A batch
+        with a leading seed dimension (batched_seeds.py) is sorted per seed and cut at the longest
+        row over seeds; weight then has one entry per seed. One host sync, for the ends.
         """
-        answers = (self.y >= 0).sum((-2, -1)) if answers is None else answers
+        answers = (self.y >= 0).sum((-2, -1))
         last = self.pos.amax(-1)  # (..., B) each row's last answer position
         chunks = [rows for rows in last.argsort(-1).tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)]
         ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
@@ -155,8 +155,7 @@ _HASH_WEIGHTS = torch.randint(-(2**62), 2**62, (512,), generator=torch.Generator
 
 
 def row_hashes(x):
-    """A 64-bit hash of each row of tokens: equal rows hash equal; distinct rows collide with
-    probability ~2^-60, and a collision only drops one training example."""
+    """A 64-bit hash of each row of tokens: distinct rows collide with probability ~2^-60, dropping one training example."""
     return (x * _HASH_WEIGHTS[: x.size(1)].to(x.device)).sum(1)
 
 
@@ -286,11 +285,10 @@ class Addition(StreamTask):
         lo, hi = 10 ** (d - 1), 10**d
         a, b = (torch.randint(lo, hi, (n,), generator=generator, device=device) for _ in range(2))
         s = a + b
-        place = 10 ** torch.arange(d + 1, device=device)
+        place = 10 ** torch.arange(d + 2, device=device)
         digits = lambda v, m: (v[:, None] // place[:m]) % 10  # noqa: E731  (n, m), least significant first
         sum_len = d + (s >= hi).long()  # d or d + 1 digits
-        answer = torch.full((n, d + 2), ADD_PAD, device=device)
-        answer[:, : d + 1] = torch.where(torch.arange(d + 1, device=device) < sum_len[:, None], SUM_DIGIT0 + digits(s, d + 1), ADD_PAD)
+        answer = torch.where(torch.arange(d + 2, device=device) < sum_len[:, None], SUM_DIGIT0 + digits(s, d + 2), ADD_PAD)
         answer[torch.arange(n, device=device), sum_len] = SUM_END
         col = lambda v: torch.full((n, 1), v, device=device)  # noqa: E731
         seq = torch.cat([digits(a, d), col(PLUS), digits(b, d), col(EQUALS), answer], 1)  # (n, 3d + 4)
@@ -349,8 +347,7 @@ class Parens(StreamTask):
             p, q = uniform_below(length, generator), uniform_below(length, generator)
             do = (swaps > j) & (p < q)
             sp, sq = s[rows, p], s[rows, q]
-            s[rows, p] = torch.where(do, sq, sp)
-            s[rows, q] = torch.where(do, sp, sq)
+            s[rows, p], s[rows, q] = torch.where(do, sq, sp), torch.where(do, sp, sq)
 
         flips = torch.where(mutation & 2 == 2, geometric_count(n, generator), 0)
         flips = flips * torch.where(randint(3, n) > 0, 2, 1)
@@ -501,16 +498,11 @@ class Imitation(StreamTask):
         return Batch(x, pos, target.argmax(-1), target)
 
     def loss(self, logits, batch):
-        return kl_divergence(logits, batch.target).mean()
+        return self.metrics(logits, batch)["kl"].mean()
 
     def metrics(self, logits, batch):
-        return {"kl": kl_divergence(logits, batch.target).flatten(),
-                "accuracy": (logits.argmax(-1) == batch.y).float().flatten()}
-
-
-def kl_divergence(logits, target_logprobs):
-    """KL(target || model) in nats at each scored position: (B, A, V) -> (B, A)."""
-    return F.kl_div(logits.float().log_softmax(-1), target_logprobs, log_target=True, reduction="none").sum(-1)
+        kl = F.kl_div(logits.float().log_softmax(-1), batch.target, log_target=True, reduction="none").sum(-1)  # (B, A) nats
+        return {"kl": kl.flatten(), "accuracy": (logits.argmax(-1) == batch.y).float().flatten()}
 
 
 # ---------------------------------------------------------------------------
