@@ -547,7 +547,7 @@ def markdown(run: Run, results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def check_request(run: Run, args) -> dict:
+def checked_results(run: Run, args) -> dict:
     """UsageError, before anything is computed or written, for a request the run cannot meet; else the results to
     update: for --only, analysis.json of an earlier call ({} if none). It may come from another version of analyze.py
     or another program, so analysis.md must render from it before any figure is written."""
@@ -629,7 +629,7 @@ def main(argv=None):
         if args.watch:
             return watch(args.runs[0])
         runs = [Run(path) for path in args.runs]
-        earlier = [check_request(run, args) for run in runs]  # every run is checked before any is analyzed
+        earlier = [checked_results(run, args) for run in runs]  # every run is checked before any is analyzed
         for run, results in zip(runs, earlier):
             analyze(run, results, args)
             print(f"wrote {os.path.join(run.path, 'analysis.md')}")

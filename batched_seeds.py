@@ -25,7 +25,7 @@ from cli import UsageError, parse_args, seed_configs, usage_errors
 from config import build
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
-from train import Diverged, Run, evaluate, first_line, lr_at, make_optimizer, seconds_per_step
+from train import Diverged, Run, evaluate, first_line, lr_at, make_optimizer, seconds_per_step, set_lr
 
 
 def stacked_forward(base, params):
@@ -85,8 +85,7 @@ def train_batched(cfg) -> list:
             if evaluate_now:
                 run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
                 continue
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg)
+            set_lr(optimizer, lr_at(step, cfg))
             batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
             run.losses.append(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
     return run.metrics

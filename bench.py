@@ -54,6 +54,7 @@ def measured_peak(device, bf16):
     """FLOP/s of a large square matmul in the step's dtype: the practical peak of this device."""
     n = 8192 if device.type == "cuda" else 2048
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16 if bf16 else torch.float32) for _ in range(2))
+    a @ b  # the first call sets up the library
     return 2 * n**3 / best_seconds(lambda: a @ b, 3, 3, device)
 
 
@@ -69,7 +70,7 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
     it (both operands for the attention products), and again for the weight gradient of every trainable weight
     (frozen weights get none). Embedding lookups and elementwise work are not counted.
     """
-    if cfg.arch == "lstm":  # fully trained in every table: forward, input and weight gradients
+    if cfg.arch == "lstm":  # counted as fully trained, as in every table: forward, input and weight gradients
         return 3 * (16 * cfg.width**2 * cfg.layers * lengths.sum().item() + 2 * cfg.width * vocab * answer_pos.numel())
     d, trains, early = cfg.width, TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}), cfg.layers - 1  # a mask: counted as full
     tokens, answers = lengths.sum().item(), answer_pos.numel()

@@ -72,10 +72,12 @@ def seed_groups(runs) -> list:
 
 def results(run) -> dict:
     """Final test metrics and minutes of training; for an unfinished run, those of its last evaluation."""
+    if run.final:
+        numbers = {k: v for k, v in run.final.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
+        return {**numbers, "minutes": run.final.get("elapsed", math.nan) / 60}
     last = run.log[-1] if run.log else {}
-    record = run.final or {k.removeprefix("test_"): v for k, v in last.items() if k.startswith("test_") or k == "elapsed"}
-    numbers = {k: v for k, v in record.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
-    return {**numbers, "minutes": record.get("elapsed", math.nan) / 60}
+    numbers = {k.removeprefix("test_"): v for k, v in last.items() if k.startswith("test_") and type(v) in (int, float)}
+    return {**numbers, "minutes": last.get("elapsed", math.nan) / 60}
 
 
 def row_name(group) -> str:

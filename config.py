@@ -141,7 +141,7 @@ def run_name(given: TrainConfig, width: int) -> str:
 
 
 def check_config(cfg: TrainConfig, task) -> None:
-    """UsageError for a setting no run can use. Task sizes are checked by the task, the model's
+    """UsageError for a setting no run can use. Counts were checked by resolve, task sizes by the task, the model's
     shape and the training mode by model.py (build reports those)."""
     fp32_max = torch.finfo(torch.float32).max  # the optimizer's arithmetic: a larger lr is inf there
     if not 0 < cfg.lr < fp32_max:

@@ -34,7 +34,8 @@ def validation_path(train_path: str) -> str:
         raise ValueError(f"no training text at {train_path}")
     if "train" not in name:
         raise ValueError(f"cannot find the validation file for {train_path}: its name has no 'train' to replace with 'valid'")
-    valid = os.path.join(directory, "valid".join(name.rsplit("train", 1)))
+    head, _, tail = name.rpartition("train")
+    valid = os.path.join(directory, head + "valid" + tail)
     if not os.path.isfile(valid):
         raise ValueError(f"no validation file {valid} beside {train_path}")
     return valid
@@ -49,7 +50,9 @@ def read_stories(path: str):
                 story.append(line)
                 if END_OF_TEXT in line:
                     *finished, rest = "".join(story).split(END_OF_TEXT)
-                    yield from filter(None, map(str.strip, finished))
+                    for text in finished:
+                        if text.strip():
+                            yield text.strip()
                     story = [rest]
         except UnicodeDecodeError as e:
             raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None

@@ -39,8 +39,8 @@ def autocast(device, dtype="auto"):
 
 
 def compile_model(model, device, use_compile=None):
-    """model compiled if use_compile (None: on CUDA only); a module in place, so one handle serves training and
-    evaluation. Automatic dynamic shapes: the first change of chunk length recompiles once, for every length after it.
+    """model compiled if use_compile (None: on CUDA only): a module in place, so one handle serves training and
+    evaluation, any other callable as torch.compile(model). Automatic dynamic shapes: the first change of chunk length recompiles once, for every length after it.
     A model that fails to compile at its first forward runs eagerly (suppress_errors); inductor lowers the backward
     lazily, at the first backward(), outside this guard."""
     if not (device.type == "cuda" if use_compile is None else use_compile):
@@ -97,7 +97,8 @@ class Ranks:
 
 
 class ShardedTask:
-    """The task as one rank trains on it: its slice of each training batch, its loss that slice's share of the mean."""
+    """The task as one rank trains on it: its slice of each training batch, which every rank draws whole from the
+    shared seed, and its loss scaled by that slice's share of the answers, so the ranks' sum is the whole batch's mean."""
 
     def __init__(self, task, rank, world):
         self.task, self.rank, self.world = task, rank, world

@@ -100,7 +100,8 @@ def picture_cells(table, runs: dict) -> dict:
 
 
 def picture_key(table, row: str, col: str):
-    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn."""
+    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn. Tables 1, 2,
+    9: a panel per row, a column per x; Table 3: a panel per metric, a row per x; Figures 4, 6, 7: lines over width."""
     if table.name == "table3":
         return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
     if table.name == "fig7":  # "Random 16"
@@ -136,7 +137,8 @@ def save_with_legend(plt, fig, handles: list, path: str):
 
 
 def plot_seeds(table, cells: dict, axes: dict) -> list:
-    """A table as a picture: per column the seeds as points, a median bar (a box plot from 5 seeds); returns the legend."""
+    """Draw a table on its panels' axes: per column the seeds as points, a median bar (a box plot from 5 seeds), the
+    paper's number as a star; returns the legend's handles."""
     for panel, ax in axes.items():
         xs = [x for p, line, x in cells if p == panel and line is None]
         for i, x in enumerate(xs):
@@ -260,7 +262,8 @@ def first_analysis(runs: list, name: str):
 
 
 def plot_heads(table, runs: dict, title: str, path: str):
-    """Figure 2 in the paper's layout: per model, the first analysed seed's strongest head per layer on the paper's input."""
+    """Figure 2 in the paper's layout: per model, the first analysed seed's layer-1 head where values attend most to
+    their markers and layer-2 head where the query attends most to the queried value, on the paper's input."""
     plt, fig, axes = new_figure([f"{row}: L{layer + 1}" for row in table.rows for layer in (0, 1)], title)
     for row in table.rows:
         cfg, result = first_analysis(runs[row, table.cols[0]], "attention")
@@ -323,7 +326,8 @@ def render_picture(table, scale: str, runs: dict, path: str):
     if any(paper is not None for _, paper in cells.values()):
         title += "; stars: the paper's numbers"
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
-    save_with_legend(plt, fig, (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes), path)
+    handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
+    save_with_legend(plt, fig, handles, path)
     if table.name in CURVE_TABLES:
         plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
                     path.removesuffix(".png") + "-curves.png")
@@ -353,7 +357,7 @@ def number(value) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0"
 
 
-def spread(values: list) -> str:
+def median_text(values: list) -> str:
     """Seeds' values as every table shows them: median [min, max]."""
     return "{} [{}, {}]".format(*map(number, median_range(values)))
 
@@ -369,7 +373,7 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
         values = table.seed_values(row, col, runs[row, col])
         unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
         text = (unread if not values else values[0] if isinstance(values[0], str)  # a text cell: the first seed's completion
-                else f"{spread(values)} ({len(values)}/{seeds})")
+                else f"{median_text(values)} ({len(values)}/{seeds})")
         return text + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else "")
 
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
@@ -455,7 +459,7 @@ def claims(claimed_cell, results: str, scale: str, path="RESULTS.md") -> str:
         cell = claim["row"], claim["col"]
         table, runs = claimed_cell(claim["table"], *cell, f"claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
         values = table.seed_values(*cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs)
-        ours = spread(values) if values else "not run"
+        ours = median_text(values) if values else "not run"
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
         lines.append(f"| {claim['claim']} | {paper} | {ours} | {CELL_REFERENCE.sub(cited_median, claim['verdict'])} |")
     with open(path) as f:

@@ -39,8 +39,8 @@ class CausalSelfAttention(nn.Module):
     matrix instead, Table 9). With a cache the pattern is materialised, stored as "blocks.{i}.attn.pattern" and
     applied; without one, a fused kernel computes the same mix (scaled_dot_product_attention, or a running sum for
     linear attention) without ever holding the (T, T) pattern. Edit `scale` and both change; the fused kernel never
-    calls `pattern` (nor `mask` over all positions), so an edit there reaches training only once the kernel's line is
-    replaced by the cache path's `pattern @ v`. The tests check that the two kernels agree.
+    calls `pattern`, and `mask` only for queries at pos (the last block's answers), so an edit there reaches all of
+    training once the kernel's line is replaced by the cache path's `pattern @ v`. The tests check the two agree.
     """
 
     def __init__(self, cfg: GPTConfig):

@@ -327,8 +327,9 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
 
 def table_runs(name: str, args):
     """(the table, its runs per cell) as the command line sets them."""
-    table = TABLES[name](args.scale)  # the language models read --data (None: the shipped corpus)
-    table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
+    table = TABLES[name](args.scale)
+    if args.data:
+        table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
     return table, cell_runs(table, args.scale, args.runs, args.seeds)
 
 

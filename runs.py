@@ -125,7 +125,8 @@ class Start:
 
 def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
     """Prepare the run directory for the loop, holding its lock (a second process on the run is refused), and
-    return where the loop starts: a new run staged, a resumed one at its checkpoint. Only rank 0 touches files."""
+    return where the loop starts: a new run staged, so that a failed start leaves nothing and an old run it would
+    --overwrite survives any failure; a resumed one at its checkpoint. Only rank 0 touches files."""
     if resume:
         if lead:
             finish_swap(cfg.out)
@@ -476,8 +477,8 @@ def roll_back(run_dir, step):
 
 
 def save_final(cfg, state_dict, model_cfg, metrics, final):
-    """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`), which marks
-    the run finished. A finished run cannot be resumed, so its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
+    """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`), written last
+    because it marks the run finished. A finished run cannot be resumed, so its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
     final = {**metrics, **final}
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)

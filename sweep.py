@@ -95,7 +95,8 @@ def sweep(table, runs: dict, jobs: int) -> int:
 
 
 def worker_pool(jobs: int) -> ProcessPoolExecutor:
-    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from one that has used it)."""
+    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from one that has used
+    it) and given a GPU of its own where there are GPUs (start_worker)."""
     context = multiprocessing.get_context("spawn")
     return ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker,
                                initargs=(context.Value("i", 0), visible_gpus()))

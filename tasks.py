@@ -42,9 +42,12 @@ class Batch:
     def __getitem__(self, rows):
         return self.apply(lambda t: t[rows])
 
+    def tensors(self):
+        return [getattr(self, f.name) for f in fields(Batch)]
+
     def apply(self, fn):
         """fn applied to every field that is set (target is None outside imitation)."""
-        return Batch(*(None if t is None else fn(t) for t in vars(self).values()))
+        return Batch(*(None if t is None else fn(t) for t in self.tensors()))
 
     def length_chunks(self):
         """Yield (chunk, weight): rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
@@ -72,14 +75,15 @@ class Batch:
         return self.apply(lambda t: torch.take_along_dim(t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), row_dim))
 
 
-# With uniform lengths (needle, parens) n chunks feed (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for
-# n = 1, 2, 4, 8, so past 4 the saving is small while each chunk costs its own kernel launches.
+# Rows are sorted by length and cut into this many chunks, each trimmed after its own last answer. With uniform
+# lengths (needle, parens) n chunks feed (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8,
+# so past 4 the saving is small while each chunk costs its own kernel launches.
 LENGTH_CHUNKS = 4
 
 
 def join_batches(batches, join=torch.cat):
     """One batch from several, field by field: join=torch.cat appends rows, torch.stack adds a leading dimension."""
-    columns = zip(*(vars(b).values() for b in batches))
+    columns = zip(*(b.tensors() for b in batches))
     return Batch(*(None if c[0] is None else join(c) for c in columns))
 
 
@@ -175,10 +179,10 @@ class FiniteTask(Task):
         return math.ceil(self.epochs * len(self.train_set) / batch_size)
 
     def sample(self, batch_size, generator):
-        if self.train_set.x.device != generator.device:
-            self.train_set = self.train_set.to(generator.device)
+        if getattr(self, "_train_on_device", None) is None or self._train_on_device.x.device != generator.device:
+            self._train_on_device = self.train_set.to(generator.device)  # train_set stays on the CPU for evaluation
         rows = torch.randint(len(self.train_set), (batch_size,), generator=generator, device=generator.device)
-        return self.train_set[rows]
+        return self._train_on_device[rows]
 
 
 # ---------------------------------------------------------------------------
@@ -498,11 +502,16 @@ class Imitation(StreamTask):
         return Batch(x, pos, target.argmax(-1), target)
 
     def loss(self, logits, batch):
-        return self.metrics(logits, batch)["kl"].mean()
+        return kl_divergence(logits, batch.target).mean()
 
     def metrics(self, logits, batch):
-        kl = F.kl_div(logits.float().log_softmax(-1), batch.target, log_target=True, reduction="none").sum(-1)  # (B, A) nats
-        return {"kl": kl.flatten(), "accuracy": (logits.argmax(-1) == batch.y).float().flatten()}
+        return {"kl": kl_divergence(logits, batch.target).flatten(),
+                "accuracy": (logits.argmax(-1) == batch.y).float().flatten()}
+
+
+def kl_divergence(logits, target_logprobs):
+    """KL(target || model) in nats at each scored position: (B, A, V) -> (B, A)."""
+    return F.kl_div(logits.float().log_softmax(-1), target_logprobs, log_target=True, reduction="none").sum(-1)
 
 
 # ---------------------------------------------------------------------------
@@ -517,7 +526,8 @@ class LanguageModeling(Task):
     Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64, 301],
     pos = [0, 1, 2, 3], y = [389, 64, 301, 11]: y is x shifted by one.
     `data` is a TinyStories-style train file with its validation file beside it (corpus.validation_path); without
-    it the shipped story corpus is written to data/stories/ (corpus.py: its BPE of `vocab` tokens, the caches).
+    it the shipped story corpus is written to data/stories/. corpus.py trains a byte-level BPE of `vocab` tokens on
+    the train file and caches it and both files' tokens beside the data.
     """
 
     data: str = None

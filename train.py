@@ -52,8 +52,7 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
             if evaluate_now:
                 run.log(step, evaluate(model, task, test, device, cfg.dtype))
                 continue
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg)
+            set_lr(optimizer, lr_at(step, cfg))
             batch = task.sample(cfg.batch_size, generator).to(device)
             run.losses.append(train_step(model, task.loss, batch, optimizer, clip, precision))
     return run.metrics
@@ -97,6 +96,11 @@ def lr_at(step: int, cfg) -> float:
         return cfg.lr * step / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def make_optimizer(params, cfg, device, matrix_dim=2) -> torch.optim.AdamW:
