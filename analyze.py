@@ -226,6 +226,14 @@ def token_labels(task, tokens):
     return [names.get(t, str(t)) for t in tokens]
 
 
+def default_attention_input(run: Run):
+    """Figure 2's sequence for needle; otherwise the first test example up to its last scored position."""
+    if run.cfg.task == "needle":
+        return NEEDLE_EXAMPLE
+    test = run.task.test_set()[:1]
+    return test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
+
+
 def needle_attention_scores(patterns, batch: tasks.Batch):
     """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps (NEEDLE_STEPS) on a needle batch,
     value_to_marker averaged over the row's pairs; patterns: (L, B, nh, T, T)."""
@@ -263,12 +271,7 @@ def needle_test_scores(run: Run, names) -> dict:
 def attention_patterns(run: Run, input_tokens=None) -> dict:
     """Heatmaps of every layer's and head's attention on one input and where its last position looks most;
     for needle, also Figure 2's scores over the test set."""
-    if not input_tokens and run.cfg.task == "needle":
-        input_tokens = NEEDLE_EXAMPLE
-    elif not input_tokens:  # the first test example up to its last scored position
-        test = run.task.test_set()[:1]
-        input_tokens = test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
-    tokens = input_tokens[:ATTENTION_MAX_TOKENS]
+    tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
     names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
     patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[:, 0]  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)

@@ -40,7 +40,8 @@ def autocast(device, dtype="auto"):
 
 def compile_model(model, device, use_compile=None):
     """model compiled if use_compile (None: on CUDA only): a module in place, so one handle serves training and
-    evaluation, any other callable as torch.compile(model). Automatic dynamic shapes: the first change of chunk length recompiles once, for every length after it.
+    evaluation, any other callable as torch.compile(model). Automatic dynamic shapes: the first change of chunk
+    length recompiles once, for every length after it.
     A model that fails to compile at its first forward runs eagerly (suppress_errors); inductor lowers the backward
     lazily, at the first backward(), outside this guard."""
     if not (device.type == "cuda" if use_compile is None else use_compile):

@@ -104,13 +104,20 @@ def picture_key(table, row: str, col: str):
     9: a panel per row, a column per x; Table 3: a panel per metric, a row per x; Figures 4, 6, 7: lines over width."""
     if table.name == "table3":
         return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
-    if table.name == "fig7":  # "Random 16"
-        return row, col.split()[0], int(col.split()[1])
-    if table.name == "fig4":  # "2 layers, width 64"
-        return col.split(",")[0], row, int(col.split()[-1])
+    if table.name == "fig7":
+        kind, width = col.split()  # "Random 16"
+        return row, kind, int(width)
+    if table.name == "fig4":
+        layers, width = col.split(", width ")  # "2 layers, width 64"
+        return layers, row, int(width)
     if table.name == "fig6":
         return "3-layer students", row, int(col.split()[1])
     return row, None, col
+
+
+def y_label(table, panel: str) -> str:
+    """The panel's y axis: the table's unit, or for Table 3 (a metric per column) the panel's own."""
+    return READ_UNITS.get(table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric])
 
 
 def new_figure(panels: list, title: str):
@@ -156,8 +163,7 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
             if not values:
                 ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
         ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
-        unit = READ_UNITS.get(table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric])
-        # Table 3: a panel per metric, named by its unit; bits per parameter from zero: the paper's contrast is a ratio
+        unit = y_label(table, panel)  # bits per parameter from zero: the paper's contrast is a ratio
         ax.set(xlim=(-0.6, len(xs) - 0.4), ylim=(-5, 105) if unit == "accuracy (%)" else (0, None), ylabel=unit)
         exact = any(line == "exact match" for p, line, _ in cells if p == panel)
         ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
@@ -208,7 +214,7 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
         if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
-        ax.set(xlabel="target transformer width" if table.name == "fig6" else "width", ylabel=METRIC_UNITS[table.metric])
+        ax.set(xlabel="target transformer width" if table.name == "fig6" else "width", ylabel=y_label(table, panel))
         ax.grid(alpha=0.3)
     names = dict.fromkeys(line for _, line, _ in cells)
     handles = [dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]

@@ -478,7 +478,8 @@ def roll_back(run_dir, step):
 
 def save_final(cfg, state_dict, model_cfg, metrics, final):
     """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`), written last
-    because it marks the run finished. A finished run cannot be resumed, so its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
+    because it marks the run finished. A finished run cannot be resumed, so its checkpoint.pt (model and optimizer,
+    3x model.pt) goes."""
     final = {**metrics, **final}
     save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
     write_json(os.path.join(cfg.out, "final.json"), final)
