@@ -47,6 +47,8 @@ class TrainConfig:
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
     compile: bool = field(default=None, metadata={"help": "torch.compile the training step (default: on CUDA only; RESULTS.md has the CPU's timings)"})
+    deterministic: bool = field(default=False, metadata={"help": "CUDA: deterministic kernels (float sums in a fixed order), so a seed's weights, "
+                                                     "resumed or not, come out equal bit for bit; without it they agree to rounding"})
     dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
     seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
     out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<mode>-w<width>-s<seed>)"})
@@ -122,7 +124,7 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
 
 
 # Shown in every run name, or not part of what a run computes.
-NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "out", "overwrite", "device", "compile", "scale")
+NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "out", "overwrite", "device", "compile", "deterministic", "scale")
 
 
 def run_name(given: TrainConfig, width: int) -> str:

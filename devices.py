@@ -10,6 +10,7 @@ sizes hold whatever the number of GPUs).
 """
 
 import os
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -51,6 +52,22 @@ def compile_model(model, device, use_compile=None):
         model.compile()
         return model
     return torch.compile(model)
+
+
+@contextmanager
+def deterministic_kernels(enabled: bool):
+    """Within: torch's deterministic kernels where asked. On CUDA the embeddings' backward (and that of
+    the answer positions' gather) adds its rows with float atomics in whatever order the threads run, so
+    without this two runs of one seed, or a run and its resumed copy, differ in the last bits. The
+    process's earlier setting comes back after, so one run's choice never leaks into the next."""
+    before = torch.are_deterministic_algorithms_enabled()
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's own condition for repeatable matmuls
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 class Ranks:

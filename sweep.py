@@ -10,6 +10,8 @@ or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then dra
 """
 
 import ctypes
+import glob
+import json
 import math
 import multiprocessing
 import os
@@ -146,7 +148,12 @@ STEP_FLOOR = 0.005  # seconds
 RUN_START = 60  # seconds
 TINYSTORIES_TOKENS = 470_000_000
 
-PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs alone: a prediction, not a measurement.
+PLAN_NOTE = f"""Predicted cost of the paper scale on one GPU a run: measured where a run record has the pace, else assumed.
+
+- Pace: where a run record under runs/ trained on CUDA with a cell's settings (those that decide a step's cost:
+  task, mode, architecture, sizes, batch, dtype), the row takes that record's median steps/s (its metrics.jsonl,
+  training time alone), says "measured" and names the record, whose directory names its GPU; every other row
+  says "assumed" and takes the assumptions below, for an H100.
 
 - Tokens: those through each row's last answer in one batch drawn at the run's batch size, times the steps. Model
   FLOPs: bench.py's useful_flops of that batch (its docstring says what counts), times the steps: frozen blocks
@@ -162,8 +169,33 @@ PLAN_NOTE = f"""Predicted cost of the paper scale on H100 GPUs, from the configs
   bytes a token of its 10,000-token BPE; the corpus is not read), 5 epochs of 20 windows of 512 tokens."""
 
 
-def run_estimate(cfg: TrainConfig) -> tuple:
-    """(steps, tokens, model FLOPs, predicted H100 seconds) of cfg's run from its settings: nothing trains, no corpus is read."""
+# The settings that decide what a training step costs: two runs equal in these take equal time a step on one GPU.
+STEP_COST = ("task", "mode", "arch", "pos", "width", "layers", "heads", "batch_size", "dtype", "compile",
+             "p", "max_pairs", "digits", "max_parens", "keys", "target_width", "context", "vocab")
+
+
+def measured_speeds(root="runs") -> dict:
+    """{STEP_COST settings: (median steps/s, run directory)} of every run record under root that trained on CUDA.
+    A metrics.jsonl line's steps/s counts training time alone (evaluation excluded), so the median is a step's pace."""
+    speeds = {}
+    for path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
+        run = os.path.dirname(path)
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            with open(os.path.join(run, "metrics.jsonl")) as f:
+                rates = sorted(line["steps_per_s"] for line in map(json.loads, f) if isinstance(line.get("steps_per_s"), NUMBER))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue  # not a readable run record: nothing measured here
+        if isinstance(saved, dict) and saved.get("device") == "cuda" and rates:
+            speeds.setdefault(tuple(saved.get(name) for name in STEP_COST), (rates[len(rates) // 2], run))
+    return speeds
+
+
+def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
+    """(steps, tokens, model FLOPs, predicted GPU seconds, where the seconds come from) of cfg's run from its
+    settings: a measured pace from speeds (measured_speeds) where a record has cfg's STEP_COST settings, else
+    the assumed MFU. Nothing trains, no corpus is read."""
     if cfg.task == "lm":  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
         lm = TASKS["lm"]
         batch_size = cfg.batch_size or lm.batch_size
@@ -177,28 +209,32 @@ def run_estimate(cfg: TrainConfig) -> tuple:
         batch = task.generate(cfg.batch_size, generator) if isinstance(task, StreamTask) else task.sample(cfg.batch_size, generator)
         lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
     step = useful_flops(cfg, vocab, lengths, answers)
-    seconds = RUN_START + max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
-    return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds
+    measured = (speeds or {}).get(tuple(getattr(cfg, name) for name in STEP_COST))
+    if measured:
+        seconds, source = RUN_START + cfg.steps / measured[0], f"measured, {measured[0]:.1f} steps/s ({measured[1]})"
+    else:
+        seconds, source = RUN_START + max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps), "assumed"
+    return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds, source
 
 
 def plan(tables: list, scale: str) -> str:
     """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost, and the GPU-hours of each and all."""
-    lines, estimates = [PLAN_NOTE], {}  # run directory less its seed -> (runs, *run_estimate), computed once
+    lines, estimates, speeds = [PLAN_NOTE], {}, measured_speeds()  # estimates: run directory -> (runs, *run_estimate)
     for table, runs in tables:
         rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row
         for (row, col), cell in runs.items():
             rows.setdefault(cell[0].out, (cell, []))[1].append(f"{row}, {col}")
         lines += ["", f"### {table.title} ({scale} scale)", "", "| cells | runs | steps | tokens per run | "
-                  "model FLOPs per run | H100 minutes per run |", "|---|---|---|---|---|---|"]
+                  "model FLOPs per run | GPU minutes per run | pace |", "|---|---|---|---|---|---|---|"]
         for out, (cell, labels) in rows.items():
-            estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0]))
-            count, steps, tokens, flops, seconds = estimates[out]
+            estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0], speeds))
+            count, steps, tokens, flops, seconds, source = estimates[out]
             owner = os.path.basename(os.path.dirname(out)).split("-")[0]  # Figure 7 trains some of Table 1's cells
             shared = "" if owner == table.name else f" ({owner}'s runs)"
-            lines.append(f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | {flops:.3g} | {seconds / 60:.1f} |")
+            lines.append(f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | {flops:.3g} | {seconds / 60:.1f} | {source} |")
         lines += ["", f"Total: {sum(estimates[out][0] for out in rows)} runs, "
-                  f"{sum(estimates[out][0] * estimates[out][4] for out in rows) / 3600:.1f} H100 GPU-hours."]
+                  f"{sum(estimates[out][0] * estimates[out][4] for out in rows) / 3600:.1f} GPU-hours."]
     if len(tables) > 1:
         lines += ["", f"All {len(tables)} tables and figures: {sum(e[0] for e in estimates.values())} runs, "
-                  f"{sum(e[0] * e[4] for e in estimates.values()) / 3600:.1f} H100 GPU-hours (runs that tables share counted once)."]
+                  f"{sum(e[0] * e[4] for e in estimates.values()) / 3600:.1f} GPU-hours (runs that tables share counted once)."]
     return "\n".join(lines)

@@ -151,7 +151,8 @@ class StreamTask(Task):
         kept = []
         while sum(map(len, kept)) < batch_size:
             batch = self.generate(batch_size, generator)
-            kept.append(batch[~torch.isin(row_hashes(batch.x), self._test_hashes)])
+            # integer rows, not a boolean mask per field: one wait on the host per draw, not one per field
+            kept.append(batch[(~torch.isin(row_hashes(batch.x), self._test_hashes)).nonzero().squeeze(1)])
         return join_batches(kept)[:batch_size] if len(kept) > 1 else kept[0]
 
 
@@ -355,9 +356,10 @@ class Parens(StreamTask):
 
         flips = torch.where(mutation & 2 == 2, geometric_count(n, generator), 0)
         flips = flips * torch.where(randint(3, n) > 0, 2, 1)
-        if flips.max() > 0:
+        most_flips = int(flips.max())
+        if most_flips:
             # Flips at distinct indices commute and a double flip cancels, so only each index's parity matters.
-            at = uniform_below(length[:, None].expand(-1, int(flips.max())), generator)
+            at = uniform_below(length[:, None].expand(-1, most_flips), generator)
             active = torch.arange(at.size(1), device=device) < flips[:, None]
             parity = torch.zeros(n, L, dtype=torch.long, device=device).scatter_add_(1, at, active.long()) % 2
             s = torch.where(parity == 1, 3 - s, s)
@@ -380,24 +382,25 @@ def balanced_strings(pairs, width, generator):
 
     balanced(1) = "()"; balanced(t) = "(" + balanced(t-1) + ")" with prob 1/2, else balanced(u) + balanced(t-u) with
     u ~ U[1, t-1]. Instead of recursing per example, every pending sub-string of the whole batch is one row of
-    (example, offset, t) and each loop expands all of them one level.
+    (example, offset, t) and each loop expands all of them one level. The rows are masked rather than selected, so a
+    level waits on the host once (how many rows are still pending: the next level's random draws need that count),
+    and a batch at most max_parens / 2 times.
     """
     device = pairs.device
-    out = torch.zeros(len(pairs), width, dtype=torch.long, device=device)
+    out = torch.zeros(len(pairs), width + 1, dtype=torch.long, device=device)  # a split row writes to the extra column
     row, offset, t = torch.arange(len(pairs), device=device), torch.zeros_like(pairs), pairs
     while len(row):
         wrap = (t == 1) | (torch.randint(2, t.shape, generator=generator, device=device) == 1)
         # "()" is the t = 1 case of wrapping; wrap writes the outer pair and recurses on t - 1.
-        out[row[wrap], offset[wrap]] = OPEN
-        out[row[wrap], offset[wrap] + 2 * t[wrap] - 1] = CLOSE
+        out[row, torch.where(wrap, offset, width)] = OPEN
+        out[row, torch.where(wrap, offset + 2 * t - 1, width)] = CLOSE
         u = 1 + uniform_below(t - 1, generator)
-        split = ~wrap
-        row = torch.cat([row[wrap], row[split], row[split]])
-        offset = torch.cat([offset[wrap] + 1, offset[split], offset[split] + 2 * u[split]])
-        t = torch.cat([t[wrap] - 1, u[split], t[split] - u[split]])
-        pending = t > 0
+        # The sub-strings to expand next, in the recursion's order: every wrap's inside, then every split's two halves.
+        row, offset = row.repeat(3), torch.cat([offset + 1, offset, offset + 2 * u])
+        t = torch.cat([torch.where(wrap, t - 1, 0), torch.where(wrap, 0, u), torch.where(wrap, 0, t - u)])
+        pending = (t > 0).nonzero().squeeze(1)
         row, offset, t = row[pending], offset[pending], t[pending]
-    return out
+    return out[:, :width]
 
 
 # ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import runs
 from cli import command_line, parse_args, seed_configs, usage_errors
 from config import CPU_VARIANTS, TrainConfig, build, changed_settings, resolve
 from model import mode_label
-from devices import Ranks, autocast, compile_model
+from devices import Ranks, autocast, compile_model, deterministic_kernels
 from tasks import Batch
 
 
@@ -47,7 +47,8 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
     test, task = task.test_set(), ranks.shard_task(task)
-    with Run(cfg, task, model, optimizer, generator, counts, device, ranks, resume, stop_after) as run:
+    with deterministic_kernels(cfg.deterministic), Run(cfg, task, model, optimizer, generator, counts, device, ranks, resume,
+                                                       stop_after) as run:
         for step, evaluate_now in run.steps():
             if evaluate_now:
                 run.log(step, evaluate(model, task, test, device, cfg.dtype))

@@ -392,7 +392,23 @@ def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(tmp_path
         shared = re.compile(r" \(table\d's runs\)$")
         assert {cell for row in rows for cell in shared.sub("", row[0].removeprefix("| ")).split(" / ")} == {
             f"{row}, {col}" for row, col in table.configs}
-        assert {row[1] for row in rows} == {"10"} and all(float(row[-1].rstrip(" |")) > 0 for row in rows)
+        assert {row[1] for row in rows} == {"10"} and all(float(row[-2]) > 0 and row[-1] == "assumed |" for row in rows)
         total = section.split("Total: ")[1].split("\n")[0]
         assert total.startswith(f"{10 * len(rows)} runs, ") and float(total.split()[2]) > 0
     assert f"All {len(reproduce.TABLES)} tables and figures: " in text
+
+
+def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cfg = sweep.resolve(reproduce.table1("paper").configs["needle", "Random 1024"])[0]
+    for device, run in (("cuda", "gpu-run"), ("cpu", "cpu-run")):  # a CPU record is no GPU's pace
+        record = tmp_path / "runs" / "probes" / run
+        record.mkdir(parents=True)
+        (record / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "device": device}))
+        lines = [{"step": 500 * i, "steps_per_s": rate} for i, rate in enumerate([None, 40.0, 50.0, 45.0])]
+        (record / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    reproduce.main(["table1", "--scale", "paper", "--plan"])
+    rows = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    # 10,000 steps at the median 45 steps/s, plus the assumed minute to start
+    assert rows["| needle, Random 1024"].endswith(f"| {(60 + 10_000 / 45) / 60:.1f} | measured, 45.0 steps/s (runs/probes/gpu-run) |")
+    assert rows["| needle, Normal 1024"].endswith("| assumed |")

@@ -592,12 +592,15 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
 
 
 def test_scale_auto_is_the_paper_protocol_on_a_cuda_gpu_and_the_cpu_variant_elsewhere(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # whatever this machine has
     assert cli.parse_args(["--task", "needle", "--frozen"])[0] == cli.parse_args(["--task", "needle", "--frozen", "--scale", "cpu"])[0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert cli.parse_args(["--task", "needle", "--frozen"])[0] == TrainConfig(task="needle", mode="frozen", scale="paper")
 
 
-def test_the_first_line_says_what_trains_how_long_and_how_to_insist_on_the_paper_and_the_last_the_paper_number(tmp_path, capsys):
+def test_the_first_line_says_what_trains_how_long_and_how_to_insist_on_the_paper_and_the_last_the_paper_number(tmp_path, capsys,
+                                                                                                              monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # --scale auto: the cpu variant, as on a laptop
     train.main(["--task", "needle", "--frozen", "--width", "16", "--heads", "2", "--steps", "4", "--test-size", "50",
                 "--out", str(tmp_path / "run")])
     lines = capsys.readouterr().out.splitlines()

@@ -130,6 +130,42 @@ def test_data_generation_is_vectorized_over_the_batch(name):
     assert counts[1] < 3 * counts[0], counts
 
 
+class HostWaits(TorchDispatchMode):
+    """Counts the ops that on a GPU make the host wait for the device: a tensor read as a Python
+    number, and anything whose output size depends on the data (nonzero, boolean indexing)."""
+
+    WAITS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero"}
+
+    def __init__(self):
+        super().__init__()
+        self.waits = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        masks = name.startswith("index") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else []) or [])
+        self.waits += name in self.WAITS or masks
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name, bound", [("parens", 60 // 2 + 3), ("needle", 1), ("addition", 1), ("imitate", 1)])
+def test_a_training_batch_waits_on_the_host_a_bounded_number_of_times(name, bound):
+    """Each wait stalls a GPU while the host catches up, and parentheses once waited ~850 times a batch
+    (a boolean selection per field per level of its balanced-string recursion). Now a draw waits once
+    to drop test rows, and parentheses at most once per recursion level (at most max_parens / 2) and
+    twice for its mutations, however large the batch."""
+    task = tasks.make_task(name, max_parens=60, test_size=200)
+    task.test_set()
+    generator, draws = torch.Generator().manual_seed(0), []
+    generate = task.generate
+    task.generate = lambda n, g: draws.append(n) or generate(n, g)
+    for _ in range(5):
+        draws.clear()
+        with HostWaits() as counter:
+            task.sample(1000, generator)
+        assert 0 < counter.waits <= bound * len(draws), (counter.waits, len(draws))
+
+
 @pytest.mark.slow
 def test_bench_prints_the_figure_table():
     argv = [sys.executable, os.path.join(ROOT, "bench.py"), "--task", "needle", "--frozen", "--width", "16",
