@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from cli import UsageError, config_from_args, make_parser, usage_errors
 from config import build
-from devices import autocast, compile_model, pick_device, uses_bf16
+from devices import autocast, compile_model, deterministic_kernels, pick_device, uses_bf16
 from figures import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
@@ -186,17 +186,18 @@ def main(argv=None):
         cfg, task, model, _ = build(replace(cfg, out="unused"))
         label, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, task, model, device)
 
-    for _ in range(args.warmup_steps):
-        step()
-    seconds = best_seconds(step, args.steps_timed, args.repeats, device)
-    data_seconds = best_seconds(make_data, args.steps_timed, args.repeats, device)
+    with deterministic_kernels(cfg.deterministic):  # what --deterministic costs is a figure worth timing
+        for _ in range(args.warmup_steps):
+            step()
+        seconds = best_seconds(step, args.steps_timed, args.repeats, device)
+        data_seconds = best_seconds(make_data, args.steps_timed, args.repeats, device)
     lengths, answer_pos = rows(make_data())
     flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
 
     figures = {
         "pipeline": label, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
-        "config": f"{cfg.task} {cfg.mode} w{cfg.width} L{cfg.layers} b{cfg.batch_size}",
+        "config": f"{cfg.task} {cfg.mode} w{cfg.width} L{cfg.layers} b{cfg.batch_size}" + " deterministic" * cfg.deterministic,
         "steps/s": f"{1 / seconds:.3g}", "tokens/s": f"{lengths.sum().item() / seconds:,.0f}",
         "TFLOP/s": f"{flops / seconds / 1e12:.3g}", "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
         "MFU": f"{flops / seconds / peak:.1%}", "data share": f"{data_seconds / seconds:.1%}",

@@ -174,7 +174,10 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
         return
     checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
     try:
-        model.load_state_dict(checkpoint["model"])
+        missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys  # frozen: drawn from the seed
+        untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
+        if untrained or any(name not in model.state_dict() for name in checkpoint["model"]):
+            raise KeyError(f"its weights are another model's ({(untrained or ['an unknown tensor'])[0]})")
         optimizer.load_state_dict(checkpoint["optimizer"])
         rng = checkpoint["rng"]
         torch.set_rng_state(rng["torch"])
@@ -413,8 +416,12 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
     rng = {"torch": torch.get_rng_state(), "data": generator.get_state()}
     if generator.device.type == "cuda":  # never touch CUDA on a CPU run, even where a GPU exists
         rng["cuda"] = torch.cuda.get_rng_state_all()
+    # Only the weights that train: resuming builds the model from the seed again, which redraws the frozen ones bit
+    # for bit, so a random transformer's checkpoint is a few MB, not its 100 MB of frozen blocks at width 1024.
+    trains = {name for name, p in model.named_parameters() if p.requires_grad}
     save_torch(os.path.join(cfg.out, "checkpoint.pt"), {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "step": step,
+        "model": {name: t for name, t in model.state_dict().items() if name in trains},
+        "optimizer": optimizer.state_dict(), "rng": rng, "step": step,
         "elapsed": elapsed, "metrics": metrics, "losses": list(losses), "config": asdict(cfg)})
 
 

@@ -375,6 +375,8 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
     whole = train.train(tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "cut")), stop_after=4)
     assert not torch.are_deterministic_algorithms_enabled()  # a run's choice ends with it
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt")["model"]
+    assert set(saved) == {"wte.weight", "wpe.weight", "lm_head.weight"}  # the seed redraws the rest
     assert not (tmp_path / "cut" / "final.json").exists()
     cfg, resume = cli.parse_args(["--resume", str(tmp_path / "cut")])
     resumed = train.train(cfg, resume=resume)
