@@ -445,7 +445,7 @@ CELL_REFERENCE = re.compile(r"\{([^{}]+)\}")  # {table/row/col[/words]} or {runs
 PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")  # a number in prose, rendered after its reference
 PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
 DOCUMENTS = ("RESULTS.md", "README.md", os.path.join("docs", "protocol.md"), os.path.join("docs", "tour.md"))
-SUMMARIES = ("range", "minutes", "summed", "runs")
+SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
 
 
 def scaled(metric: str, value: float) -> float:
@@ -455,8 +455,9 @@ def scaled(metric: str, value: float) -> float:
 def cited(claimed_cell, reference: str, where: str) -> str:
     """The number that `reference` stands for, read from the records. table/row/col: the cell's median;
     table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json metric (the table's own
-    if none), s<k> (seed k alone), step<N> (the metric at that evaluation of metrics.jsonl) and at most one summary:
-    range (min-max over seeds), minutes (min-max of each run's training minutes), summed (their total), runs (how
+    if none), s<k> (seed k alone), step<N> (the metric at that evaluation of metrics.jsonl), train (on the training
+    split, train_split.json) and at most one summary: range (min-max over seeds), gap (the median less the paper's
+    number, signed), minutes (min-max of each run's training minutes), summed (their total), runs (how
     many finished). A row or col * takes every cell of the column or row (summaries only)."""
     parts = reference.split("/")
     words = parts.pop().split() if parts[0] == "runs" or len(parts) == 4 else []
@@ -470,18 +471,23 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
     step = [int(w[4:]) for w in words if re.fullmatch(r"step\d+", w)]
     summary = [w for w in words if w in SUMMARIES]
-    metric = next((w for w in words if not re.fullmatch(r"s\d+|step\d+", w) and w not in SUMMARIES), None)
+    metric = next((w for w in words if not re.fullmatch(r"s\d+|step\d+|train", w) and w not in SUMMARIES), None)
     cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
     if summary and summary[0] in ("minutes", "summed", "runs"):
         minutes = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)["elapsed"] / 60
                    for cfg in cell if run_state(cfg.out) == "finished"]
         if not minutes:
             return "(not run)"
+        low, high = f"{min(minutes):.1f}", f"{max(minutes):.1f}"
         return {"runs": str(len(minutes)), "summed": f"{sum(minutes):.0f}",
-                "minutes": f"{min(minutes):.1f}" + (f"-{max(minutes):.1f}" if max(minutes) > min(minutes) else "")}[summary[0]]
+                "minutes": low if low == high else f"{low}-{high}"}[summary[0]]
     if "*" in (row, col):
         raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
-    if step:
+    if "train" in words:
+        metric = metric or table.metric
+        values = [scaled(metric, read_json(os.path.join(cfg.out, "train_split.json"))[metric]) for cfg in cell
+                  if os.path.exists(os.path.join(cfg.out, "train_split.json"))]
+    elif step:
         key = "test_" + (metric or table.metric)
         values = [scaled(key[5:], r[key]) for cfg in cell for r in read_metrics(cfg.out) if r["step"] == step[0] and key in r]
     else:
@@ -489,6 +495,8 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     if not values:
         return "(not run)"
     median, low, high = median_range(values)
+    if summary == ["gap"]:
+        return f"{median - table.paper[row, col]:+.1f}"
     return f"{number(low)}-{number(high)}" if summary else number(median)
 
 
