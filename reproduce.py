@@ -201,8 +201,8 @@ def table7(scale):
               for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()}
     return variance_table("table7", "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
                           "neurons, width 512", models, TABLE7_PAPER, "Table 1's runs at width 512, each analysed by "
-                          "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 test inputs, every "
-                          "position up to the last answer).")
+                          "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 inputs drawn from the "
+                          "training distribution with seed 0, every position up to the last answer).")
 
 
 def table4(scale):
