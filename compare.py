@@ -118,9 +118,13 @@ def setting_text(value) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def plot(groups, path):
-    """A panel per logged curve (PANELS) against step: a line per table row, a seed group's median in its min-max band."""
+def plot(groups, path, figure_title=None, labels=None):
+    """A panel per logged curve (PANELS) against step: a line per table row, a seed group's median in its min-max band,
+    named by `labels` (else the row's name) in one legend under the panels, where it covers no curve."""
     plt = pyplot()
+    labels = labels or [row_name(group) for group in groups]
+    if len(labels) != len(groups):
+        raise UsageError(f"--labels names {len(labels)} rows, the table has {len(groups)}")
     logged = {k for g in groups for run in g for r in run.log for k, v in r.items() if v is not None}
     panels = [panel for panel in PANELS if panel[0] in logged] or list(PANELS[:2])
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False)
@@ -132,18 +136,22 @@ def plot(groups, path):
                 steps, ranges = median_curve(group, curve_key)
                 if steps:
                     line, = ax.plot(steps, [r[0] for r in ranges], style, color=color, marker=marker, markersize=4,
-                                    fillstyle="none", label=row_name(group) if style == "-" else None)
+                                    fillstyle="none", label=labels[i] if style == "-" else None)
                     color = line.get_color()
                     if len(group) > 1:
                         ax.fill_between(steps, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2)
         if key == "test_accuracy" and "test_exact_match" in logged:
             title += " (addition: per token; dashed: whole sums exact)"
+        if key == "test_accuracy" and "test_kl" in logged:
+            y_label += " (imitate: the student's top token is the target's)"
         ax.set(title=title, xlabel="step", ylabel=y_label, yscale=scale)
         ax.title.set_fontsize(9)
         if key in PERCENT:
             ax.set_ylim(0, 102)  # the whole range: a truncated axis would exaggerate a gap
-        if ax.has_data():
-            ax.legend(fontsize=7)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+    if figure_title:
+        fig.suptitle(figure_title, fontsize=10)
     save_figure(plt, fig, path)
 
 
@@ -160,13 +168,16 @@ def main(argv=None):
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
     parser.add_argument("--plot", default=os.path.join("runs", "compare.png") if os.path.isdir("runs") else "compare.png",
                         help="where to write the figure (default: runs/compare.png, or compare.png without runs/)")
+    parser.add_argument("--title", help="the figure's title (default: none)")
+    parser.add_argument("--labels", help="the legend's name for each row of the table, comma-separated, in its order "
+                        "(default: the rows' names, their run directories)")
     args = parser.parse_args(argv)
     with usage_errors("compare.py"):
         if not os.path.isdir(os.path.dirname(args.plot) or "."):
             raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
         groups = seed_groups([load(path) for path in dict.fromkeys(map(os.path.normpath, args.runs))])
         print(table(groups))
-        plot(groups, args.plot)
+        plot(groups, args.plot, args.title, args.labels.split(",") if args.labels else None)
         print(f"wrote {args.plot}", file=sys.stderr)
 
 

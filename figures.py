@@ -169,11 +169,11 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
         ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     boxes = any(len(values) >= 5 for values, _ in cells.values())
-    narrower = table.name in ("table1", "table2") and any(cfg.width == 512 for cfg in table.configs.values())
+    narrower = table.name in ("table1", "table2", "table4", "parens") and any(cfg.width == 512 for cfg in table.configs.values())
     handles = [dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
                dict(color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
                dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="",
-                    label="paper (its width 1,024 where ours is 512)" if narrower else "paper")]
+                    label="paper (width 1,024 where ours is 512)" if narrower else "paper")]
     if any(line == "exact match" for _, line, _ in cells):
         handles.insert(1, dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
                                label="our seeds, whole sum exact (addition)"))
@@ -202,9 +202,10 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
             p, line, x = picture_key(table, row, col)
             if p == panel and (p, line, x) not in cells:
                 ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
-                corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
-                ax.annotate(f"paper, {line.lower()} width {x}: {paper:g}{corpus}", (0.02, paper), xycoords=("axes fraction", "data"),
-                            xytext=(0, 3), textcoords="offset points", fontsize=8, color=COLORS.get(line))
+                # the paper gives fully trained language models' 1.35 without a width (section 5)
+                where = "fully trained" if (table.name, line) == ("fig4", "Normal") else f"{line.lower()} width {x}"
+                ax.annotate(f"paper, {where}: {paper:g}", (0.02, paper), xycoords=("axes fraction", "data"),
+                            xytext=(0, 3), textcoords="offset points", fontsize=7, color=COLORS.get(line))
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({x for p, _, x in cells if p == panel}))
         ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -222,7 +223,8 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
     if any(paper is not None for _, paper in cells.values()):
         handles.append(dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
     if any(picture_key(table, *cell) not in cells for cell in table.paper):
-        handles.append(dict(color="gray", linestyle="--", label="paper, at a width not trained here"))
+        corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
+        handles.append(dict(color="gray", linestyle="--", label=f"paper{corpus}, at a width not trained here"))
     return handles
 
 
@@ -256,7 +258,7 @@ def plot_convergence(table, runs: dict, title: str, path: str):
         lr_ax = ax.twinx()
         lr_ax.plot([r["step"] for r in log], [r["lr"] for r in log], color="gray", linestyle="--", linewidth=1)
         lr_ax.set_ylabel("learning rate", color="gray")
-        ax.set(title=row, xlabel="step", ylabel="test accuracy (%)", ylim=(0, 105))
+        ax.set(title=row, xlabel="step", ylabel="accuracy on the memorized map (%)", ylim=(0, 105))
         ax.grid(alpha=0.3)
     handles = [dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
     save_with_legend(plt, fig, handles + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
@@ -302,6 +304,7 @@ def plot_circles(table, runs: dict, title: str, path: str):
             ax.scatter(*zip(*points), c=range(len(points)), cmap="hsv", s=14)  # a cyclic map: residues wrap mod p
             ax.set(title=f"{row} seed {cfg.seed}: PCs {i} and {j}\ncircle score {score:.2f}", xlabel=f"PC {i}", ylabel=f"PC {j}",
                    aspect="equal")
+    fig.tight_layout()  # keeps each panel's y label clear of its left neighbour
     save_figure(plt, fig, path)
 
 
@@ -321,12 +324,18 @@ def plot_samples(table, runs: dict, title: str, path: str):
 
 
 PAPER_FIGURES = {"fig2": plot_heads, "fig3": plot_circles, "fig5": plot_samples, "fig8": plot_convergence}  # drawn as the paper draws them
+PICTURE_TITLES = {  # where a picture draws less than its table: what it does draw
+    "fig2": "Figure 2: needle's strongest head per layer, its pattern on one input (the paper's); "
+            "% = its mean over the test set",
+    "fig3": "Figure 3: modadd's token embedding on principal components (Clock or Pizza: in the table)",
+}
 
 
 def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
-        return PAPER_FIGURES[table.name](table, runs, table.title + f"\nours at {scale} scale ({table.name}-{scale}.md)", path)
+        title = PICTURE_TITLES.get(table.name, table.title)
+        return PAPER_FIGURES[table.name](table, runs, title + f"\nours at {scale} scale ({table.name}-{scale}.md)", path)
     cells = picture_cells(table, runs)
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
     if any(paper is not None for _, paper in cells.values()):
@@ -408,21 +417,29 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     return "\n".join(lines) + "\n"
 
 
-def write_results(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int):
-    """results/<table>-<scale>.md and .png after a sweep that trained `trained` runs.
-    A redraw (trained 0, the .md there) keeps the lines that say when, where and by which command the runs trained."""
+def results_text(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int) -> str:
+    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw (trained 0, the .md there)
+    keeps the date, machine and command that trained the runs; the run count and minutes are always the records'."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
-    base = os.path.join(results, f"{table.name}-{scale}")
+    path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(table, scale, runs, seeds, command, device).split("\n")
     today = date.today().isoformat()
-    if trained or not os.path.exists(base + ".md"):
+    if trained or not os.path.exists(path):
         lines.insert(4, f"{today}: this command trained {trained} runs and found the others finished.")
     else:
-        with open(base + ".md") as f:
+        with open(path) as f:
             old = f.read().split("\n")
         kept = [line for line in old[4:5] if "this command trained" in line]
-        lines[2:4] = old[2:4] + kept + [f"{today}: redrawn from the finished runs by `{command}`; nothing trained."]
-    text = "\n".join(lines)
+        trained_where = old[2].partition(";")[0]  # "Scale `cpu`, <date>, <device>"
+        lines[2:4] = [trained_where + ";" + lines[2].partition(";")[2], old[3], *kept,
+                      f"{today}: redrawn from the finished runs by `{command}`; nothing trained."]
+    return "\n".join(lines)
+
+
+def write_results(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int):
+    """results/<table>-<scale>.md and .png after a sweep that trained `trained` runs."""
+    base = os.path.join(results, f"{table.name}-{scale}")
+    text = results_text(table, scale, runs, seeds, command, results, trained)
     os.makedirs(results, exist_ok=True)
     render_picture(table, scale, runs, base + ".png")
     write_atomic(base + ".md", lambda f: f.write(text.encode()))
@@ -433,25 +450,76 @@ def write_results(table, scale: str, runs: dict, seeds: int, command: str, resul
 # RESULTS.md: the claims table, and the results/ tables it shows
 # ---------------------------------------------------------------------------
 
-CELL_REFERENCE = re.compile(r"\{(\w+)/([^/{}]+)/([^/{}]+)(?:/(\w+))?\}")  # {table/row/col} or {table/row/col/metric}
+CELL_REFERENCE = re.compile(r"\{([^{}]+)\}")  # {table/row/col[/words]} or {runs/.../NAME/words}: see cited
+PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")  # a number in prose, rendered after its reference
 PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
+DOCUMENTS = ("RESULTS.md", "README.md", os.path.join("docs", "protocol.md"), os.path.join("docs", "tour.md"))
+SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
 
 
-def claims(claimed_cell, results: str, scale: str, path="RESULTS.md") -> str:
-    """RESULTS.md's opening table: per claim of results/claims.json the paper's number and ours, from the cell's runs or
-    the runs it names. So that no number is typed by hand, a verdict's {table/row/col[/metric]} reads that cell's median
-    and the results/ tables RESULTS.md shows are pasted anew. claimed_cell(name, row, col, where): (table, seeds' configs)."""
+def scaled(metric: str, value: float) -> float:
+    return value * (100 if metric in ("accuracy", "exact_match") else 1)
+
+
+def cited(claimed_cell, reference: str, where: str) -> str:
+    """The number that `reference` stands for, read from the records. table/row/col: the cell's median;
+    table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json metric (the table's own
+    if none), s<k> (seed k alone), step<N> (the metric at that evaluation of metrics.jsonl), train (on the training
+    split, train_split.json) and at most one summary: range (min-max over seeds), gap (the median less the paper's
+    number, signed), minutes (min-max of each run's training minutes), summed (their total), runs (how
+    many finished). A row or col * takes every cell of the column or row (summaries only)."""
+    parts = reference.split("/")
+    words = parts.pop().split() if parts[0] == "runs" or len(parts) == 4 else []
+    if parts[0] == "runs":
+        table, cell, row, col = Table("runs", "", "accuracy", [], [], {}), [TrainConfig(out="/".join(parts))], "", ""
+    elif len(parts) == 3:
+        table, cell = claimed_cell(*parts, where)
+        row, col = parts[1:]
+    else:
+        raise UsageError(f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words")
+    seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
+    step = [int(w[4:]) for w in words if re.fullmatch(r"step\d+", w)]
+    summary = [w for w in words if w in SUMMARIES]
+    metric = next((w for w in words if not re.fullmatch(r"s\d+|step\d+|train", w) and w not in SUMMARIES), None)
+    cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
+    if summary and summary[0] in ("minutes", "summed", "runs"):
+        minutes = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)["elapsed"] / 60
+                   for cfg in cell if run_state(cfg.out) == "finished"]
+        if not minutes:
+            return "(not run)"
+        low, high = f"{min(minutes):.1f}", f"{max(minutes):.1f}"
+        return {"runs": str(len(minutes)), "summed": f"{sum(minutes):.0f}",
+                "minutes": low if low == high else f"{low}-{high}"}[summary[0]]
+    if "*" in (row, col):
+        raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
+    if "train" in words:
+        metric = metric or table.metric
+        values = [scaled(metric, read_json(os.path.join(cfg.out, "train_split.json"))[metric]) for cfg in cell
+                  if os.path.exists(os.path.join(cfg.out, "train_split.json"))]
+    elif step:
+        key = "test_" + (metric or table.metric)
+        values = [scaled(key[5:], r[key]) for cfg in cell for r in read_metrics(cfg.out) if r["step"] == step[0] and key in r]
+    else:
+        values = table.seed_values(row, col, cell, metric)
+    if not values:
+        return "(not run)"
+    median, low, high = median_range(values)
+    if summary == ["gap"]:
+        return f"{median - table.paper[row, col]:+.1f}"
+    return f"{number(low)}-{number(high)}" if summary else number(median)
+
+
+def claims(claimed_cell, results: str, scale: str) -> dict:
+    """{path: text} of RESULTS.md, README.md and docs/ (those there) rendered anew from the records, so that no number
+    is typed by hand: RESULTS.md's opening table, per claim of results/claims.json the paper's number and ours, from the
+    cell's runs or the runs it names, with each {reference} in a verdict read by cited(); the results/ tables RESULTS.md
+    shows, pasted anew; and each number in prose written as <!--{reference}-->number<!--/-->, rendered anew.
+    claimed_cell(name, row, col, where): (the table, the cell's seeds' configs; every cell's for a row or col *)."""
     listing = os.path.join(results, "claims.json")
     if not os.path.isfile(listing):
         raise UsageError(f"no {listing}: the claims to tabulate")
     listed = read_json(listing, expect=list, keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
                        optional={"paper": (str, int, float), "runs": [str]})
-
-    def cited_median(reference: re.Match) -> str:
-        name, row, col, metric = reference.groups()
-        table, cell = claimed_cell(name, row, col, f"a verdict cites {reference[0]}")
-        values = table.seed_values(row, col, cell, metric)
-        return number(median_range(values)[0]) if values else "(not run)"
 
     def pasted_table(name: str) -> str:
         table_path = os.path.join(results, f"{name}-{scale}.md")
@@ -463,16 +531,22 @@ def claims(claimed_cell, results: str, scale: str, path="RESULTS.md") -> str:
     lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
     for claim in listed:
         cell = claim["row"], claim["col"]
-        table, runs = claimed_cell(claim["table"], *cell, f"claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
+        table, runs = claimed_cell(claim["table"], *cell, f"claims.json: claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
         values = table.seed_values(*cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs)
         ours = median_text(values) if values else "not run"
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
-        lines.append(f"| {claim['claim']} | {paper} | {ours} | {CELL_REFERENCE.sub(cited_median, claim['verdict'])} |")
-    with open(path) as f:
-        head, marker, rest = f.read().partition("<!-- claims:begin -->\n")
-    if not marker or "<!-- claims:end -->" not in rest:
-        raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
-    text = head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):]
-    text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3], text)
-    write_atomic(path, lambda f: f.write(text.encode()))
-    return "\n".join(lines)
+        verdict = CELL_REFERENCE.sub(lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"), claim["verdict"])
+        lines.append(f"| {claim['claim']} | {paper} | {ours} | {verdict} |")
+    texts = {}
+    for path in (path for path in DOCUMENTS if os.path.isfile(path)):
+        with open(path) as f:
+            text = f.read()
+        if path == DOCUMENTS[0]:
+            head, marker, rest = text.partition("<!-- claims:begin -->\n")
+            if not marker or "<!-- claims:end -->" not in rest:
+                raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
+            text = head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):]
+            text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3], text)
+        texts[path] = PROSE_CITATION.sub(
+            lambda m: f"<!--{{{m[1]}}}-->{cited(claimed_cell, m[1], f'{path} cites {{{m[1]}}}')}<!--/-->", text)
+    return texts

@@ -25,7 +25,7 @@ from analyze import PAPER_VARIANCE, flat_from
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant
 from corpus import validation_path
 from figures import Table, claims, number, write_results
-from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state
+from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state, write_atomic
 from sweep import plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
@@ -201,8 +201,8 @@ def table7(scale):
               for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()}
     return variance_table("table7", "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
                           "neurons, width 512", models, TABLE7_PAPER, "Table 1's runs at width 512, each analysed by "
-                          "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 test inputs, every "
-                          "position up to the last answer).")
+                          "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 inputs drawn from the "
+                          "training distribution with seed 0, every position up to the last answer).")
 
 
 def table4(scale):
@@ -341,12 +341,15 @@ def reproduce(name: str, args, command: str):
 
 
 def claimed_cell(args, name: str, row: str, col: str, where: str):
-    """(the table, the cell's per-seed configs) that claims.json names at `where`: a cell the scale trains, or one
-    where only the paper has a number (no configs: "not run"); a UsageError if no such cell."""
+    """(the table, the cell's per-seed configs) that claims.json or a document names at `where`: a cell the scale
+    trains, one where only the paper has a number (no configs: "not run"), or with row or col * every cell of that
+    column or row; a UsageError if no such cell."""
     table = TABLES[name](args.scale) if name in TABLES else None
-    if table is None or (row, col) not in table.configs and (row, col) not in table.paper:
-        raise UsageError(f"claims.json: {where}, which is no cell of a table")
-    return table, cell_runs(table, args.scale, args.runs, args.seeds).get((row, col), [])
+    cells = [] if table is None else [key for key in table.configs if row in ("*", key[0]) and col in ("*", key[1])]
+    if table is None or not cells and (row, col) not in table.paper:
+        raise UsageError(f"{where}, which is no cell of a table")
+    runs = cell_runs(table, args.scale, args.runs, args.seeds)
+    return table, [cfg for key in cells for cfg in runs[key]]
 
 
 def check_args(args):
@@ -398,7 +401,9 @@ def main(argv=None):
             check_args(args)
             names = list(TABLES) if args.table == "all" else [args.table]
             if args.table == "claims":
-                print(claims(partial(claimed_cell, args), args.results, args.scale))
+                for path, text in claims(partial(claimed_cell, args), args.results, args.scale).items():
+                    write_atomic(path, lambda f, text=text: f.write(text.encode()))
+                    print(f"-> {path}")
             elif args.plan:
                 print(plan([table_runs(name, args) for name in names], args.scale))
             elif args.print_commands:

@@ -1,5 +1,7 @@
 """reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table and picture rendering (no training but a few tiny runs), scheduler commands, the plan, GPU workers."""
 
+import argparse
+import functools
 import json
 import math
 import multiprocessing
@@ -293,6 +295,28 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     with pytest.raises(SystemExit):
         reproduce.main(["claims"])
     assert "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
+
+
+def test_the_committed_tables_and_documents_are_what_the_committed_records_draw(monkeypatch):
+    """A retrained record leaves no stale number: every results/*-cpu.md, RESULTS.md's claims and the tables it shows,
+    and every number cited in RESULTS.md, README.md and docs/, drawn anew from the committed runs/ (writing nothing),
+    equal the committed files, the dates of the redraw lines aside."""
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = argparse.Namespace(scale="cpu", runs=os.path.join("runs", "reproduce"), seeds=3)
+
+    def undated(text):
+        return [line for line in text.split("\n") if "redrawn from the finished runs by" not in line]
+
+    drawn = {path: text for path, text in figures.claims(functools.partial(reproduce.claimed_cell, args), "results",
+                                                          "cpu").items()}
+    for name, build in reproduce.TABLES.items():
+        table = build("cpu")
+        runs = reproduce.cell_runs(table, "cpu", args.runs, args.seeds)
+        drawn[f"results/{name}-cpu.md"] = figures.results_text(table, "cpu", runs, args.seeds, "redraw", "results", 0)
+    for path, text in drawn.items():
+        with open(path) as f:
+            assert undated(text) == undated(f.read()), f"{path} is not what the records draw: python reproduce.py " \
+                                                      "all --scale cpu --redraw && python reproduce.py claims"
 
 
 @pytest.mark.slow
