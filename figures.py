@@ -465,8 +465,9 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     """The number that `reference` stands for, read from the records. table/row/col: the cell's median;
     table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json metric (the table's own
     if none), s<k> (seed k alone), step<N> (the metric at that evaluation of metrics.jsonl), train (on the training
-    split, train_split.json) and at most one summary: range (min-max over seeds), gap (the median less the paper's
-    number, signed), minutes (min-max of each run's training minutes), summed (their total), runs (how
+    split, train_split.json) and at most one summary: range (min-max over seeds, one number where
+    they agree), gap (the median less the paper's number, signed), minutes (min-max of each run's
+    training minutes), summed (their total), runs (how
     many finished). A row or col * takes every cell of the column or row (summaries only)."""
     parts = reference.split("/")
     words = parts.pop().split() if parts[0] == "runs" or len(parts) == 4 else []
@@ -506,7 +507,9 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     median, low, high = median_range(values)
     if summary == ["gap"]:
         return f"{median - table.paper[row, col]:+.1f}"
-    return f"{number(low)}-{number(high)}" if summary else number(median)
+    if summary and number(low) != number(high):
+        return f"{number(low)}-{number(high)}"
+    return number(low) if summary else number(median)
 
 
 def claims(claimed_cell, results: str, scale: str) -> dict:
