@@ -331,7 +331,9 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
     for _ in range(2):  # a second redraw keeps the training's lines too, and says only its own
         reproduce.main(["table9"])
         lines = (tmp_path / "results" / "table9-cpu.md").read_text().splitlines()
-        assert lines[2:5] == ["Scale `cpu`, 2020-01-01, a GPU; 9 runs.", "Command: `train it`", trained]
+        # the run count and minutes are the records' (6 cells x 3 seeds of 60 s), whatever the old header said
+        assert lines[2:5] == ["Scale `cpu`, 2020-01-01, a GPU; 18 runs, 18 min of training summed over runs.",
+                              "Command: `train it`", trained]
         assert lines[5].endswith(": redrawn from the finished runs by `python reproduce.py table9`; nothing trained.")
         assert lines[6] == ""
 
