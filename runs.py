@@ -190,6 +190,7 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
             roll_back(cfg.out, 0)
         return
     checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
+    check_checkpoint_settings(checkpoint_path, checkpoint.get("config"), asdict(cfg))
     try:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -207,6 +208,21 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
         roll_back(cfg.out, step)
     start.step, start.elapsed, start.logged = step, elapsed, step
     start.metrics, start.losses = checkpoint.get("metrics", {}), checkpoint.get("losses", [])
+
+
+# Settings a resumed run may take from an edited config.json: where it runs and is written, not what it computes.
+RESUME_MAY_CHANGE = ("device", "compile", "out", "overwrite", "scale")
+
+
+def check_checkpoint_settings(path, saved, settings: dict):
+    """UsageError if the checkpoint was saved under settings other than config.json's (an edited mode
+    would train other tensors with the old optimizer state), RESUME_MAY_CHANGE aside."""
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path} is not a checkpoint of a run (it lacks its settings)")
+    for name, value in settings.items():
+        if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != value:
+            raise UsageError(f"{path} was saved with {name} {saved[name]!r}, but config.json says {value!r}; "
+                             "a run resumes with its checkpoint's settings: put them back in config.json")
 
 
 def replace_old_run(out, start: Start):
@@ -393,6 +409,22 @@ class RunLock:
             if os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(self.file.fileno())):
                 os.remove(path)
         self.file.close()
+
+
+def lock_held(run_dir) -> bool:
+    """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for an instant,
+    so its caller probes rarely: a run starting in that instant would be refused."""
+    try:
+        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # no lock file: no process holds one
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def check_run_dir(cfg, lead=True):

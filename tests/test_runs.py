@@ -92,7 +92,7 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "RUN"], "has finished"),
     ("train.py", ["--resume", "STOPPED", "--steps", "600"], "drop --steps"),
     ("train.py", ["--resume", "BADCHECKPOINT"], "does not load"),
-    ("train.py", ["--resume", "WIDECHECKPOINT"], "does not fit this run"),
+    ("train.py", ["--resume", "WIDECHECKPOINT"], "was saved with width 16, but config.json says 32"),
     ("train.py", ["--resume", "TENSORCHECKPOINT"], "is not a checkpoint of a run"),
     ("train.py", ["--resume", "KEYLESSCHECKPOINT"], "lacks optimizer, rng"),
     ("train.py", ["--resume", "NANLOG"], "line 2 is not an evaluation record"),
