@@ -130,9 +130,10 @@ class Start:
         if self.staged:
             shutil.rmtree(self.staged, ignore_errors=True)
             self.staged = None
-            for folder in reversed(self.made):
-                with contextlib.suppress(OSError):  # another run's now, or not empty: it stays
-                    os.rmdir(folder)
+        for folder in reversed(self.made):
+            with contextlib.suppress(OSError):  # another run's now, or not empty: it stays
+                os.rmdir(folder)
+        self.made = []
         for lock in self.locks:
             lock.release()
 
@@ -239,7 +240,7 @@ def replace_old_run(out, start: Start):
             os.rename(out, hidden)  # never over a hidden old run: finish_swap settled any, under the locks held
     if hidden != staged:
         os.rename(staged, out)
-    start.staged = None
+    start.staged, start.made = None, []  # the folders made for the run now hold it
     for lock in start.locks:
         lock.run_dir = out if lock.run_dir == staged else lock.run_dir  # the lock file moved with its run
     if hidden:
