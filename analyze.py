@@ -24,7 +24,7 @@ from model import GPT
 from cli import OneLineParser, UsageError, usage_errors
 from config import build, load_run, saved_config
 from figures import markdown_table, pyplot, save_figure
-from runs import FINAL_KEYS, read_json, read_metrics, write_atomic, write_json
+from runs import FINAL_KEYS, beside, lock_held, read_json, read_metrics, write_atomic, write_json
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -589,32 +589,53 @@ def analyze(run: Run, results: dict, args):
     write_atomic(os.path.join(run.path, "analysis.md"), lambda f: f.write(markdown(run, results).encode()))
 
 
+WATCH_POLL_S, WATCH_IDLE_S = 15, 300  # --watch: seconds between looks; unchanged and unlocked for this long, it stops
+
+
 def watch(run_dir):
-    """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl until the run has final.json."""
-    while not os.path.exists(os.path.join(run_dir, "config.json")):
-        time.sleep(5)
-    cfg, task, model, _ = build(saved_config(run_dir))
-    if cfg.task != "parens":
-        raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
-    scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
+    """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl until the run has
+    final.json. A run still staged beside it (before its first step) is waited for; anything else without a
+    config.json is refused at once, and a run that no process holds the lock of and that has not changed for
+    WATCH_IDLE_S ends the watch with one line."""
+    staged, model, files, changed = beside(run_dir, "new"), None, None, time.time()
     while True:
-        finished = os.path.exists(os.path.join(run_dir, "final.json"))
-        for name in ("checkpoint.pt", "model.pt"):
-            try:
-                saved = torch.load(os.path.join(run_dir, name), map_location="cpu", weights_only=True)
-            except Exception:  # not written yet, or being replaced
-                continue
-            step = saved.get("step", cfg.steps)
-            if step not in scored:
-                scored.add(step)
-                model.load_state_dict(saved["model"])
-                result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
-                with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
-                    f.write(json.dumps({"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
-                                        "seen": result["seen"]["accuracy"], "accuracy": result["accuracy"]}) + "\n")
-        if finished:
-            return
-        time.sleep(15)
+        if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
+            cfg, task, model, _ = build(saved_config(run_dir))
+            if cfg.task != "parens":
+                raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
+            scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
+        elif model is None and not os.path.isfile(os.path.join(staged, "config.json")):
+            raise UsageError(f"{run_dir} is not a run directory (no config.json), nor a run starting")
+        if model is not None:
+            finished = os.path.exists(os.path.join(run_dir, "final.json"))
+            score_checkpoints(run_dir, cfg, task, model, scored)
+            if finished:
+                return
+        now = [os.path.getmtime(p) if os.path.exists(p) else None
+               for p in (os.path.join(d, "metrics.jsonl") for d in (run_dir, staged))]
+        if now != files:
+            files, changed = now, time.time()
+        elif time.time() - changed > WATCH_IDLE_S and not (lock_held(run_dir) or lock_held(staged)):
+            raise UsageError(f"{run_dir} is not training (no process holds its lock, nothing changed for "
+                             f"{WATCH_IDLE_S} s); continue it with python train.py --resume {run_dir}")
+        time.sleep(WATCH_POLL_S)
+
+
+def score_checkpoints(run_dir, cfg, task, model, scored: set):
+    """Score the run's checkpoint.pt and model.pt, each at a step not yet in `scored`, into unseen.jsonl."""
+    for name in ("checkpoint.pt", "model.pt"):
+        try:
+            saved = torch.load(os.path.join(run_dir, name), map_location="cpu", weights_only=True)
+        except Exception:  # not written yet, or being replaced
+            continue
+        step = saved.get("step", cfg.steps)
+        if step not in scored:
+            scored.add(step)
+            model.load_state_dict(saved["model"])
+            result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
+            with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
+                f.write(json.dumps({"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
+                                    "seen": result["seen"]["accuracy"], "accuracy": result["accuracy"]}) + "\n")
 
 
 def main(argv=None):
@@ -628,6 +649,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.examples < 1:
         parser.error("--examples must be >= 1")
+    if args.watch and len(args.runs) > 1:
+        parser.error("--watch follows one run; start one analyze.py --watch per run")
     with usage_errors("analyze.py"):
         if args.watch:
             return watch(args.runs[0])

@@ -23,6 +23,8 @@ class UsageError(Exception):
 @contextmanager
 def usage_errors(prog: str):
     """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2."""
+    if hasattr(sys.stdout, "reconfigure"):  # a name or mask the locale cannot encode prints escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         yield
     except UsageError as e:

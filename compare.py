@@ -107,11 +107,16 @@ def table(groups) -> str:
     differing = [k for k in names if len({json.dumps(s.get(k)) for s in settings}) > 1]
     scores = [[results(run) for run in group] for group in groups]
     metrics = list(dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")) + ["minutes"]
-    cells = [[row_name(group), *(setting_text(setting.get(k)) for k in differing),
+    cells = [[cell(row_name(group)), *(cell(setting_text(setting.get(k))) for k in differing),
               f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
               *(spread([row[k] for row in rows if k in row]) for k in metrics)]
              for group, setting, rows in zip(groups, settings, scores)]
     return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], cells))
+
+
+def cell(text: str) -> str:
+    """text as one markdown table cell: a | or a line break in a mask or a path would end it."""
+    return " ".join(text.splitlines()).replace("|", "\\|")
 
 
 def setting_text(value) -> str:
@@ -175,7 +180,10 @@ def main(argv=None):
     with usage_errors("compare.py"):
         if not os.path.isdir(os.path.dirname(args.plot) or "."):
             raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
-        groups = seed_groups([load(path) for path in dict.fromkeys(map(os.path.normpath, args.runs))])
+        paths = {}
+        for path in args.runs:
+            paths.setdefault(os.path.realpath(path), os.path.normpath(path))  # a run once, however spelled
+        groups = seed_groups([load(path) for path in paths.values()])
         print(table(groups))
         plot(groups, args.plot, args.title, args.labels.split(",") if args.labels else None)
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -9,9 +9,11 @@ variant (docs/protocol.md §8), then for the learning rate the rule for trained
 blocks (default_lr), then the paper's protocol for the task (docs/protocol.md §3).
 """
 
+import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
@@ -136,18 +138,37 @@ def run_name(given: TrainConfig, width: int) -> str:
     differs = lambda reference: {f.name: getattr(given, f.name) for f in fields(TrainConfig)  # noqa: E731
                                  if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)}
     scale, changed = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
-    settings = "".join(f"-{name.replace('_', '-')}{value:g}" if type(value) is float else f"-{name.replace('_', '-')}{value}"
+    settings = "".join(f"-{name.replace('_', '-')}{name_part(f'{value:g}' if type(value) is float else str(value))}"
                        for name, value in changed.items())
-    variant = "".join(f"-{v}" for v in (given.arch, given.pos) if v not in ("gpt", "learned"))
-    return f"{given.task}{variant}-{mode_label(given.mode)}-w{width}{scale}{settings}-s{given.seed}"
+    variant = "".join(f"-{name_part(v)}" for v in (given.arch, given.pos) if v not in ("gpt", "learned"))
+    name = f"{name_part(given.task)}{variant}-{name_part(mode_label(given.mode))}-w{width}{scale}{settings}"
+    if len(name) > MAX_NAME:
+        name = f"{name[: MAX_NAME - 12]}-{digest(name)}"
+    return f"{name}-s{given.seed}"
+
+
+MAX_NAME_PART, MAX_NAME = 40, 200  # a file name may have 255 bytes, with -s<seed> and .<name>.new around it
+SAFE_NAME = re.compile(r"[A-Za-z0-9._+=-]*")
+
+
+def name_part(text: str) -> str:
+    """A flag's value as part of a run's name: itself if short and of letters, digits and . _ + = -,
+    else a short hash of it, so that no value (a mask holding / or .., a path) makes a path."""
+    return text if len(text) <= MAX_NAME_PART and SAFE_NAME.fullmatch(text) else digest(text)
+
+
+def digest(text: str) -> str:
+    return "h" + hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()[:10]
 
 
 def check_config(cfg: TrainConfig, task) -> None:
     """UsageError for a setting no run can use. Counts were checked by resolve, task sizes by the task, the model's
     shape and the training mode by model.py (build reports those)."""
-    fp32_max = torch.finfo(torch.float32).max  # the optimizer's arithmetic: a larger lr is inf there
-    if not 0 < cfg.lr < fp32_max:
-        raise UsageError(f"--lr must be a number > 0 and below {fp32_max:.3g}, got {cfg.lr}")
+    # the optimizer's arithmetic: AdamW's first step divides the lr by 1 - beta1 = 0.1 (train.make_optimizer)
+    # in float32, where a larger lr is inf
+    lr_max = torch.finfo(torch.float32).max * 0.1
+    if not 0 < cfg.lr < lr_max:
+        raise UsageError(f"--lr must be a number > 0 and below {lr_max:.3g}, got {cfg.lr}")
     if not (math.isfinite(cfg.clip) and cfg.clip > 0):  # clip <= 0 would flip or zero every gradient
         raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
     if not 0 <= cfg.lr * cfg.weight_decay < 1:  # AdamW scales weights by 1 - lr * weight decay each step
@@ -268,8 +289,8 @@ def default_lr(cfg: TrainConfig, scale: str, task=None) -> float:
     """The peak lr of a run given no --lr: the one rule, first match wins.
 
     1. The LSTM baseline: LSTM_LR at every scale (paper D.3).
-    2. At the cpu scale, any mode that trains the blocks (the body: blocks and ln_f), from width
-       CPU_BLOCKS_LR_MIN_WIDTH up: the task's CPU_BLOCKS_LR.
+    2. At the cpu scale, any mode that trains the blocks (the body: blocks and ln_f), judged on the
+       parameters it resolves to, from width CPU_BLOCKS_LR_MIN_WIDTH up: the task's CPU_BLOCKS_LR.
     3. At the cpu scale: the variant's lr.
     4. The paper's lr for the task (task.lr).
     The cpu scale is applied before the task is built (cpu_variant): there None leaves rules 1 and 4
@@ -277,6 +298,19 @@ def default_lr(cfg: TrainConfig, scale: str, task=None) -> float:
     """
     if cfg.arch == "lstm":
         return None if scale == "cpu" else LSTM_LR
-    if scale == "cpu" and trains_body(cfg.mode) and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
-        return CPU_BLOCKS_LR[cfg.task]
+    if scale == "cpu" and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
+        try:
+            if trains_body(parameter_names(cfg), cfg.mode):
+                return CPU_BLOCKS_LR[cfg.task]
+        except ValueError as e:  # a mask naming no parameter, an unknown --pos: as build() would say
+            raise UsageError(str(e)) from None
     return CPU_VARIANTS[cfg.task].get("lr") if scale == "cpu" else task.lr
+
+
+def parameter_names(cfg: TrainConfig) -> list:
+    """The names of the parameters of cfg's model (a mask is judged by what it trains), from a copy on
+    the meta device, which holds no memory: names depend on the architecture and layers, not sizes."""
+    layers = TASKS[cfg.task].layers if cfg.layers is None else cfg.layers
+    with torch.device("meta"):
+        shape = GPTConfig(2, 2, 2, layers, 1, "linear" if cfg.arch == "linear" else "softmax", cfg.pos)
+        return [name for name, _ in (LSTM(shape) if cfg.arch == "lstm" else GPT(shape)).named_parameters()]

@@ -254,11 +254,27 @@ def mask_patterns(mode: str) -> list:
     return [p.strip() for p in mode.split(",") if p.strip()]
 
 
-def trains_body(mode: str) -> bool:
-    """Whether the mode trains any of the body (blocks, ln_f, the LSTM), which sets its cpu-scale lr (config.default_lr)."""
+def trained_parameters(names, mode: str) -> set:
+    """Which of a model's parameter names the mode (a named mode or a mask) trains; ValueError for a mask
+    with a pattern that names none of them."""
     if mode in TRAINING_MODES:
-        return "body" in TRAINING_MODES[mode]
-    return any(fnmatch.fnmatchcase(top, pattern.split(".")[0]) for pattern in mask_patterns(mode) for top in BODY)
+        return {name for name in names if parameter_group(name) in TRAINING_MODES[mode]}
+    patterns = mask_patterns(mode)
+    matched = {p: {name for name in names if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")}
+               for p in patterns}
+    unmatched = [p for p in patterns if not matched[p]]
+    if not patterns or unmatched:
+        groups = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
+        raise ValueError(f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
+                         f"({', '.join(TRAINING_MODES)}) or patterns of these: {groups}")
+    return set().union(*matched.values())
+
+
+def trains_body(names, mode: str) -> bool:
+    """Whether the mode trains any of the body (blocks, ln_f, the LSTM) of a model with these parameter
+    names, judged on the parameters it resolves to, not its spelling ('*attn*' trains blocks): this sets
+    its cpu-scale lr (config.default_lr)."""
+    return any(parameter_group(name) == "body" for name in trained_parameters(names, mode))
 
 
 def mode_label(mode: str) -> str:
@@ -269,18 +285,7 @@ def mode_label(mode: str) -> str:
 def apply_training_mode(model: nn.Module, mode: str) -> dict:
     """Freeze every parameter the mode (a named mode or a mask) does not train; return trainable/frozen counts."""
     named = dict(model.named_parameters())
-    if mode in TRAINING_MODES:
-        trained = {name for name in named if parameter_group(name) in TRAINING_MODES[mode]}
-    else:
-        patterns = mask_patterns(mode)
-        matched = {p: {name for name in named if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")}
-                   for p in patterns}
-        unmatched = [p for p in patterns if not matched[p]]
-        if not patterns or unmatched:
-            groups = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in named))
-            raise ValueError(f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
-                             f"({', '.join(TRAINING_MODES)}) or patterns of these: {groups}")
-        trained = set().union(*matched.values())
+    trained = trained_parameters(named, mode)
     counts = {"trainable": 0, "frozen": 0}
     for name, p in named.items():
         p.requires_grad_(name in trained)

@@ -13,6 +13,7 @@ over seeds beside the paper's number, the protocol, each cell's train.py command
 the paper's form (figures.py); `claims` rewrites RESULTS.md's claims table from the runs.
 """
 
+import math
 import os
 import sys
 from dataclasses import replace
@@ -21,12 +22,12 @@ from functools import partial
 import torch
 
 from cli import OneLineParser, UsageError, usage_errors
-from analyze import PAPER_VARIANCE, flat_from
-from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant
+from analyze import PAPER_MODELS, PAPER_VARIANCE, flat_from
+from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from corpus import validation_path
 from figures import Table, claims, number, write_results
-from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state, write_atomic
-from sweep import plan, print_commands, sweep
+from runs import FINAL_KEYS, NUMBER, is_json_type, read_analysis, read_json, read_metrics, run_state, write_atomic
+from sweep import check_same_config, plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
 
@@ -157,17 +158,42 @@ def paper_comparison(cfg: TrainConfig, final: dict):
 # ---------------------------------------------------------------------------
 
 
-def analysis_reader(name: str, value):
-    """A column's reader: value(the run's analyze.py result `name`), or None before the run is analysed."""
+def analysis_reader(name: str, value, kind=NUMBER):
+    """A column's reader: value(the run's analyze.py result `name`), or None before the run is analysed;
+    a UsageError naming the file unless that is of kind (a number: finite, never true or false)."""
     def read(run_dir):
         result = read_analysis(run_dir, name)
-        return None if result is None else value(result)
+        if result is None:
+            return None
+        try:
+            read = value(no_booleans(result))
+        except (LookupError, TypeError, ValueError, AttributeError):
+            read = None
+        if not (is_json_type(read, kind) and (kind is str or math.isfinite(read))):
+            raise UsageError(f"{os.path.join(run_dir, 'analysis.json')}: its {name} result lacks "
+                             f"the {'text' if kind is str else 'finite number'} a table reads from it")
+        return read
     return read
+
+
+def no_booleans(value):
+    """value with every true and false made null, so that a reader's arithmetic fails on one (True * 100 is 100)."""
+    if isinstance(value, dict):
+        return {k: no_booleans(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_booleans(v) for v in value]
+    return None if isinstance(value, bool) else value
 
 
 def final_reader(key: str, scale=1):
     """A column's reader: scale x the run's final.json `key`."""
-    return lambda run_dir: scale * read_json(os.path.join(run_dir, "final.json"), keys={key: NUMBER}, optional=FINAL_KEYS)[key]
+    def read(run_dir):
+        path = os.path.join(run_dir, "final.json")
+        value = read_json(path, keys={key: NUMBER}, optional=FINAL_KEYS)[key]
+        if not math.isfinite(value):
+            raise UsageError(f"{path}: {key} is {value}, not a finite number")
+        return scale * value
+    return read
 
 
 def read_table(name: str, title: str, models: dict, cols: dict, paper: dict, note: str, analyses=()) -> Table:
@@ -232,7 +258,7 @@ def fig5(scale):
     def completion(r):
         return " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/")
     return read_table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model",
-                      lm_models(scale), {"test loss": final_reader("loss"), "completion": analysis_reader("samples", completion)}, {},
+                      lm_models(scale), {"test loss": final_reader("loss"), "completion": analysis_reader("samples", completion, str)}, {},
                       "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
                       "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
                       "shows samples and calls them largely grammatical.", ("samples",))
@@ -336,8 +362,42 @@ def table_runs(name: str, args):
 def reproduce(name: str, args, command: str):
     """Sweep one table or figure, then write results/<name>-<scale>.md and its .png."""
     table, runs = table_runs(name, args)
+    if args.redraw:
+        check_records(runs)
     trained = 0 if args.redraw else sweep(table, runs, args.jobs)
     write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
+
+
+def check_records(runs: dict):
+    """For --redraw, which trains nothing and so meets records no sweep has just checked: each run's config.json
+    must be its cell's (sweep.check_same_config), its final.json, train_split.json and metrics.jsonl hold finite
+    numbers (null for a value not measured yet), and an analysis made for another model (its variance names
+    its width) is refused. A failure is a UsageError naming the file."""
+    for cfg in {cfg.out: cfg for cell in runs.values() for cfg in cell}.values():
+        check_same_config(cfg)
+        saved = saved_config(cfg.out)
+        if saved is None:
+            continue
+        for name in ("final.json", "train_split.json"):
+            path = os.path.join(cfg.out, name)
+            if os.path.exists(path):
+                record = read_json(path)
+                check_numbers({k: v for k, v in record.items() if k != "parameters"}, path, nullable=False)
+        for record in read_metrics(cfg.out):
+            check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
+        label = f"{saved.task} {PAPER_MODELS.get(saved.mode, saved.mode)} w{saved.width}"  # analyze.Run.label
+        variance = read_analysis(cfg.out, "variance")
+        made_for = {"width": saved.width, "label": label}  # what an analysis records of its run (earlier ones: less)
+        if isinstance(variance, dict) and any(k in variance and variance[k] != v for k, v in made_for.items()):
+            raise UsageError(f"{os.path.join(cfg.out, 'analysis.json')} was made for {variance.get('label')!r}, "
+                             f"not this run ({label}); analyze the run again")
+
+
+def check_numbers(record: dict, where: str, nullable=True):
+    """UsageError naming `where` for a value of record that is no finite number (or null, where nullable)."""
+    for key, value in record.items():
+        if not (value is None and nullable or is_json_type(value, NUMBER) and math.isfinite(value)):
+            raise UsageError(f"{where}: {key} is {value!r}, not a finite number")
 
 
 def claimed_cell(args, name: str, row: str, col: str, where: str):

@@ -10,7 +10,9 @@ A kill at any moment leaves each file whole, old or new (write_atomic), and
 start_or_resume turns whatever a killed run left into the exact point to go on from.
 A new run is staged in the hidden sibling .<name>.new and takes runs/<name>'s place only
 once its first step has succeeded, in one step (replace_old_run); whatever a kill leaves
-of that, the next start or --resume completes or undoes (finish_swap). Every JSON file
+of that, the next start or --resume completes or undoes (finish_swap), touching a hidden
+sibling only if it holds the .swap mark naming the run (a folder of the user's own is refused),
+then tidies what a kill left in the run itself (tidy). Every JSON file
 the project reads goes through read_json: a malformed one is one UsageError line.
 """
 
@@ -49,8 +51,12 @@ def write_atomic(path, write):
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
-    except BaseException:
-        os.remove(temp)
+    except BaseException as e:
+        # gone if the interrupt came after os.replace: a second Ctrl-C must still read as one
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        if isinstance(e, OSError) and not e.filename:  # a full disk fails in write or fsync, unnamed
+            raise OSError(e.errno, e.strerror, path) from None
         raise
 
 
@@ -88,7 +94,10 @@ def load_checkpoint(path, keys=("model", "config")):
 # What train.py, reproduce.py and analyze.py write into a run directory (analyze.py's figures
 # are its *.png): --overwrite deletes a directory only if it holds nothing else.
 RUN_FILES = {"config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "final.json", "train_split.json",
-             "analysis.json", "analysis.md", "unseen.jsonl", ".lock"}
+             "analysis.json", "analysis.md", "unseen.jsonl", ".lock", ".swap"}
+# In every directory a swap stages, hides or deletes (replace_old_run), holding the run's name: the
+# proof that this program made it, without which finish_swap never removes or moves a hidden sibling.
+SWAP_MARK = ".swap"
 
 
 def is_run_file(name):
@@ -111,14 +120,20 @@ class Start:
     logged: int = -1
     staged: str = None
     locks: list = field(default_factory=list)
+    made: list = field(default_factory=list)  # the folders above staged that staging created
 
     def close(self):
-        """Done with the run directory: a staged run that never took its place goes, and every lock with
-        its file (a lock file left behind marks a killed process). Also at exit, if not called before."""
+        """Done with the run directory: a staged run that never took its place goes, with the folders made
+        for it if they are still empty, and every lock with its file (a lock file left behind marks a
+        killed process). Also at exit, if not called before."""
         atexit.unregister(self.close)
         if self.staged:
             shutil.rmtree(self.staged, ignore_errors=True)
             self.staged = None
+        for folder in reversed(self.made):
+            with contextlib.suppress(OSError):  # another run's now, or not empty: it stays
+                os.rmdir(folder)
+        self.made = []
         for lock in self.locks:
             lock.release()
 
@@ -149,12 +164,15 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     try:
         if os.path.isdir(cfg.out):
             start.locks.append(RunLock(cfg.out))  # refused while another process trains the old run
-        if os.path.isdir(staged):  # left since finish_swap looked by a run that failed before its first step, unless one is starting now
-            lock = RunLock(staged)
-            shutil.rmtree(staged)
+        if os.path.lexists(staged):  # left since finish_swap looked by a run that failed before its first step, unless one is starting now
+            check_swapped(staged, cfg.out)
+            lock = RunLock(staged)  # refused while a process starting now stages it
+            remove_hidden(staged, cfg.out)
             lock.release()
+        start.made = missing_folders(os.path.dirname(staged))
         os.makedirs(staged)
         start.staged = staged
+        mark(staged, cfg.out)
         start.locks.append(RunLock(staged))
         write_json(os.path.join(staged, "config.json"), record)
     except BaseException:
@@ -173,6 +191,7 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
             roll_back(cfg.out, 0)
         return
     checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
+    check_checkpoint_settings(checkpoint_path, checkpoint.get("config"), asdict(cfg))
     try:
         missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys  # frozen: drawn from the seed
         untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
@@ -195,22 +214,41 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
     start.metrics, start.losses = checkpoint.get("metrics", {}), checkpoint.get("losses", [])
 
 
+# Settings a resumed run may take from an edited config.json: where it runs and is written, not what it computes.
+RESUME_MAY_CHANGE = ("device", "compile", "out", "overwrite", "scale")
+
+
+def check_checkpoint_settings(path, saved, settings: dict):
+    """UsageError if the checkpoint was saved under settings other than config.json's (an edited mode
+    would train other tensors with the old optimizer state), RESUME_MAY_CHANGE aside."""
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path} is not a checkpoint of a run (it lacks its settings)")
+    for name, value in settings.items():
+        if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != value:
+            raise UsageError(f"{path} was saved with {name} {saved[name]!r}, but config.json says {value!r}; "
+                             "a run resumes with its checkpoint's settings: put them back in config.json")
+
+
 def replace_old_run(out, start: Start):
     """Put the staged new run, past its first step, at out, where the old run (if any) was, so that
     out holds one whole run at every instant: the two directories trade places in one step
     (exchange), and the old run, now at .NAME.new, is deleted. Where the system cannot exchange,
     two renames (out -> .NAME.old, .NAME.new -> out) leave out missing between them, and
     finish_swap completes the swap at the next start or --resume."""
-    staged, old = start.staged, beside(out, "old")
-    if not (os.path.isdir(out) and exchange(staged, out)):
-        if os.path.isdir(out):
-            os.rename(out, old)  # never over a hidden old run: finish_swap settled any, under the locks held
+    staged, hidden = start.staged, None  # hidden: where the old run goes before it is deleted
+    if os.path.isdir(out):
+        mark(out, out)  # the old run, about to be hidden: proof for finish_swap, should a kill leave it there
+        hidden = staged if exchange(staged, out) else beside(out, "old")
+        if hidden != staged:
+            os.rename(out, hidden)  # never over a hidden old run: finish_swap settled any, under the locks held
+    if hidden != staged:
         os.rename(staged, out)
-    start.staged = None
+    start.staged, start.made = None, []  # the folders made for the run now hold it
     for lock in start.locks:
         lock.run_dir = out if lock.run_dir == staged else lock.run_dir  # the lock file moved with its run
-    for replaced in (staged, old):
-        shutil.rmtree(replaced, ignore_errors=True)
+    if hidden:
+        shutil.rmtree(hidden, ignore_errors=True)
+    os.remove(os.path.join(out, SWAP_MARK))  # the new run is in place, nothing hidden left to prove
 
 
 def finish_swap(out):
@@ -221,24 +259,93 @@ def finish_swap(out):
       - .NAME.old beside out: killed while deleting the replaced run: the rest of it goes;
       - .NAME.new beside out, or alone: a new run killed before its first step (out is as it was), or
         the old run an exchange replaced: it goes.
-    A lock file a killed process left in out goes too. Without hidden siblings nothing is touched;
+    A hidden sibling without SWAP_MARK naming out is no swap's: UsageError, nothing touched (an empty
+    one goes: nothing is lost). Then tidy(out). Without hidden siblings nothing else is touched;
     while another process holds a lock there (it is starting or swapping now), UsageError."""
     new, old = beside(out, "new"), beside(out, "old")
-    if not (os.path.isdir(new) or os.path.isdir(old)) or os.path.lexists(out) and not os.path.isdir(out):
+    if os.path.lexists(out) and not os.path.isdir(out):
         return
-    locks = [RunLock(path) for path in (out, new, old) if os.path.isdir(path)]
+    if not (os.path.lexists(new) or os.path.lexists(old)):
+        tidy(out)
+        return
+    for hidden in (new, old):
+        if os.path.lexists(hidden):
+            check_swapped(hidden, out)
+    locks = [RunLock(path) for path in (out, new, old) if os.path.isdir(path) and os.listdir(path)]
     try:
-        if not os.path.exists(out) and os.path.isdir(old):
-            back = new if os.path.isdir(new) else old
+        if not os.path.exists(out) and swapped(old, out):
+            back = new if swapped(new, out) else old
             os.rename(back, out)
             for lock in locks:
                 lock.run_dir = out if lock.run_dir == back else lock.run_dir
         for hidden in (new, old):
-            if os.path.isdir(hidden):
-                shutil.rmtree(hidden)
+            if os.path.lexists(hidden):
+                remove_hidden(hidden, out)
     finally:
         for lock in locks:
             lock.release()
+    tidy(out)
+
+
+def mark(run_dir, out):
+    """Write SWAP_MARK, out's name, into run_dir: a directory a swap of out stages, hides or deletes."""
+    name = os.path.basename(os.path.abspath(out)).encode()
+    write_atomic(os.path.join(run_dir, SWAP_MARK), lambda f: f.write(name))
+
+
+def swapped(hidden, out) -> bool:
+    """Whether hidden, beside out, is a directory holding the SWAP_MARK of out (a symbolic link never is)."""
+    try:
+        with open(os.path.join(hidden, SWAP_MARK), "rb") as f:
+            return not os.path.islink(hidden) and f.read() == os.path.basename(os.path.abspath(out)).encode()
+    except OSError:
+        return False
+
+
+def check_swapped(hidden, out):
+    """UsageError unless hidden is a swap's (swapped) or an empty directory (removing it loses nothing)."""
+    empty = os.path.isdir(hidden) and not os.path.islink(hidden) and not os.listdir(hidden)
+    if not (empty or swapped(hidden, out)):
+        raise UsageError(f"{hidden} is in the way: a run hides there only while it replaces {out}, and this "
+                         f"one lacks its {SWAP_MARK} mark, so it is not a run's; move it away")
+
+
+def remove_hidden(hidden, out):
+    """Delete hidden if check_swapped accepts it (UsageError otherwise); the caller holds its lock."""
+    check_swapped(hidden, out)
+    shutil.rmtree(hidden)
+
+
+def missing_folders(path) -> list:
+    """The folders of path that do not exist yet, outermost first: what os.makedirs(path) will make."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.insert(0, path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def tidy(out):
+    """Remove what a kill left in run directory out: the swap's mark and, in a finished run (final.json),
+    its checkpoint.pt and write_atomic's temp files, and a lock file, all under out's lock. While another
+    process holds the lock, nothing is left over: nothing is touched."""
+    if not os.path.isdir(out) or os.path.islink(out):
+        return
+    finished, names = os.path.exists(os.path.join(out, "final.json")), os.listdir(out)
+    stale = [name for name in names if name == SWAP_MARK or finished and (
+             name == "checkpoint.pt" or name.endswith(".tmp") and is_run_file(name))]
+    if not stale and not (finished and ".lock" in names):
+        return
+    try:
+        lock = RunLock(out)
+    except UsageError:  # held by a live process, or not a lock this program takes: left to the command's own lock
+        return
+    try:
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out, name))
+    finally:
+        lock.release()  # with its file: a killed process's lock file goes too
 
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -288,8 +395,13 @@ class RunLock:
             self.file.close()
             raise UsageError(f"{run_dir} is being written by another process (pid {holder}); "
                              "wait for it to finish or stop it") from None
-        self.file.truncate(0)
-        print(os.getpid(), file=self.file, flush=True)
+        try:
+            self.file.truncate(0)
+            print(os.getpid(), file=self.file, flush=True)
+        except OSError as e:  # a full disk: the lock is held, so its file is this process's to remove
+            with contextlib.suppress(OSError):  # closing flushes the pid again, into the same full disk
+                self.release()
+            raise OSError(e.errno, e.strerror, path) from None
 
     def release(self):
         """Free the lock and delete its file, if run_dir/.lock is still this lock's file (a swap may
@@ -301,6 +413,22 @@ class RunLock:
             if os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(self.file.fileno())):
                 os.remove(path)
         self.file.close()
+
+
+def lock_held(run_dir) -> bool:
+    """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for an instant,
+    so its caller probes rarely: a run starting in that instant would be refused."""
+    try:
+        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # no lock file: no process holds one
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def check_run_dir(cfg, lead=True):
@@ -430,8 +558,12 @@ def log_eval(out, step, loss, lr, metrics, elapsed, steps_per_s=None):
     two leaves a line newer than the checkpoint, which resuming drops (roll_back) before logging it again."""
     record = {"step": step, "loss": loss, "lr": lr, **{f"test_{k}": v for k, v in metrics.items()},
               "elapsed": elapsed, "steps_per_s": steps_per_s}
-    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
+    path = os.path.join(out, "metrics.jsonl")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:  # a full disk fails in write or close, unnamed
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 def print_eval(step, steps, loss, metrics, steps_per_s, prefix=""):

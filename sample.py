@@ -40,6 +40,8 @@ def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, see
         raise UsageError(f"--temperature must be a finite number > 0, got {temperature}")
     if top_k < 1 or max_new_tokens < 0:
         raise UsageError("generation needs --top-k >= 1 and --max-new-tokens >= 0")
+    if not 0 <= seed < 2**64:  # torch's seeds
+        raise UsageError(f"--seed must be an integer in [0, 2^64), got {seed}")
     cfg, task, model, _ = load_run(run_dir)
     if cfg.task != "lm":
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")

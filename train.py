@@ -263,6 +263,8 @@ class Run:
                 raise KeyboardInterrupt
             if self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
                 self.save_finished()
+            if self.stop_requested:  # asked for during the last step or evaluation: saved, and still a stop
+                raise KeyboardInterrupt
         finally:  # a run that never took its place goes; the locks go with their files
             self.close()
 
@@ -308,7 +310,8 @@ def seconds_per_step(cfg, task, model, device, ranks) -> float:
     model = copy.deepcopy(model)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    seed = (cfg.seed + 1) % 2**64  # data other than the run's; torch's seeds end below 2^64
+    generator = torch.Generator(device=device).manual_seed(seed)
     batch = lambda: task.sample(cfg.batch_size, generator).to(device)  # noqa: E731
     return typical_seconds(lambda: train_step(model, task.loss, batch(), optimizer, clip, precision).item(), device.type == "cpu")
 

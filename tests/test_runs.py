@@ -3,6 +3,7 @@ any moment or Ctrl-C resumes to the uninterrupted result; --resume and --overwri
 what they say."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -92,7 +93,7 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "RUN"], "has finished"),
     ("train.py", ["--resume", "STOPPED", "--steps", "600"], "drop --steps"),
     ("train.py", ["--resume", "BADCHECKPOINT"], "does not load"),
-    ("train.py", ["--resume", "WIDECHECKPOINT"], "does not fit this run"),
+    ("train.py", ["--resume", "WIDECHECKPOINT"], "was saved with width 16, but config.json says 32"),
     ("train.py", ["--resume", "TENSORCHECKPOINT"], "is not a checkpoint of a run"),
     ("train.py", ["--resume", "KEYLESSCHECKPOINT"], "lacks optimizer, rng"),
     ("train.py", ["--resume", "NANLOG"], "line 2 is not an evaluation record"),
@@ -112,7 +113,7 @@ BAD_INPUTS = [
     ("train.py", ["--out", "FILE/run"], "which is a file"),
     ("train.py", ["--seed", str(2**64)], "--seed must be an integer in [0, 2^64"),
     ("train.py", ["--seed", "-1"], "--seed must be an integer in [0, 2^64"),
-    ("train.py", ["--lr", "1e39"], "--lr must be a number > 0 and below 3.4e+38"),
+    ("train.py", ["--lr", "1e39"], "--lr must be a number > 0 and below 3.4e+37"),
     ("train.py", ["--lr", "1", "--weight-decay", "2"], "--lr x --weight-decay below 1"),
     ("train.py", ["--width", "200000", "--heads", "1"], "(an estimate), more than this machine's"),
     ("train.py", ["--seeds", "100000"], "--seeds must be between 1 and 10,000"),
@@ -192,6 +193,47 @@ BAD_INPUTS = [
     ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDS"], "holds a finished run"),
     ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDS", "--overwrite", "--lr", "nan"], "--lr must be a number > 0"),
     ("compare.py", ["NEW"], "not a run directory"),
+    # Data loss: a folder of the user's own named like a swap's hidden siblings is neither deleted nor moved.
+    ("train.py", ["--out", "OLDBESIDE", "--overwrite"], ".OLDBESIDE.old is in the way"),
+    ("train.py", ["--out", "OLDBESIDE"], ".OLDBESIDE.old is in the way"),
+    ("train.py", ["--out", "NEWALONE"], ".NEWALONE.new is in the way"),
+    ("train.py", ["--out", "OLDALONE"], ".OLDALONE.old is in the way"),
+    ("train.py", ["--resume", "OLDALONE"], ".OLDALONE.old is in the way"),
+    ("train.py", ["--resume", "NEWBESIDE"], ".NEWBESIDE.new is in the way"),
+    ("train.py", ["--out", "LINKBESIDE", "--overwrite"], ".LINKBESIDE.new is in the way"),
+    ("train.py", ["--out", "FOREIGNMARK", "--overwrite"], ".FOREIGNMARK.old is in the way"),
+    ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDBESIDE"], ".SEEDBESIDE-s1.new is in the way"),
+    # Names from flag values: a mask holding path characters is refused as a mask, never made a path.
+    ("train.py", ["--train", "wte,../../outside"], "'../../outside' names no parameter"),
+    ("train.py", ["--train", "wte,h.0/x|y\nz"], "names no parameter"),
+    ("train.py", ["--out", "NEW/deeper/" + "n" * 300], "File name too long"),  # and NEW/deeper is gone again
+    # Masks: a checkpoint resumes only under the settings it was saved with.
+    ("train.py", ["--resume", "EDITEDMODE"], "was saved with mode 'frozen', but config.json says 'h.1.*'"),
+    ("train.py", ["--resume", "EDITEDLR"], "was saved with lr 0.003, but config.json says 0.001"),
+    # Tables trust no record: --redraw checks settings, types and finiteness, naming the file.
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWNAN"], "final.json: accuracy is nan, not a finite"),
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWTRUE"], "final.json: accuracy is True, not a finite"),
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWSTRING"], "final.json: accuracy is 'high', not"),
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWLIST"], "final.json: accuracy is [0.5], not"),
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWNULL"], "final.json: accuracy is None, not"),
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWINF"], "final.json: loss is inf, not a finite"),
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWLOG"], "metrics.jsonl step 4: test_accuracy is nan"),
+    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWOTHER"], "was trained with other settings (width "),
+    ("reproduce.py", ["parens", "--seeds", "1", "--redraw", "--runs", "REDRAWSEEN"], "its lengths result lacks the finite number"),
+    ("reproduce.py", ["parens", "--seeds", "1", "--redraw", "--runs", "REDRAWSEENSTR"], "its lengths result lacks the finite"),
+    ("reproduce.py", ["table7", "--seeds", "1", "--redraw", "--runs", "REDRAWWIDTH"], "analysis.json was made for 'parens Random w1024'"),
+    # Tracebacks, each now one line.
+    ("train.py", ["--lr", "3e38", "--weight-decay", "0"], "--lr must be a number > 0 and below 3.4e+37"),
+    ("batched_seeds.py", ["--seeds", "2", "--train", "full", "--arch", "lstm"], "batched seeds cannot train the lstm"),
+    ("sample.py", ["RUN", "--seed", str(2**64)], "--seed must be an integer in [0, 2^64)"),
+    ("sample.py", ["RUN", "--seed", "-1"], "--seed must be an integer in [0, 2^64)"),
+    # analyze.py --watch refuses at once what it cannot follow.
+    ("analyze.py", ["NEW", "--watch"], "NEW is not a run directory (no config.json), nor a run starting"),
+    ("analyze.py", ["FILE", "--watch"], "FILE is not a run directory"),
+    ("analyze.py", ["NOTES", "--watch"], "NOTES is not a run directory"),
+    ("analyze.py", ["RUN", "STOPPED", "--watch"], "--watch follows one run"),
+    # compare.py: two spellings of one broken run are one run, one line.
+    ("compare.py", ["FINALSTRING", "FINALSTRING/", "FINALSTRING/."], 'final.json: elapsed is "1.5"'),
 ]
 
 
@@ -279,7 +321,47 @@ def world(tmp_path_factory):
         final.write_text(text or json.dumps({**json.loads(final.read_text()), "accuracy": "high"}))
     shutil.copytree(root / "SEEDS-s0", root / "LOCKLINKSEEDS-s0")
     (root / "LOCKLINKSEEDS-s0" / ".lock").symlink_to(root / "FILE")
+    hidden_folders(root)
+    redraw_records(root)
     return root
+
+
+def hidden_folders(root):
+    """Folders of the user's own named like a swap's hidden siblings (.NAME.new, .NAME.old), each
+    holding work, beside a finished run, a stopped one, or where no run is."""
+    for run, hidden, source in (("OLDBESIDE", "old", "RUN"), ("NEWALONE", "new", None), ("OLDALONE", "old", None),
+                                ("NEWBESIDE", "new", "STOPPED"), ("FOREIGNMARK", "old", "RUN"),
+                                ("SEEDBESIDE-s1", "new", None)):
+        if source:
+            shutil.copytree(root / source, root / run)
+        (root / f".{run}.{hidden}").mkdir()
+        (root / f".{run}.{hidden}" / "thesis.tex").write_text("years of work")
+    (root / ".FOREIGNMARK.old" / ".swap").write_text("another run")  # a mark, but not this run's
+    shutil.copytree(root / "RUN", root / "LINKBESIDE")
+    (root / ".LINKBESIDE.new").symlink_to(root / "NOTES")
+    for name, setting in (("EDITEDMODE", {"mode": "h.1.*"}), ("EDITEDLR", {"lr": 0.001})):
+        broken_copy(root, name, config=lambda c: {**c, **setting})
+
+
+def redraw_records(root):
+    """Records of a finished table9 and parens cell (seed 0) under --runs REDRAW*, each with one bad value."""
+    def cell_run(table, name, final=None, log=None, analysis=None, **setting):
+        cell = next(iter(reproduce.cell_runs(reproduce.TABLES[table]("cpu"), "cpu", "", 1).values()))[0]
+        run = root / name / cell.out
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps(asdict(replace(config.resolve(cell)[0], **setting))))
+        (run / "final.json").write_text(json.dumps({"loss": 1.0, "accuracy": 0.5, "step": 8, "elapsed": 1.0, **(final or {})}))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 4, "loss": 1.0, "test_accuracy": log or 0.5}) + "\n")
+        if analysis:
+            (run / "analysis.json").write_text(json.dumps(analysis))
+    for name, value in (("NAN", math.nan), ("TRUE", True), ("STRING", "high"), ("LIST", [0.5]), ("NULL", None)):
+        cell_run("table9", f"REDRAW{name}", final={"accuracy": value})
+    cell_run("table9", "REDRAWINF", final={"loss": math.inf})
+    cell_run("table9", "REDRAWLOG", log=math.nan)
+    cell_run("table9", "REDRAWOTHER", width=64)
+    for name, seen in (("REDRAWSEEN", True), ("REDRAWSEENSTR", "most")):
+        cell_run("parens", name, analysis={"lengths": {"seen": {"accuracy": seen}, "unseen": {"accuracy": 0.5}}})
+    cell_run("table7", "REDRAWWIDTH", analysis={"variance": {"width": 1024, "label": "parens Random w1024"}})
 
 
 CLAIM = {"claim": "random wide solves parens", "table": "table1", "row": "parens", "col": "Random 512", "verdict": "reproduced"}
@@ -744,7 +826,8 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
     if where == "renames: between":  # out missing for a moment: the new run and the old are hidden beside it
         assert not run.exists() and (tmp_path / ".run.new" / "config.json").exists() and (tmp_path / ".run.old" / "final.json").exists()
     elif where == "exchange: before":
-        assert {k: v for k, v in snapshot(run).items() if k != ".lock"} == old  # the old run, whole
+        # the old run, whole, marked for the swap that was about to hide it
+        assert {k: v for k, v in snapshot(run).items() if k not in (".lock", ".swap")} == old
     else:
         assert json.loads((run / "config.json").read_text())["steps"] == 8 and not (run / "final.json").exists()  # the new one
     if (run / "final.json").exists():  # the old run: the same command again replaces it
