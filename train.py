@@ -136,6 +136,7 @@ def main(argv=None):
                     # finished: skipped; resume: it was stopped; fresh or new: trained (train() refuses another run's directory)
                     state = "new" if changed_settings(run, run.out) else runs.run_state(run.out)
                 if state == "finished":
+                    runs.tidy(run.out)  # what a kill after its final.json left
                     print(f"{run.out} finished before; skipped")
                     continue
                 train(run, resume=resume or state == "resume")

@@ -15,6 +15,7 @@ import config
 import runs
 import train
 from config import TrainConfig
+from runs import RunLock
 
 
 # ---------------------------------------------------------------------------
@@ -371,3 +372,22 @@ def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
     assert analyze.flat_from(converged) == (400, pytest.approx(60.0))  # flat from step 400, its lr at 60% of the peak
     assert analyze.flat_from(stopped) == (900, pytest.approx(10.0))
     assert analyze.flat_from([{"step": 0, "lr": 1e-3}]) is None  # no accuracy logged: no verdict
+
+
+def test_watch_waits_while_a_process_holds_the_run_and_ends_with_one_line_once_none_does(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "stopped"
+    train.train(TrainConfig(task="parens", mode="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
+                            eval_every=1, max_parens=8, device="cpu", out=str(run)), stop_after=2)
+    lock, sleeps = RunLock(str(run)), []  # a process training it, as far as the lock tells
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            lock.release()  # the process ends, nothing more is written
+    monkeypatch.setattr(analyze, "WATCH_IDLE_S", 0)
+    monkeypatch.setattr(analyze.time, "sleep", sleep)
+    with pytest.raises(SystemExit) as exit:
+        analyze.main(["--watch", str(run)])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(sleeps) >= 3 and len(err.splitlines()) == 1 and "is not training" in err, err
+    assert [json.loads(line)["step"] for line in (run / "unseen.jsonl").read_text().splitlines()] == [2]

@@ -126,3 +126,18 @@ def test_addition_panels_say_per_token_and_draw_exact_sums_dashed(tmp_path, monk
     label, styles, limits = drawn["test accuracy (addition: per token; dashed: whole sums exact)"]
     assert label == "% right" and styles == ["-", "--"] and limits == (0, 102)
     assert drawn["test loss"][0] == "cross-entropy at the answers (nats)"
+
+
+def test_a_run_given_in_several_spellings_is_one_row(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(root)
+    spellings = [root / "needle-b-s0", f"{root}/needle-b-s0/", "needle-b-s0", "./needle-b-s0/."]
+    header, rows, _ = compared(capsys, *spellings, root / "needle-a-s0", plot=tmp_path / "c.png")
+    assert sorted(rows) == ["needle-a-s0", "needle-b-s0"]
+
+
+def test_a_mask_holding_a_bar_or_a_line_break_stays_in_its_cell(tmp_path, capsys):
+    train.train(tiny(tmp_path / "bar", mode="[|w]te,\n*lm_head"))
+    train.train(tiny(tmp_path / "plain"))
+    compare.main([str(tmp_path / "bar"), str(tmp_path / "plain"), "--plot", str(tmp_path / "c.png")])
+    header, rule, bar, plain = capsys.readouterr().out.strip().splitlines()[-4:]
+    assert "| [\\|w]te, *lm_head |" in bar and bar.replace("\\|", "").count("|") == header.count("|")

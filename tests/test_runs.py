@@ -710,6 +710,150 @@ def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr
                   ("frozen", 16): 3e-3, ("frozen", 128): 3e-3, ("frozen", None): 3e-3}
 
 
+def test_the_lr_rule_judges_a_mask_by_the_parameters_it_trains_not_its_spelling():
+    lr = {mask: config.cpu_variant(TrainConfig(task="needle", mode=mask, width=128)).lr
+          for mask in ("*attn*", "wte,h[.]0*", "wte,h.0.*", "ln_f", "wte,lm_head", "[lw]*e", "*pe")}
+    assert lr == {"*attn*": 3e-4, "wte,h[.]0*": 3e-4, "wte,h.0.*": 3e-4, "ln_f": 3e-4,  # the body trains
+                  "wte,lm_head": 3e-3, "[lw]*e": 3e-3, "*pe": 3e-3}  # embeddings only: wte, wpe
+
+
+# Values of the settings a run's default name is made of, as a user might give them: path characters,
+# patterns the length of a file name many times over, a newline, dots, a number of 400 digits.
+NASTY_VALUES = [("mode", "[/../../../../outside/w]te"), ("mode", "wte,h.0.*,[|w]te"), ("mode", ",".join(["wte"] * 2000)),
+                ("mode", "wte,\n*lm_head"), ("mode", "[.w][.t][.e]"), ("mode", "[../w]te," * 100),
+                ("data", "../../outside/story.txt"),
+                ("dtype", "../x"), ("arch", "../../x"), ("pos", "/etc"), ("steps", 10**400), ("lr", -1e-300)]
+
+
+@pytest.mark.parametrize("setting, value", NASTY_VALUES, ids=[f"{f} {str(v)[:30]!r}" for f, v in NASTY_VALUES])
+def test_no_flag_value_makes_a_default_run_name_outside_runs(setting, value):
+    name = config.run_name(TrainConfig(task="parens", **{setting: value}), 16)  # before any check of the value
+    assert config.SAFE_NAME.fullmatch(name) and len(f".{name}18446744073709551615.new") < 255, name
+    assert os.path.dirname(os.path.normpath(os.path.join("runs", name))) == "runs"
+
+
+@pytest.mark.parametrize("mask", [NASTY_VALUES[0][1], NASTY_VALUES[2][1]], ids=["path characters", "2,000 patterns"])
+def test_a_run_with_any_mask_writes_only_under_runs_and_its_seeds_beside_it(mask, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    train.main(TRAIN_BASE + ["--task", "parens", "--steps", "1", "--train", mask, "--seeds", "2"])
+    assert os.listdir(tmp_path) == ["runs"] and not (tmp_path.parent / "outside").exists()
+    names = sorted(os.listdir(tmp_path / "runs"))
+    assert len(names) == 3 and all(config.SAFE_NAME.fullmatch(name) for name in names), names
+    train.main(["--out", str(tmp_path / "x"), "--train", mask] + TRAIN_BASE)  # an --out given: beside it, nothing else
+    assert sorted(os.listdir(tmp_path)) == ["runs", "x"]
+
+
+def test_the_default_name_of_a_safe_mask_is_as_before_and_an_unsafe_one_a_hash():
+    name = lambda mask: config.run_name(TrainConfig(task="parens", mode=mask), 16)  # noqa: E731
+    assert name("wte,h.0.*") == "parens-wte+h.0-w16-s0" and name("*attn*") == "parens-allattnall-w16-s0"
+    assert name("wte,h[.]0*") != name("wte,h[.]1*") and "[" not in name("wte,h[.]0*")
+
+
+# ---------------------------------------------------------------------------
+# Leftovers, interrupts at the end of a run, full disks
+# ---------------------------------------------------------------------------
+
+def test_a_second_ctrl_c_just_after_an_atomic_write_replaced_its_file_is_the_interrupt(tmp_path, monkeypatch):
+    """Fault injection: the second signal lands once os.replace has moved the temp file into place,
+    where cleanup's remove used to raise FileNotFoundError in the interrupt's stead."""
+    replace_file = os.replace
+
+    def replaced_then_interrupted(src, dst):
+        replace_file(src, dst)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runs.os, "replace", replaced_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runs.write_json(str(tmp_path / "a.json"), {"whole": True})
+    assert json.loads((tmp_path / "a.json").read_text()) == {"whole": True} and os.listdir(tmp_path) == ["a.json"]
+
+
+@pytest.mark.slow
+def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resumes_exactly(tmp_path, monkeypatch, capsys):
+    """Fault injection: two real SIGINTs while the checkpoint is written, the second after os.replace."""
+    whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
+    replace_file = os.replace
+
+    def replace_and_ctrl_c_twice(src, dst):
+        replace_file(src, dst)
+        if dst.endswith("checkpoint.pt"):
+            monkeypatch.setattr(runs.os, "replace", replace_file)
+            os.kill(os.getpid(), signal.SIGINT)  # the run's handler: stop after this step
+            os.kill(os.getpid(), signal.SIGINT)  # the handler before the run's: KeyboardInterrupt, now
+    monkeypatch.setattr(runs.os, "replace", replace_and_ctrl_c_twice)
+    code, err = run_cli(TINY_ARGS + ["--out", str(tmp_path / "run")], capsys)
+    assert code == 130 and "No such file" not in err and err.endswith("train.py: interrupted"), err
+    assert not [name for name in os.listdir(tmp_path / "run") if name.endswith(".tmp") or name == ".lock"]
+    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "run")])) == whole
+
+
+@pytest.mark.parametrize("where", ["train_step", "evaluate"])
+def test_a_ctrl_c_in_the_last_step_or_evaluation_saves_the_run_and_still_stops_the_command(where, tmp_path, monkeypatch, capsys):
+    calls, real = [], getattr(train, where)
+
+    def ctrl_c_at_the_end(*args):
+        calls.append(sys._getframe(1).f_code.co_name == "train")  # the loop's, not the step timer's
+        if sum(calls) == (8 if where == "train_step" else 2):  # 8 steps, evaluated at 4 and 8
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+    monkeypatch.setattr(train, where, ctrl_c_at_the_end)
+    code, err = run_cli(TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")], capsys)
+    assert code == 130 and "interrupted" in err
+    assert (tmp_path / "run-s0" / "final.json").exists() and os.listdir(tmp_path) == ["run-s0"]  # saved; no next seed
+
+
+def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resume(tmp_path, capsys):
+    train.train(tiny(tmp_path))
+    run = tmp_path / "run"
+    finished = snapshot(run)
+    for command in (["--resume", str(run)], TRAIN_BASE + ["--task", "parens", "--out", str(run)]):
+        shutil.copy(run / "model.pt", run / "checkpoint.pt")  # a kill after final.json, before the checkpoint went
+        (run / ".lock").write_text("12345\n")  # and the lock file of the killed process
+        (run / ".final.json.k3j2.tmp").write_text("{")
+        (run / ".swap").write_text("run")
+        code, err = run_cli(command, capsys)
+        assert code == 2 and ("has finished" in err or "holds a finished run" in err)
+        assert snapshot(run) == finished
+
+
+def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_file(tmp_path, monkeypatch, capsys):
+    train.train(tiny(tmp_path), stop_after=4)
+    before = snapshot(tmp_path)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(runs, "print", disk_full, raising=False)  # RunLock writes its pid with print
+    for command in (["--resume", str(tmp_path / "run")], TRAIN_BASE + ["--out", str(tmp_path / "run"), "--overwrite"]):
+        code, err = run_cli(command, capsys)
+        assert code == 2 and err == f"train.py: error: No space left on device: {tmp_path / 'run' / '.lock'}", err
+        assert snapshot(tmp_path) == before
+
+
+def test_a_full_disk_inside_an_atomic_write_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError) as error:
+        runs.write_json(str(tmp_path / "a.json"), {})
+    assert error.value.filename == str(tmp_path / "a.json") and os.listdir(tmp_path) == []
+
+
+def test_a_refused_start_leaves_no_runs_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runs, "RunLock", lambda run_dir: (_ for _ in ()).throw(cli.UsageError("refused")))
+    code, err = run_cli(TRAIN_BASE + ["--task", "parens"], capsys)
+    assert code == 2 and os.listdir(tmp_path) == []
+
+
+def test_the_step_timer_takes_the_largest_seed_and_output_the_locale_cannot_encode(tmp_path):
+    out = tmp_path / "é-run"
+    done = subprocess.run([sys.executable, os.path.join(REPO, "train.py")] + TRAIN_BASE + [
+        "--steps", "1", "--seed", str(2**64 - 2), "--seeds", "2", "--train", "wte,lm_head,[é]", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "names no parameter" in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, os.path.join(REPO, "train.py")] + TRAIN_BASE + [
+        "--steps", "1", "--seed", str(2**64 - 2), "--seeds", "2", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "\\xe9-run" in done.stdout, done.stderr
+
+
 # ---------------------------------------------------------------------------
 # One writer per run; an old run survives a failed --overwrite; divergence; paths
 # ---------------------------------------------------------------------------
