@@ -600,7 +600,9 @@ def watch(run_dir):
     staged, model, files, changed = beside(run_dir, "new"), None, None, time.time()
     while True:
         if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
-            cfg, task, model, _ = build(saved_config(run_dir))
+            saved = saved_config(run_dir)
+            torch.manual_seed(saved.seed)  # as train.py builds it: a checkpoint holds only the weights that train
+            cfg, task, model, _ = build(saved)
             if cfg.task != "parens":
                 raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
             scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
@@ -631,7 +633,7 @@ def score_checkpoints(run_dir, cfg, task, model, scored: set):
         step = saved.get("step", cfg.steps)
         if step not in scored:
             scored.add(step)
-            model.load_state_dict(saved["model"])
+            model.load_state_dict(saved["model"], strict=False)  # checkpoint.pt: the seed drew the frozen blocks
             result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
             with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
                 f.write(json.dumps({"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
