@@ -170,7 +170,7 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
         if os.path.lexists(staged):
             check_swapped(staged, cfg.out)
             lock = RunLock(staged)  # refused while a process starting now stages it
-            remove_hidden(staged, cfg.out)
+            shutil.rmtree(staged)
             lock.release()
         start.made = missing_folders(os.path.dirname(staged))
         os.makedirs(staged)
@@ -283,8 +283,8 @@ def finish_swap(out):
             for lock in locks:
                 lock.run_dir = out if lock.run_dir == back else lock.run_dir
         for hidden in (new, old):
-            if os.path.lexists(hidden):
-                remove_hidden(hidden, out)
+            if os.path.lexists(hidden):  # checked above: a swap's, or empty
+                shutil.rmtree(hidden)
     finally:
         for lock in locks:
             lock.release()
@@ -317,13 +317,6 @@ def check_swapped(hidden, out):
         raise UsageError(f"{hidden} is in the way: a run hides there only while it replaces "
                          f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "
                          "move it away")
-
-
-def remove_hidden(hidden, out):
-    """Delete hidden if check_swapped accepts it (UsageError otherwise); the caller holds its
-    lock."""
-    check_swapped(hidden, out)
-    shutil.rmtree(hidden)
 
 
 def missing_folders(path) -> list:
