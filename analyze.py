@@ -589,14 +589,15 @@ def analyze(run: Run, results: dict, args):
     write_atomic(os.path.join(run.path, "analysis.md"), lambda f: f.write(markdown(run, results).encode()))
 
 
-WATCH_POLL_S, WATCH_IDLE_S = 15, 300  # --watch: seconds between looks; unchanged and unlocked for this long, it stops
+# --watch: seconds between looks at the run; how long a run no process holds may stay unchanged
+WATCH_POLL_S, WATCH_IDLE_S = 15, 300
 
 
 def watch(run_dir):
-    """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl until the run has
-    final.json. A run still staged beside it (before its first step) is waited for; anything else without a
-    config.json is refused at once, and a run that no process holds the lock of and that has not changed for
-    WATCH_IDLE_S ends the watch with one line."""
+    """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl until the
+    run has final.json. A run still staged beside it (before its first step) is waited for;
+    anything else without a config.json is refused at once, and a run whose lock no process
+    holds and that has not changed for WATCH_IDLE_S ends the watch with one line."""
     staged, model, files, changed = beside(run_dir, "new"), None, None, time.time()
     while True:
         if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
@@ -607,7 +608,8 @@ def watch(run_dir):
                 raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
             scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
         elif model is None and not os.path.isfile(os.path.join(staged, "config.json")):
-            raise UsageError(f"{run_dir} is not a run directory (no config.json), nor a run starting")
+            raise UsageError(f"{run_dir} is not a run directory (no config.json), "
+                             "nor a run starting")
         if model is not None:
             finished = os.path.exists(os.path.join(run_dir, "final.json"))
             score_checkpoints(run_dir, cfg, task, model, scored)
@@ -618,13 +620,14 @@ def watch(run_dir):
         if now != files:
             files, changed = now, time.time()
         elif time.time() - changed > WATCH_IDLE_S and not (lock_held(run_dir) or lock_held(staged)):
-            raise UsageError(f"{run_dir} is not training (no process holds its lock, nothing changed for "
-                             f"{WATCH_IDLE_S} s); continue it with python train.py --resume {run_dir}")
+            raise UsageError(f"{run_dir} is not training (no process holds its lock, nothing "
+                             f"changed for {WATCH_IDLE_S} s); continue it with python train.py "
+                             f"--resume {run_dir}")
         time.sleep(WATCH_POLL_S)
 
 
 def score_checkpoints(run_dir, cfg, task, model, scored: set):
-    """Score the run's checkpoint.pt and model.pt, each at a step not yet in `scored`, into unseen.jsonl."""
+    """Score checkpoint.pt and model.pt, each at a step not in `scored`, into unseen.jsonl."""
     for name in ("checkpoint.pt", "model.pt"):
         try:
             saved = torch.load(os.path.join(run_dir, name), map_location="cpu", weights_only=True)
@@ -635,9 +638,11 @@ def score_checkpoints(run_dir, cfg, task, model, scored: set):
             scored.add(step)
             model.load_state_dict(saved["model"], strict=False)  # checkpoint.pt: the seed drew the frozen blocks
             result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
+            unseen, seen = result["unseen"], result["seen"]
+            record = {"step": step, "unseen": unseen["accuracy"], "n_unseen": unseen["test"],
+                      "seen": seen["accuracy"], "accuracy": result["accuracy"]}
             with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
-                f.write(json.dumps({"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
-                                    "seen": result["seen"]["accuracy"], "accuracy": result["accuracy"]}) + "\n")
+                f.write(json.dumps(record) + "\n")
 
 
 def main(argv=None):

@@ -61,7 +61,8 @@ def train_batched(cfg) -> list:
     if cfg.seeds < 2:
         raise UsageError("--seeds must be >= 2 (train.py trains a single run)")
     if cfg.arch == "lstm":  # torch.func.vmap has no rule for the LSTM kernel
-        raise UsageError("batched seeds cannot train the lstm; train.py --arch lstm --seeds N trains its seeds")
+        raise UsageError("batched seeds cannot train the lstm; "
+                         "train.py --arch lstm --seeds N trains its seeds")
     device = pick_device(cfg.device)
     built = []
     for run in seed_configs(cfg):

@@ -182,7 +182,8 @@ def main(argv=None):
             raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
         paths = {}
         for path in args.runs:
-            paths.setdefault(os.path.realpath(path), os.path.normpath(path))  # a run once, however spelled
+            # a run once, however its path is spelled
+            paths.setdefault(os.path.realpath(path), os.path.normpath(path))
         groups = seed_groups([load(path) for path in paths.values()])
         print(table(groups))
         plot(groups, args.plot, args.title, args.labels.split(",") if args.labels else None)

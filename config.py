@@ -138,16 +138,20 @@ def run_name(given: TrainConfig, width: int) -> str:
     differs = lambda reference: {f.name: getattr(given, f.name) for f in fields(TrainConfig)  # noqa: E731
                                  if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)}
     scale, changed = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
-    settings = "".join(f"-{name.replace('_', '-')}{name_part(f'{value:g}' if type(value) is float else str(value))}"
+    text = lambda value: f"{value:g}" if type(value) is float else str(value)  # noqa: E731
+    settings = "".join(f"-{name.replace('_', '-')}{name_part(text(value))}"
                        for name, value in changed.items())
-    variant = "".join(f"-{name_part(v)}" for v in (given.arch, given.pos) if v not in ("gpt", "learned"))
-    name = f"{name_part(given.task)}{variant}-{name_part(mode_label(given.mode))}-w{width}{scale}{settings}"
+    variant = "".join(f"-{name_part(v)}" for v in (given.arch, given.pos)
+                      if v not in ("gpt", "learned"))
+    mode = name_part(mode_label(given.mode))
+    name = f"{name_part(given.task)}{variant}-{mode}-w{width}{scale}{settings}"
     if len(name) > MAX_NAME:
         name = f"{name[: MAX_NAME - 12]}-{digest(name)}"
     return f"{name}-s{given.seed}"
 
 
-MAX_NAME_PART, MAX_NAME = 40, 200  # a file name may have 255 bytes, with -s<seed> and .<name>.new around it
+# A file name has at most 255 bytes, a name's own with -s<seed> and .<name>.new around it.
+MAX_NAME_PART, MAX_NAME = 40, 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9._+=-]*")
 
 
@@ -164,8 +168,8 @@ def digest(text: str) -> str:
 def check_config(cfg: TrainConfig, task) -> None:
     """UsageError for a setting no run can use. Counts were checked by resolve, task sizes by the task, the model's
     shape and the training mode by model.py (build reports those)."""
-    # the optimizer's arithmetic: AdamW's first step divides the lr by 1 - beta1 = 0.1 (train.make_optimizer)
-    # in float32, where a larger lr is inf
+    # the optimizer's arithmetic: AdamW's first step divides the lr by 1 - beta1 = 0.1
+    # (train.make_optimizer) in float32, where a larger lr is inf
     lr_max = torch.finfo(torch.float32).max * 0.1
     if not 0 < cfg.lr < lr_max:
         raise UsageError(f"--lr must be a number > 0 and below {lr_max:.3g}, got {cfg.lr}")
@@ -302,15 +306,18 @@ def default_lr(cfg: TrainConfig, scale: str, task=None) -> float:
         try:
             if trains_body(parameter_names(cfg), cfg.mode):
                 return CPU_BLOCKS_LR[cfg.task]
-        except ValueError as e:  # a mask naming no parameter, an unknown --pos: as build() would say
+        except ValueError as e:  # a mask naming no parameter, an unknown --pos: as build() says
             raise UsageError(str(e)) from None
     return CPU_VARIANTS[cfg.task].get("lr") if scale == "cpu" else task.lr
 
 
 def parameter_names(cfg: TrainConfig) -> list:
-    """The names of the parameters of cfg's model (a mask is judged by what it trains), from a copy on
-    the meta device, which holds no memory: names depend on the architecture and layers, not sizes."""
+    """The names of the parameters of cfg's model (a mask is judged by what it trains), from a
+    copy on the meta device, which holds no memory: names depend on the architecture and the
+    layers, not on the sizes."""
     layers = TASKS[cfg.task].layers if cfg.layers is None else cfg.layers
     with torch.device("meta"):
-        shape = GPTConfig(2, 2, 2, layers, 1, "linear" if cfg.arch == "linear" else "softmax", cfg.pos)
-        return [name for name, _ in (LSTM(shape) if cfg.arch == "lstm" else GPT(shape)).named_parameters()]
+        attention = "linear" if cfg.arch == "linear" else "softmax"
+        shape = GPTConfig(2, 2, 2, layers, 1, attention, cfg.pos)
+        model = LSTM(shape) if cfg.arch == "lstm" else GPT(shape)
+    return [name for name, _ in model.named_parameters()]

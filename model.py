@@ -255,13 +255,13 @@ def mask_patterns(mode: str) -> list:
 
 
 def trained_parameters(names, mode: str) -> set:
-    """Which of a model's parameter names the mode (a named mode or a mask) trains; ValueError for a mask
-    with a pattern that names none of them."""
+    """Which of a model's parameter names the mode (a named mode or a mask) trains; ValueError
+    for a mask with a pattern that names none of them."""
     if mode in TRAINING_MODES:
         return {name for name in names if parameter_group(name) in TRAINING_MODES[mode]}
     patterns = mask_patterns(mode)
-    matched = {p: {name for name in names if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")}
-               for p in patterns}
+    matched = {p: {name for name in names if fnmatch.fnmatchcase(name, p)
+                   or fnmatch.fnmatchcase(name, p + ".*")} for p in patterns}
     unmatched = [p for p in patterns if not matched[p]]
     if not patterns or unmatched:
         groups = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
@@ -271,9 +271,9 @@ def trained_parameters(names, mode: str) -> set:
 
 
 def trains_body(names, mode: str) -> bool:
-    """Whether the mode trains any of the body (blocks, ln_f, the LSTM) of a model with these parameter
-    names, judged on the parameters it resolves to, not its spelling ('*attn*' trains blocks): this sets
-    its cpu-scale lr (config.default_lr)."""
+    """Whether the mode trains any of the body (blocks, ln_f, the LSTM) of a model with these
+    parameter names, judged on the parameters it resolves to, not its spelling ('*attn*' trains
+    blocks): this sets its cpu-scale lr (config.default_lr)."""
     return any(parameter_group(name) == "body" for name in trained_parameters(names, mode))
 
 

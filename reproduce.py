@@ -159,8 +159,9 @@ def paper_comparison(cfg: TrainConfig, final: dict):
 
 
 def analysis_reader(name: str, value, kind=NUMBER):
-    """A column's reader: value(the run's analyze.py result `name`), or None before the run is analysed;
-    a UsageError naming the file unless that is of kind (a number: finite, never true or false)."""
+    """A column's reader: value(the run's analyze.py result `name`), or None before the run is
+    analysed; a UsageError naming the file unless that is of kind (a number: finite, never true or
+    false)."""
     def read(run_dir):
         result = read_analysis(run_dir, name)
         if result is None:
@@ -170,14 +171,16 @@ def analysis_reader(name: str, value, kind=NUMBER):
         except (LookupError, TypeError, ValueError, AttributeError):
             read = None
         if not (is_json_type(read, kind) and (kind is str or math.isfinite(read))):
+            what = "text" if kind is str else "finite number"
             raise UsageError(f"{os.path.join(run_dir, 'analysis.json')}: its {name} result lacks "
-                             f"the {'text' if kind is str else 'finite number'} a table reads from it")
+                             f"the {what} a table reads from it")
         return read
     return read
 
 
 def no_booleans(value):
-    """value with every true and false made null, so that a reader's arithmetic fails on one (True * 100 is 100)."""
+    """value with every true and false made null, so that a reader's arithmetic fails on one
+    (True * 100 is 100)."""
     if isinstance(value, dict):
         return {k: no_booleans(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -257,8 +260,10 @@ def table5(scale):
 def fig5(scale):
     def completion(r):
         return " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/")
+    cols = {"test loss": final_reader("loss"),
+            "completion": analysis_reader("samples", completion, str)}
     return read_table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model",
-                      lm_models(scale), {"test loss": final_reader("loss"), "completion": analysis_reader("samples", completion, str)}, {},
+                      lm_models(scale), cols, {},
                       "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
                       "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
                       "shows samples and calls them largely grammatical.", ("samples",))
@@ -369,10 +374,11 @@ def reproduce(name: str, args, command: str):
 
 
 def check_records(runs: dict):
-    """For --redraw, which trains nothing and so meets records no sweep has just checked: each run's config.json
-    must be its cell's (sweep.check_same_config), its final.json, train_split.json and metrics.jsonl hold finite
-    numbers (null for a value not measured yet), and an analysis made for another model (its variance names
-    its width) is refused. A failure is a UsageError naming the file."""
+    """For --redraw, which trains nothing and so meets records no sweep has just checked: each
+    run's config.json must be its cell's (sweep.check_same_config); its final.json,
+    train_split.json and metrics.jsonl must hold finite numbers (null for a value not measured
+    yet); an analysis made for another model (its variance names its model) is refused. A
+    failure is a UsageError naming the file."""
     for cfg in {cfg.out: cfg for cell in runs.values() for cfg in cell}.values():
         check_same_config(cfg)
         saved = saved_config(cfg.out)
@@ -382,19 +388,22 @@ def check_records(runs: dict):
             path = os.path.join(cfg.out, name)
             if os.path.exists(path):
                 record = read_json(path)
-                check_numbers({k: v for k, v in record.items() if k != "parameters"}, path, nullable=False)
+                numbers = {k: v for k, v in record.items() if k != "parameters"}
+                check_numbers(numbers, path, nullable=False)
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
-        label = f"{saved.task} {PAPER_MODELS.get(saved.mode, saved.mode)} w{saved.width}"  # analyze.Run.label
+        # analyze.Run's label
+        label = f"{saved.task} {PAPER_MODELS.get(saved.mode, saved.mode)} w{saved.width}"
         variance = read_analysis(cfg.out, "variance")
-        made_for = {"width": saved.width, "label": label}  # what an analysis records of its run (earlier ones: less)
-        if isinstance(variance, dict) and any(k in variance and variance[k] != v for k, v in made_for.items()):
-            raise UsageError(f"{os.path.join(cfg.out, 'analysis.json')} was made for {variance.get('label')!r}, "
-                             f"not this run ({label}); analyze the run again")
+        made_for = {"width": saved.width, "label": label}  # of its run, it records (earlier: less)
+        if isinstance(variance, dict) and any(variance.get(k, v) != v for k, v in made_for.items()):
+            raise UsageError(f"{os.path.join(cfg.out, 'analysis.json')} was made for "
+                             f"{variance.get('label')!r}, not this run ({label}); analyze it again")
 
 
 def check_numbers(record: dict, where: str, nullable=True):
-    """UsageError naming `where` for a value of record that is no finite number (or null, where nullable)."""
+    """UsageError naming `where` for a value of record that is no finite number (or null, where
+    nullable)."""
     for key, value in record.items():
         if not (value is None and nullable or is_json_type(value, NUMBER) and math.isfinite(value)):
             raise UsageError(f"{where}: {key} is {value!r}, not a finite number")

@@ -55,7 +55,7 @@ def write_atomic(path, write):
         # gone if the interrupt came after os.replace: a second Ctrl-C must still read as one
         with contextlib.suppress(FileNotFoundError):
             os.remove(temp)
-        if isinstance(e, OSError) and not e.filename:  # a full disk fails in write or fsync, unnamed
+        if isinstance(e, OSError) and not e.filename:  # a full disk fails in write, fsync: no name
             raise OSError(e.errno, e.strerror, path) from None
         raise
 
@@ -96,7 +96,8 @@ def load_checkpoint(path, keys=("model", "config")):
 RUN_FILES = {"config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "final.json", "train_split.json",
              "analysis.json", "analysis.md", "unseen.jsonl", ".lock", ".swap"}
 # In every directory a swap stages, hides or deletes (replace_old_run), holding the run's name: the
-# proof that this program made it, without which finish_swap never removes or moves a hidden sibling.
+# proof that this program made it, without which finish_swap never removes or moves a hidden
+# sibling.
 SWAP_MARK = ".swap"
 
 
@@ -123,9 +124,9 @@ class Start:
     made: list = field(default_factory=list)  # the folders above staged that staging created
 
     def close(self):
-        """Done with the run directory: a staged run that never took its place goes, with the folders made
-        for it if they are still empty, and every lock with its file (a lock file left behind marks a
-        killed process). Also at exit, if not called before."""
+        """Done with the run directory: a staged run that never took its place goes, with the
+        folders made for it if they are still empty, and every lock with its file (a lock file
+        left behind marks a killed process). Also at exit, if not called before."""
         atexit.unregister(self.close)
         if self.staged:
             shutil.rmtree(self.staged, ignore_errors=True)
@@ -164,10 +165,12 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     try:
         if os.path.isdir(cfg.out):
             start.locks.append(RunLock(cfg.out))  # refused while another process trains the old run
-        if os.path.lexists(staged):  # left since finish_swap looked by a run that failed before its first step, unless one is starting now
+        # left since finish_swap looked by a run that failed before its first step, unless one is
+        # starting now
+        if os.path.lexists(staged):
             check_swapped(staged, cfg.out)
             lock = RunLock(staged)  # refused while a process starting now stages it
-            remove_hidden(staged, cfg.out)
+            shutil.rmtree(staged)
             lock.release()
         start.made = missing_folders(os.path.dirname(staged))
         os.makedirs(staged)
@@ -214,19 +217,21 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
     start.metrics, start.losses = checkpoint.get("metrics", {}), checkpoint.get("losses", [])
 
 
-# Settings a resumed run may take from an edited config.json: where it runs and is written, not what it computes.
+# Settings a resumed run may take from an edited config.json: where it runs and is written, not
+# what it computes.
 RESUME_MAY_CHANGE = ("device", "compile", "out", "overwrite", "scale")
 
 
 def check_checkpoint_settings(path, saved, settings: dict):
-    """UsageError if the checkpoint was saved under settings other than config.json's (an edited mode
-    would train other tensors with the old optimizer state), RESUME_MAY_CHANGE aside."""
+    """UsageError if the checkpoint was saved under settings other than config.json's (an edited
+    mode would train other tensors with the old optimizer state), RESUME_MAY_CHANGE aside."""
     if not isinstance(saved, dict):
         raise UsageError(f"{path} is not a checkpoint of a run (it lacks its settings)")
     for name, value in settings.items():
         if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != value:
-            raise UsageError(f"{path} was saved with {name} {saved[name]!r}, but config.json says {value!r}; "
-                             "a run resumes with its checkpoint's settings: put them back in config.json")
+            raise UsageError(f"{path} was saved with {name} {saved[name]!r}, but config.json "
+                             f"says {value!r}; a run resumes with its checkpoint's settings: put "
+                             "them back in config.json")
 
 
 def replace_old_run(out, start: Start):
@@ -237,10 +242,11 @@ def replace_old_run(out, start: Start):
     finish_swap completes the swap at the next start or --resume."""
     staged, hidden = start.staged, None  # hidden: where the old run goes before it is deleted
     if os.path.isdir(out):
-        mark(out, out)  # the old run, about to be hidden: proof for finish_swap, should a kill leave it there
+        mark(out, out)  # the old run, to be hidden: finish_swap's proof, should a kill leave it
         hidden = staged if exchange(staged, out) else beside(out, "old")
         if hidden != staged:
-            os.rename(out, hidden)  # never over a hidden old run: finish_swap settled any, under the locks held
+            # never over a hidden old run: finish_swap settled any, under the locks held
+            os.rename(out, hidden)
     if hidden != staged:
         os.rename(staged, out)
     start.staged, start.made = None, []  # the folders made for the run now hold it
@@ -259,9 +265,10 @@ def finish_swap(out):
       - .NAME.old beside out: killed while deleting the replaced run: the rest of it goes;
       - .NAME.new beside out, or alone: a new run killed before its first step (out is as it was), or
         the old run an exchange replaced: it goes.
-    A hidden sibling without SWAP_MARK naming out is no swap's: UsageError, nothing touched (an empty
-    one goes: nothing is lost). Then tidy(out). Without hidden siblings nothing else is touched;
-    while another process holds a lock there (it is starting or swapping now), UsageError."""
+    A hidden sibling without SWAP_MARK naming out is no swap's: UsageError, nothing touched (an
+    empty one goes: nothing is lost). Then tidy(out). Without hidden siblings nothing else is
+    touched; while another process holds a lock there (it is starting or swapping now),
+    UsageError."""
     new, old = beside(out, "new"), beside(out, "old")
     if os.path.lexists(out) and not os.path.isdir(out):
         return
@@ -279,8 +286,8 @@ def finish_swap(out):
             for lock in locks:
                 lock.run_dir = out if lock.run_dir == back else lock.run_dir
         for hidden in (new, old):
-            if os.path.lexists(hidden):
-                remove_hidden(hidden, out)
+            if os.path.lexists(hidden):  # checked above: a swap's, or empty
+                shutil.rmtree(hidden)
     finally:
         for lock in locks:
             lock.release()
@@ -288,36 +295,36 @@ def finish_swap(out):
 
 
 def mark(run_dir, out):
-    """Write SWAP_MARK, out's name, into run_dir: a directory a swap of out stages, hides or deletes."""
+    """Write SWAP_MARK, out's name, into run_dir: a directory a swap of out stages, hides or
+    deletes."""
     name = os.path.basename(os.path.abspath(out)).encode()
     write_atomic(os.path.join(run_dir, SWAP_MARK), lambda f: f.write(name))
 
 
 def swapped(hidden, out) -> bool:
-    """Whether hidden, beside out, is a directory holding the SWAP_MARK of out (a symbolic link never is)."""
+    """Whether hidden, beside out, is a directory holding the SWAP_MARK of out (a symbolic link
+    never is)."""
+    name = os.path.basename(os.path.abspath(out)).encode()
     try:
         with open(os.path.join(hidden, SWAP_MARK), "rb") as f:
-            return not os.path.islink(hidden) and f.read() == os.path.basename(os.path.abspath(out)).encode()
+            return not os.path.islink(hidden) and f.read() == name
     except OSError:
         return False
 
 
 def check_swapped(hidden, out):
-    """UsageError unless hidden is a swap's (swapped) or an empty directory (removing it loses nothing)."""
+    """UsageError unless hidden is a swap's (swapped) or an empty directory (removing it loses
+    nothing)."""
     empty = os.path.isdir(hidden) and not os.path.islink(hidden) and not os.listdir(hidden)
     if not (empty or swapped(hidden, out)):
-        raise UsageError(f"{hidden} is in the way: a run hides there only while it replaces {out}, and this "
-                         f"one lacks its {SWAP_MARK} mark, so it is not a run's; move it away")
-
-
-def remove_hidden(hidden, out):
-    """Delete hidden if check_swapped accepts it (UsageError otherwise); the caller holds its lock."""
-    check_swapped(hidden, out)
-    shutil.rmtree(hidden)
+        raise UsageError(f"{hidden} is in the way: a run hides there only while it replaces "
+                         f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "
+                         "move it away")
 
 
 def missing_folders(path) -> list:
-    """The folders of path that do not exist yet, outermost first: what os.makedirs(path) will make."""
+    """The folders of path that do not exist yet, outermost first: what os.makedirs(path)
+    makes."""
     missing = []
     while path and not os.path.lexists(path):
         missing.insert(0, path)
@@ -326,9 +333,9 @@ def missing_folders(path) -> list:
 
 
 def tidy(out):
-    """Remove what a kill left in run directory out: the swap's mark and, in a finished run (final.json),
-    its checkpoint.pt and write_atomic's temp files, and a lock file, all under out's lock. While another
-    process holds the lock, nothing is left over: nothing is touched."""
+    """Remove what a kill left in run directory out: the swap's mark and, in a finished run
+    (final.json), its checkpoint.pt and write_atomic's temp files, and a lock file, all under
+    out's lock. While another process holds the lock, nothing is left over: nothing is touched."""
     if not os.path.isdir(out) or os.path.islink(out):
         return
     finished, names = os.path.exists(os.path.join(out, "final.json")), os.listdir(out)
@@ -338,7 +345,7 @@ def tidy(out):
         return
     try:
         lock = RunLock(out)
-    except UsageError:  # held by a live process, or not a lock this program takes: left to the command's own lock
+    except UsageError:  # held by a live process, or no lock of ours: the command's own lock says so
         return
     try:
         for name in stale:
@@ -398,8 +405,8 @@ class RunLock:
         try:
             self.file.truncate(0)
             print(os.getpid(), file=self.file, flush=True)
-        except OSError as e:  # a full disk: the lock is held, so its file is this process's to remove
-            with contextlib.suppress(OSError):  # closing flushes the pid again, into the same full disk
+        except OSError as e:  # a full disk: the lock is held, so its file is ours to remove
+            with contextlib.suppress(OSError):  # closing flushes the pid again, into a full disk
                 self.release()
             raise OSError(e.errno, e.strerror, path) from None
 
@@ -416,8 +423,8 @@ class RunLock:
 
 
 def lock_held(run_dir) -> bool:
-    """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for an instant,
-    so its caller probes rarely: a run starting in that instant would be refused."""
+    """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for
+    an instant, so its caller probes rarely: a run starting in that instant would be refused."""
     try:
         fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:  # no lock file: no process holds one

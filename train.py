@@ -264,7 +264,7 @@ class Run:
                 raise KeyboardInterrupt
             if self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
                 self.save_finished()
-            if self.stop_requested:  # asked for during the last step or evaluation: saved, and still a stop
+            if self.stop_requested:  # asked for in the last step or evaluation: saved, still a stop
                 raise KeyboardInterrupt
         finally:  # a run that never took its place goes; the locks go with their files
             self.close()
