@@ -11,7 +11,6 @@ or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then dra
 
 import ctypes
 import glob
-import json
 import math
 import multiprocessing
 import os
@@ -29,7 +28,7 @@ import train
 from bench import useful_flops
 from cli import UsageError, command_line
 from config import TrainConfig, build_task, load_run, resolve, saved_config, with_paper_defaults
-from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, run_state, write_json
+from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state, write_json
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------
@@ -181,13 +180,11 @@ def measured_speeds(root="runs") -> dict:
     for path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
         run = os.path.dirname(path)
         try:
-            with open(path) as f:
-                saved = json.load(f)
-            with open(os.path.join(run, "metrics.jsonl")) as f:
-                rates = sorted(line["steps_per_s"] for line in map(json.loads, f) if isinstance(line.get("steps_per_s"), NUMBER))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            saved = read_json(path)
+            rates = sorted(line["steps_per_s"] for line in read_metrics(run) if isinstance(line.get("steps_per_s"), NUMBER))
+        except (OSError, UsageError, AttributeError):
             continue  # not a readable run record: nothing measured here
-        if isinstance(saved, dict) and saved.get("device") == "cuda" and rates:
+        if saved.get("device") == "cuda" and rates:
             speeds.setdefault(tuple(saved.get(name) for name in STEP_COST), (rates[len(rates) // 2], run))
     return speeds
 
