@@ -21,10 +21,11 @@ import torch
 import sample
 import tasks
 from model import GPT
-from cli import OneLineParser, UsageError, usage_errors
+from errors import OneLineParser, UsageError, usage_errors
 from config import build, load_run, saved_config
 from figures import markdown_table, pyplot, save_figure
-from runs import FINAL_KEYS, beside, lock_held, read_json, read_metrics, write_atomic, write_json
+from files import FINAL_KEYS, read_json, read_metrics, write_atomic, write_json
+from rundir import beside, lock_held
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated

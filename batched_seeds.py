@@ -20,8 +20,9 @@ from functools import partial
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import runs
-from cli import UsageError, parse_args, seed_configs, usage_errors
+import rundir
+from cli import parse_args, seed_configs
+from errors import UsageError, usage_errors
 from config import build
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
@@ -68,7 +69,7 @@ def train_batched(cfg) -> list:
     for run in seed_configs(cfg):
         torch.manual_seed(run.seed)
         run, task, model, n = build(run)
-        runs.check_run_dir(run)
+        rundir.check_run_dir(run)
         built.append((run, model.to(device), n))
     seeds, models, counts = map(list, zip(*built))
     cfg = seeds[0]  # settings filled in by build, shared by every seed
@@ -119,7 +120,7 @@ class SeedRuns(Run):
         self.cfg, self.counts, self.ranks, self.stop_after, self.starts = seeds[0], counts, Ranks(), None, []
         try:  # every seed checked and staged, or none
             for run, model, n in zip(seeds, models, counts):
-                self.starts.append(runs.start_or_resume(run, False, model, None, None, runs.run_record(run, n, device)))
+                self.starts.append(rundir.start_or_resume(run, False, model, None, None, rundir.run_record(run, n, device)))
         except BaseException:
             self.close()
             raise
@@ -131,9 +132,9 @@ class SeedRuns(Run):
 
     def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
         for run, seed_loss, seed_metrics in zip(self.seeds, loss or [None] * len(self.seeds), metrics):
-            runs.log_eval(run.out, step, seed_loss, lr_at(step, self.cfg), seed_metrics, elapsed, steps_per_s)
+            rundir.log_eval(run.out, step, seed_loss, lr_at(step, self.cfg), seed_metrics, elapsed, steps_per_s)
             if not sys.stderr.isatty():
-                runs.print_eval(step, self.cfg.steps, seed_loss, seed_metrics, steps_per_s, prefix=f"seed {run.seed}: ")
+                rundir.print_eval(step, self.cfg.steps, seed_loss, seed_metrics, steps_per_s, prefix=f"seed {run.seed}: ")
 
     def save_stopped(self):
         pass  # nothing to resume from: the same command with --overwrite starts again
@@ -142,8 +143,8 @@ class SeedRuns(Run):
         for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.counts)):
             state = {k: v[i].detach().clone() for k, v in self.params.items()}
             final = {"step": self.step, "elapsed": self.elapsed(), "parameters": n, **self.summary(metrics, n["trainable"])}
-            runs.save_final(run, state, self.base.cfg, metrics, final)
-        runs.write_seed_summary(self.seeds)
+            rundir.save_final(run, state, self.base.cfg, metrics, final)
+        rundir.write_seed_summary(self.seeds)
 
 
 def main(argv=None):

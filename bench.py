@@ -28,7 +28,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from cli import UsageError, config_from_args, make_parser, usage_errors
+from cli import config_from_args, make_parser
+from errors import UsageError, usage_errors
 from config import build
 from devices import autocast, compile_model, deterministic_kernels, pick_device, uses_bf16
 from figures import markdown_table

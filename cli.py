@@ -6,44 +6,18 @@
 
 import argparse
 import os
-import sys
-from contextlib import contextmanager
 from dataclasses import fields, replace
 
-import torch
+from errors import OneLineParser, UsageError
 
 
 MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
 
 
-class UsageError(Exception):
-    """Bad input (a flag, a file, a directory, a corrupt checkpoint), raised wherever it is found: never a traceback."""
 
 
-@contextmanager
-def usage_errors(prog: str):
-    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2."""
-    if hasattr(sys.stdout, "reconfigure"):  # a name or mask the locale cannot encode prints escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
-    try:
-        yield
-    except UsageError as e:
-        message = e
-    except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file
-        message = f"{e.strerror or e}: {e.filename}" if e.filename else e
-    except (MemoryError, RuntimeError) as e:
-        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
-            raise
-        message = f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size"
-    else:
-        return
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def flag(name: str) -> str:
@@ -95,7 +69,7 @@ def config_from_args(args):
         return (replace(cpu_variant(cfg), **given) if scale == "cpu" else replace(cfg, scale="paper")), False
     if given:
         raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {', '.join(map(flag, given))}")
-    from runs import finish_swap
+    from rundir import finish_swap
 
     if not os.path.exists(os.path.join(run_dir, "config.json")):
         finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completed first

@@ -16,10 +16,11 @@ import re
 import sys
 from dataclasses import asdict, dataclass, fields
 
-from cli import OneLineParser, UsageError, usage_errors
+from errors import OneLineParser, UsageError, usage_errors
 from config import saved_config
 from figures import markdown_table, pyplot, save_figure
-from runs import FINAL_KEYS, median_range, read_json, read_metrics
+from files import FINAL_KEYS, read_json, read_metrics
+from rundir import median_range
 from tasks import TASKS
 
 IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran

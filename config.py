@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
-from cli import UsageError
-from runs import load_checkpoint, read_json
+from errors import UsageError
+from files import load_checkpoint, read_json
 from model import GPT, LSTM, GPTConfig, TRAINING_MODE_HELP, apply_training_mode, mode_label, trains_body
 from tasks import TASKS, StreamTask, make_task
 

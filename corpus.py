@@ -18,7 +18,7 @@ import random
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from runs import write_atomic
+from files import write_atomic
 
 
 END_OF_TEXT = "<|endoftext|>"  # TinyStories' story separator; one token between stories

@@ -16,7 +16,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from cli import UsageError
+from errors import UsageError
 
 
 def pick_device(name: str) -> torch.device:

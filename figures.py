@@ -16,9 +16,11 @@ from datetime import date
 
 import torch
 
-from cli import UsageError, command_line
+from cli import command_line
+from errors import UsageError
 from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, TrainConfig
-from runs import FINAL_KEYS, NUMBER, median_range, read_analysis, read_json, read_metrics, run_state, write_atomic
+from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_atomic
+from rundir import median_range, run_state
 
 
 @dataclass

@@ -21,12 +21,13 @@ from functools import partial
 
 import torch
 
-from cli import OneLineParser, UsageError, usage_errors
+from errors import OneLineParser, UsageError, usage_errors
 from analyze import PAPER_MODELS, PAPER_VARIANCE, flat_from
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from corpus import validation_path
 from figures import Table, claims, number, write_results
-from runs import FINAL_KEYS, NUMBER, is_json_type, read_analysis, read_json, read_metrics, run_state, write_atomic
+from files import FINAL_KEYS, NUMBER, is_json_type, read_analysis, read_json, read_metrics, write_atomic
+from rundir import run_state
 from sweep import check_same_config, plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from cli import OneLineParser, UsageError, usage_errors
+from errors import OneLineParser, UsageError, usage_errors
 from config import load_run
 from devices import pick_device
 

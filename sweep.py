@@ -26,9 +26,11 @@ import torch
 import analyze
 import train
 from bench import useful_flops
-from cli import UsageError, command_line
+from cli import command_line
+from errors import UsageError
 from config import TrainConfig, build_task, load_run, resolve, saved_config, with_paper_defaults
-from runs import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, run_state, write_json
+from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
+from rundir import run_state
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 Serves sections 3-4 and appendix D.3 of the paper: AdamW, linear warmup then
 cosine decay to zero, gradient clipping at 1.0, loss only at answer positions,
 and a `--train` mode choosing which parameters learn (model.py). Settings and
-their flags are in config.py; each run writes runs/<name>/ through runs.py.
+their flags are in config.py; each run writes runs/<name>/ through rundir.py.
 
 Read train() first: build, then the loop (set the lr, draw a batch, train_step; at an evaluation,
 evaluate and hand the numbers to the run). Below it the step's pieces, then Run: the operations
@@ -25,8 +25,9 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
-import runs
-from cli import command_line, parse_args, seed_configs, usage_errors
+import rundir
+from cli import command_line, parse_args, seed_configs
+from errors import usage_errors
 from config import CPU_VARIANTS, TrainConfig, build, changed_settings, resolve
 from model import mode_label
 from devices import Ranks, autocast, compile_model, deterministic_kernels
@@ -134,14 +135,14 @@ def main(argv=None):
                 if len(seeds) > 1 and not cfg.overwrite:  # the same --seeds command, run again, goes on with each seed
                     run = resolve(run)[0]  # its directory named
                     # finished: skipped; resume: it was stopped; fresh or new: trained (train() refuses another run's directory)
-                    state = "new" if changed_settings(run, run.out) else runs.run_state(run.out)
+                    state = "new" if changed_settings(run, run.out) else rundir.run_state(run.out)
                 if state == "finished":
-                    runs.tidy(run.out)  # what a kill after its final.json left
+                    rundir.tidy(run.out)  # what a kill after its final.json left
                     print(f"{run.out} finished before; skipped")
                     continue
                 train(run, resume=resume or state == "resume")
             if len(seeds) > 1:
-                runs.write_seed_summary([resolve(run)[0] for run in seeds])
+                rundir.write_seed_summary([resolve(run)[0] for run in seeds])
     except KeyboardInterrupt:
         print("train.py: interrupted", file=sys.stderr)
         sys.exit(130)
@@ -164,7 +165,7 @@ class Diverged(Exception):
 class Run:
     """Everything a training loop needs besides the algorithm, so that train() reads as the algorithm.
 
-    On entry: the run directory staged (new) or resumed (runs.start_or_resume), its lock held, signals
+    On entry: the run directory staged (new) or resumed (rundir.start_or_resume), its lock held, signals
     caught, and a first line saying what trains and how long it will take here. steps() moves a staged
     run into place once its first step has succeeded, and stops at the last step, at stop_after or at a
     signal. log() checks for divergence, appends metrics.jsonl, saves the checkpoint and prints. On exit:
@@ -176,7 +177,7 @@ class Run:
     def __init__(self, cfg, task, model, optimizer, generator, counts, device, ranks, resume=False, stop_after=None):
         self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
         self.counts, self.ranks, self.summary, self.stop_after = counts, ranks, task.summary, stop_after
-        self.start = runs.start_or_resume(cfg, resume, model, optimizer, generator, runs.run_record(cfg, counts, device), ranks.lead)
+        self.start = rundir.start_or_resume(cfg, resume, model, optimizer, generator, rundir.run_record(cfg, counts, device), ranks.lead)
         self.outs, self.starts = [cfg.out], [self.start]  # a directory per seed in batched_seeds.SeedRuns
         self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
         seconds = seconds_per_step(cfg, task, model, device, ranks) if self.start.step < cfg.steps else 0.0
@@ -201,7 +202,7 @@ class Run:
                 if self.stop_requested:  # during the first step: the old run stays as it was
                     return
                 for out, staged in zip(self.outs, self.starts):
-                    runs.replace_old_run(out, staged)
+                    rundir.replace_old_run(out, staged)
             if step > start.logged and (last or step > 0 and step % cfg.eval_every == 0):
                 yield step, True
             if last or step == self.stop_after or self.stop_requested:
@@ -229,10 +230,10 @@ class Run:
 
     def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
         if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
-            runs.log_eval(self.cfg.out, step, loss, lr_at(step, self.cfg), metrics, elapsed, steps_per_s)
-            runs.save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
+            rundir.log_eval(self.cfg.out, step, loss, lr_at(step, self.cfg), metrics, elapsed, steps_per_s)
+            rundir.save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
             if not sys.stderr.isatty():
-                runs.print_eval(step, self.cfg.steps, loss, metrics, steps_per_s)
+                rundir.print_eval(step, self.cfg.steps, loss, metrics, steps_per_s)
         # every headline metric (addition: exact sums beside per-token accuracy); the log line has them all
         self.bar.set_postfix(loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s)
 
@@ -276,13 +277,13 @@ class Run:
     def save_stopped(self):
         cfg, step = self.cfg, self.step
         if self.ranks.lead:
-            runs.save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.elapsed(), self.metrics, self.losses)
+            rundir.save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.elapsed(), self.metrics, self.losses)
             print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
 
     def save_finished(self):
         final = {"step": self.step, "elapsed": self.elapsed(), "parameters": self.counts,
                  **self.summary(self.metrics, self.counts["trainable"])}
-        runs.save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
+        rundir.save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
         print(result_line(self.cfg, self.metrics), flush=True)
 
 

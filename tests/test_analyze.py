@@ -12,10 +12,10 @@ import compare
 import corpus
 import tasks
 import config
-import runs
+
 import train
 from config import TrainConfig
-from runs import RunLock
+from rundir import RunLock
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import random
-import shutil
 
 import pytest
 import torch

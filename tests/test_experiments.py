@@ -7,7 +7,6 @@ Tiny CPU shapes throughout; the tests that train assert results far beyond chanc
 
 import json
 import math
-from dataclasses import replace
 
 import pytest
 import torch

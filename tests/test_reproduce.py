@@ -21,8 +21,9 @@ import sweep
 import tasks
 import train
 from config import TrainConfig
-from cli import UsageError
-from runs import aggregate, write_json
+from errors import UsageError
+from files import write_json
+from rundir import aggregate
 
 
 def write_final(run_dir, **metrics):

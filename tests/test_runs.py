@@ -24,8 +24,10 @@ import reproduce
 import sample
 import cli
 import devices
+import errors
 import config
-import runs
+import files
+import rundir
 import train
 from test_core import tiny
 from config import TrainConfig
@@ -441,7 +443,7 @@ class Killed(BaseException):
 def kill_at(monkeypatch, name, step=None, partial=False):
     """Make the run die when it writes file `name` (at checkpoint `step`, if given): before a byte
     is written, or with partial=True after the first 100 bytes of it."""
-    save_torch, write_json = runs.save_torch, runs.write_json
+    save_torch, write_json = files.save_torch, files.write_json
 
     def write_100_bytes_and_die(f):
         f.write(b"x" * 100)
@@ -450,11 +452,11 @@ def kill_at(monkeypatch, name, step=None, partial=False):
     def dies(path, obj):
         if os.path.basename(path) == name and (step is None or obj["step"] == step):
             if partial:
-                runs.write_atomic(path, write_100_bytes_and_die)
+                files.write_atomic(path, write_100_bytes_and_die)
             raise Killed()
         (save_torch if name.endswith(".pt") else write_json)(path, obj)
 
-    monkeypatch.setattr(runs, "save_torch" if name.endswith(".pt") else "write_json", dies)
+    monkeypatch.setattr(rundir, "save_torch" if name.endswith(".pt") else "write_json", dies)
 
 
 def metric_steps(run):
@@ -518,7 +520,7 @@ def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
-    with pytest.raises(cli.UsageError, match="has finished"):
+    with pytest.raises(errors.UsageError, match="has finished"):
         train.train(cli.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
 
@@ -569,10 +571,11 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_pa
 KILLER = """
 import io, os, signal, sys
 sys.path.insert(0, sys.argv[1])
-import runs
+import files
+import rundir
 import train
 name, nth, where = sys.argv[2], int(sys.argv[3]), sys.argv[4]
-write_atomic, writes = runs.write_atomic, []
+write_atomic, writes = files.write_atomic, []
 
 def die(*args):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -588,7 +591,7 @@ def dying_write_atomic(path, write):
             write_atomic(path, lambda f: (f.write(data[:cut]), f.flush(), die()))
     write_atomic(path, write)
 
-runs.write_atomic = dying_write_atomic
+files.write_atomic = rundir.write_atomic = dying_write_atomic
 train.main(sys.argv[5:])
 """
 
@@ -761,9 +764,9 @@ def test_a_second_ctrl_c_just_after_an_atomic_write_replaced_its_file_is_the_int
     def replaced_then_interrupted(src, dst):
         replace_file(src, dst)
         raise KeyboardInterrupt
-    monkeypatch.setattr(runs.os, "replace", replaced_then_interrupted)
+    monkeypatch.setattr(rundir.os, "replace", replaced_then_interrupted)
     with pytest.raises(KeyboardInterrupt):
-        runs.write_json(str(tmp_path / "a.json"), {"whole": True})
+        files.write_json(str(tmp_path / "a.json"), {"whole": True})
     assert json.loads((tmp_path / "a.json").read_text()) == {"whole": True} and os.listdir(tmp_path) == ["a.json"]
 
 
@@ -776,10 +779,10 @@ def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resum
     def replace_and_ctrl_c_twice(src, dst):
         replace_file(src, dst)
         if dst.endswith("checkpoint.pt"):
-            monkeypatch.setattr(runs.os, "replace", replace_file)
+            monkeypatch.setattr(rundir.os, "replace", replace_file)
             os.kill(os.getpid(), signal.SIGINT)  # the run's handler: stop after this step
             os.kill(os.getpid(), signal.SIGINT)  # the handler before the run's: KeyboardInterrupt, now
-    monkeypatch.setattr(runs.os, "replace", replace_and_ctrl_c_twice)
+    monkeypatch.setattr(rundir.os, "replace", replace_and_ctrl_c_twice)
     code, err = run_cli(TINY_ARGS + ["--out", str(tmp_path / "run")], capsys)
     assert code == 130 and "No such file" not in err and err.endswith("train.py: interrupted"), err
     assert not [name for name in os.listdir(tmp_path / "run") if name.endswith(".tmp") or name == ".lock"]
@@ -821,7 +824,7 @@ def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_fil
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(runs, "print", disk_full, raising=False)  # RunLock writes its pid with print
+    monkeypatch.setattr(rundir, "print", disk_full, raising=False)  # RunLock writes its pid with print
     for command in (["--resume", str(tmp_path / "run")], TRAIN_BASE + ["--out", str(tmp_path / "run"), "--overwrite"]):
         code, err = run_cli(command, capsys)
         assert code == 2 and err == f"train.py: error: No space left on device: {tmp_path / 'run' / '.lock'}", err
@@ -829,15 +832,15 @@ def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_fil
 
 
 def test_a_full_disk_inside_an_atomic_write_names_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    monkeypatch.setattr(rundir.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     with pytest.raises(OSError) as error:
-        runs.write_json(str(tmp_path / "a.json"), {})
+        files.write_json(str(tmp_path / "a.json"), {})
     assert error.value.filename == str(tmp_path / "a.json") and os.listdir(tmp_path) == []
 
 
 def test_a_refused_start_leaves_no_runs_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(runs, "RunLock", lambda run_dir: (_ for _ in ()).throw(cli.UsageError("refused")))
+    monkeypatch.setattr(rundir, "RunLock", lambda run_dir: (_ for _ in ()).throw(errors.UsageError("refused")))
     code, err = run_cli(TRAIN_BASE + ["--task", "parens"], capsys)
     assert code == 2 and os.listdir(tmp_path) == []
 
@@ -861,8 +864,9 @@ def test_the_step_timer_takes_the_largest_seed_and_output_the_locale_cannot_enco
 HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-import runs
-lock = runs.RunLock(sys.argv[2])
+import files
+import rundir
+lock = rundir.RunLock(sys.argv[2])
 print("locked", flush=True)
 time.sleep(60)
 """
@@ -925,14 +929,15 @@ def test_ctrl_c_in_the_first_step_of_an_overwrite_leaves_the_old_run_byte_identi
     assert snapshot(tmp_path) == before  # the old run whole, no lock, no staged copy beside it
 
 
-# A kill at each point of the swap that puts a new run in the old one's place (runs.replace_old_run):
+# A kill at each point of the swap that puts a new run in the old one's place (rundir.replace_old_run):
 # this program runs train.py's main and SIGKILLs itself there.
 SWAPPER = """
 import os, shutil, signal, sys
 sys.path.insert(0, sys.argv[1])
-import runs
+import files
+import rundir
 import train
-where, exchange, rename, rmtree = sys.argv[2], runs.exchange, os.rename, shutil.rmtree
+where, exchange, rename, rmtree = sys.argv[2], rundir.exchange, os.rename, shutil.rmtree
 
 def die(*args):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -943,15 +948,15 @@ def delete_a_file_and_die(path, ignore_errors=False):
         die()
 
 if where.startswith("renames"):  # a system that cannot exchange two directories
-    runs.exchange = lambda a, b: False
+    rundir.exchange = lambda a, b: False
 if where == "exchange: before":
-    runs.exchange = die
+    rundir.exchange = die
 if where == "exchange: after":
-    runs.exchange = lambda a, b: (exchange(a, b), die())
+    rundir.exchange = lambda a, b: (exchange(a, b), die())
 if where == "renames: between":
     os.rename = lambda src, dst: (rename(src, dst), die() if dst.endswith(".old") else None)
 if where.endswith("deleting the old run"):
-    runs.shutil.rmtree = delete_a_file_and_die
+    rundir.shutil.rmtree = delete_a_file_and_die
 train.main(sys.argv[3:])
 """
 
@@ -1041,7 +1046,7 @@ def test_a_table_of_finished_runs_with_a_final_json_lacking_elapsed_is_one_usage
     cell = next(iter(runs.values()))[0]
     os.makedirs(cell.out)
     (tmp_path / cell.out / "final.json").write_text('{"step": 8, "accuracy": 0.5}')
-    with pytest.raises(cli.UsageError, match="final.json lacks 'elapsed'"):
+    with pytest.raises(errors.UsageError, match="final.json lacks 'elapsed'"):
         figures.render(table, "cpu", runs, 1, "python reproduce.py table9", "CPU")
 
 

@@ -1,0 +1,40 @@
+"""Bad input ends a program with one line, never a traceback: every script's errors and argument parser.
+
+    with usage_errors("train.py"): ...   # a UsageError inside: `train.py: error: ...`, exit code 2
+"""
+
+import argparse
+import sys
+from contextlib import contextmanager
+
+import torch
+
+
+class UsageError(Exception):
+    """Bad input (a flag, a file, a directory, a corrupt checkpoint), raised wherever it is found: never a traceback."""
+
+
+@contextmanager
+def usage_errors(prog: str):
+    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2."""
+    if hasattr(sys.stdout, "reconfigure"):  # a name or mask the locale cannot encode prints escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
+    try:
+        yield
+    except UsageError as e:
+        message = e
+    except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file
+        message = f"{e.strerror or e}: {e.filename}" if e.filename else e
+    except (MemoryError, RuntimeError) as e:
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
+            raise
+        message = f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size"
+    else:
+        return
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
