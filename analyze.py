@@ -20,9 +20,10 @@ import torch
 
 import sample
 import tasks
-from model import GPT
+import paper
+from model import GPT, model_name
 from errors import OneLineParser, UsageError, usage_errors
-from config import build, load_run, saved_config
+from config import build_seeded, load_run, saved_config
 from figures import markdown_table, pyplot, save_figure
 from files import FINAL_KEYS, read_json, read_metrics, write_atomic, write_json
 from rundir import beside, lock_held
@@ -33,7 +34,6 @@ CHUNK_TOKENS = 16_384  # tokens per forward pass, so attention patterns of long 
 ATTENTION_MAX_TOKENS = 64  # a heatmap wider than this is unreadable, so longer inputs are cut
 NEEDLE_EXAMPLE = [128, 1, 129, 2, 130, 3, 131, 4, 159]  # Figure 2's input: a 1 b 2 c 3 d 4 b
 LM_PROMPTS = ["Once upon a time", "One day, a little girl named Lily", "Tom and his dog"]
-PAPER_MODELS = {"frozen": "Random", "full": "Normal"}  # the paper's row names: Random = frozen blocks, Normal = fully trained
 
 
 class Run:
@@ -44,7 +44,7 @@ class Run:
             raise UsageError(f"{path} is not a run directory (no config.json)")
         self.path = path
         self.cfg, self.task, self.model, self.counts = load_run(path)
-        self.label = f"{self.cfg.task} {PAPER_MODELS.get(self.cfg.mode, self.cfg.mode)} w{self.cfg.width}"
+        self.label = f"{self.cfg.task} {model_name(self.cfg.mode)} w{self.cfg.width}"
         final_path = os.path.join(path, "final.json")
         if not os.path.isfile(final_path):  # train.py writes model.pt, then final.json: a kill between the two
             raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
@@ -96,24 +96,10 @@ def explained_variance(run: Run, examples: int) -> dict:
     names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)]
     states = run_with_cache(run.model, x, names)
     fractions = [top_k_variance_fractions(states[name][keep]) for name in names]  # (pc, neuron) per layer
-    paper = PAPER_VARIANCE.get((run.cfg.task, PAPER_MODELS.get(run.cfg.mode), run.cfg.width)) if run.cfg.layers == 2 else None
+    published = paper.VARIANCE.get((run.cfg.task, model_name(run.cfg.mode), run.cfg.width))
     return {"label": run.label, "layers": ["Emb"] + [f"L{i}" for i in range(1, len(names))],
             "pc_top10": [pc for pc, _ in fractions], "neuron_top10": [neuron for _, neuron in fractions],
-            "vectors": int(keep.sum()), "width": run.cfg.width, "paper": paper}
-
-
-# The paper's numbers (%, PC Emb L1 L2 then neuron Emb L1 L2) by (task, model, width): Table 4 at 1024
-# (memorization at 128), Table 7 at 512.
-PAPER_VARIANCE = {
-    ("modadd", "Normal", 1024): [42.0, 21.5, 13.8, 3.8, 1.6, 3.4], ("modadd", "Random", 1024): [72.9, 63.6, 44.7, 2.8, 3.3, 2.9],
-    ("addition", "Normal", 1024): [45.3, 87.0, 87.3, 1.7, 3.3, 2.6], ("addition", "Random", 1024): [55.1, 72.7, 63.5, 2.0, 3.9, 2.8],
-    ("needle", "Normal", 1024): [35.5, 83.5, 47.7, 1.5, 5.2, 2.8], ("needle", "Random", 1024): [31.3, 30.0, 21.5, 1.8, 1.8, 1.6],
-    ("parens", "Normal", 1024): [72.0, 99.4, 98.2, 2.9, 7.8, 18.0], ("parens", "Random", 1024): [74.9, 85.8, 80.9, 4.9, 4.0, 3.7],
-    ("memorize", "Normal", 128): [15.0, 25.3, 23.4, 10.2, 12.2, 10.5], ("memorize", "Random", 128): [27.5, 27.5, 24.7, 9.9, 9.8, 9.7],
-    ("addition", "Normal", 512): [40.7, 91.6, 89.6, 3.3, 6.4, 6.8], ("addition", "Random", 512): [73.3, 62.6, 51.4, 4.3, 4.0, 3.6],
-    ("needle", "Normal", 512): [31.4, 75.4, 42.5, 2.8, 5.6, 3.9], ("needle", "Random", 512): [51.3, 42.6, 33.9, 4.4, 4.6, 3.9],
-    ("parens", "Normal", 512): [47.5, 100.0, 99.9, 7.0, 11.1, 9.4], ("parens", "Random", 512): [85.2, 89.1, 84.7, 9.7, 8.0, 6.7],
-}
+            "vectors": int(keep.sum()), "width": run.cfg.width, "paper": published if run.cfg.layers == 2 else None}
 
 
 def explained_variance_markdown(result):
@@ -398,7 +384,8 @@ def memorization(run: Run) -> dict:
 def memorization_markdown(result):
     return (f"Exact-match accuracy {100 * result['accuracy']:.2f}%, {result['bits']:,.0f} bits memorized, "
             f"{result['bits_per_parameter']:.2f} bits per trainable parameter "
-            f"(loss-based estimate {result['loss_bits']:,.0f} bits). Paper Table 3: Random 0.41, Normal 2.88.")
+            f"(loss-based estimate {result['loss_bits']:,.0f} bits). "
+            f"Paper Table 3: Random {paper.TABLE3['Random', 'bits_per_parameter']}, Normal {paper.TABLE3['Normal', 'bits_per_parameter']}.")
 
 
 def samples(run: Run) -> dict:
@@ -603,8 +590,7 @@ def watch(run_dir):
     while True:
         if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
             saved = saved_config(run_dir)
-            torch.manual_seed(saved.seed)  # as train.py builds it: a checkpoint holds only the weights that train
-            cfg, task, model, _ = build(saved)
+            cfg, task, model, _ = build_seeded(saved)  # a checkpoint holds only the weights that train
             if cfg.task != "parens":
                 raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
             scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}

@@ -6,7 +6,7 @@ Serves the paper's many small trainings (section 4 reports medians over
 seeds): for small models, running N seeds as one stacked model replaces N
 launches of every operation by one. Each step is train.train_step's, with
 one loss and one clipping per seed (stacked_step), and the loop's operations
-are train.Run's (SeedRuns), so a seed trained here computes what train.train
+are rundir.Run's (SeedRuns), so a seed trained here computes what train.train
 computes for it, up to float rounding, and its directory holds the same files.
 """
 
@@ -20,13 +20,14 @@ from functools import partial
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import rundir
+from rundir import Diverged, Run, check_run_dir, log_eval, print_eval, replace_old_run, run_record, save_final, start_or_resume, write_seed_summary
 from cli import parse_args, seed_configs
 from errors import UsageError, usage_errors
-from config import build
+from config import build_seeded
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
-from train import Diverged, Run, evaluate, first_line, lr_at, make_optimizer, seconds_per_step, set_lr
+from rundir import first_line
+from train import evaluate, lr_at, make_optimizer, set_lr, spare_step
 
 
 def stacked_forward(base, params):
@@ -67,9 +68,8 @@ def train_batched(cfg) -> list:
     device = pick_device(cfg.device)
     built = []
     for run in seed_configs(cfg):
-        torch.manual_seed(run.seed)
-        run, task, model, n = build(run)
-        rundir.check_run_dir(run)
+        run, task, model, n = build_seeded(run)
+        check_run_dir(run)
         built.append((run, model.to(device), n))
     seeds, models, counts = map(list, zip(*built))
     cfg = seeds[0]  # settings filled in by build, shared by every seed
@@ -78,21 +78,35 @@ def train_batched(cfg) -> list:
     stacked = compile_model(stacked_forward(base, params), device, cfg.compile)
     # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op: expected, not news.
     warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
-    trainable = [p for p in params.values() if p.requires_grad]
-    optimizer = make_optimizer(trainable, cfg, device, matrix_dim=3)
+    optimizer = stacked_optimizer(base, params, cfg, device)
+    trainable = [p for group in optimizer.param_groups for p in group["params"]]
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
+    timed_step = spare_step(cfg, task, base, device, Ranks())  # one seed's step, for the first line
     # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls, which vmap batches.
     kernels = sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext()
-    with kernels, SeedRuns(seeds, task, models, params, counts, device) as run:
-        for step, evaluate_now in run.steps():
-            if evaluate_now:
-                run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
-                continue
+    with kernels, SeedRuns(seeds, task, models, params, counts, device, timed_step) as run:
+        for step in range(cfg.steps + 1):
+            last = step == cfg.steps
+            if last or step > 0 and step % cfg.eval_every == 0:
+                run.log(step, lr_at(step, cfg),
+                        [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
+            if last or run.stop_requested:
+                break
             set_lr(optimizer, lr_at(step, cfg))
             batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
-            run.losses.append(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
+            run.stepped(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
     return run.metrics
+
+
+def stacked_optimizer(base, params, cfg, device):
+    """train.make_optimizer's AdamW, its groups decided on one seed's parameters (where a matrix has 2
+    dimensions, not 3), holding the seed-stacked tensors in their place."""
+    optimizer = make_optimizer(base.parameters(), cfg, device)
+    stacked = {id(p): params[name] for name, p in base.named_parameters()}
+    for group in optimizer.param_groups:
+        group["params"] = [stacked[id(p)] for p in group["params"]]
+    return optimizer
 
 
 def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, precision):
@@ -111,40 +125,55 @@ def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, pr
 
 
 class SeedRuns(Run):
-    """train.Run for the seeds' N run directories at once: staged and put in place together, one log
+    """rundir.Run for the seeds' N run directories at once: staged and put in place together, one log
     line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
-    def __init__(self, seeds, task, models, params, counts, device):
-        self.seeds, self.params, self.base, self.summary = seeds, params, models[0], task.summary
-        self.outs = [run.out for run in seeds]
-        self.cfg, self.counts, self.ranks, self.stop_after, self.starts = seeds[0], counts, Ranks(), None, []
+    def __init__(self, seeds, task, models, params, counts, device, timed_step):
+        self.seeds, self.models, self.params, self.seed_counts, self.starts = seeds, models, params, counts, []
+        super().__init__(seeds[0], task, models[0], None, None, counts[0], device, Ranks(), False, timed_step)
+
+    def begin(self, resume, device):
         try:  # every seed checked and staged, or none
-            for run, model, n in zip(seeds, models, counts):
-                self.starts.append(rundir.start_or_resume(run, False, model, None, None, rundir.run_record(run, n, device)))
+            for run, model, n in zip(self.seeds, self.models, self.seed_counts):
+                self.starts.append(start_or_resume(run, False, model, None, None, run_record(run, n, device)))
         except BaseException:
             self.close()
             raise
-        self.start, self.step, self.metrics, self.losses = self.starts[0], 0, None, []
-        seconds = len(seeds) * seconds_per_step(self.cfg, task, models[0], device, self.ranks)  # one seed's step, N times
-        print(first_line(self.cfg, counts[0], device, seconds, self.cfg.steps, f"{len(seeds)} seeds: a seed's step timed x {len(seeds)}"),
-              flush=True)
-        print(f"{self.cfg.task}: {len(seeds)} seeds batched, {counts[0]['trainable']:,} trainable parameters each on {device}")
+        return self.starts[0]
 
-    def write_eval(self, step, loss, metrics, elapsed, steps_per_s):
+    def first_line(self, device, seconds):
+        n, counts = len(self.seeds), self.counts
+        return (first_line(self.cfg, counts, device, n * seconds, self.cfg.steps, f"{n} seeds: a seed's step timed x {n}")
+                + f"\n{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters each on {device}")
+
+    def place(self):
+        if self.start.staged and not self.stop_requested:
+            for run, start in zip(self.seeds, self.starts):
+                replace_old_run(run.out, start)
+
+    def check_finite(self, step, loss, metrics):
+        for seed_loss, seed_metrics in zip(loss or [None] * len(self.seeds), metrics):
+            Run.check_finite(step, seed_loss, seed_metrics)
+
+    def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
         for run, seed_loss, seed_metrics in zip(self.seeds, loss or [None] * len(self.seeds), metrics):
-            rundir.log_eval(run.out, step, seed_loss, lr_at(step, self.cfg), seed_metrics, elapsed, steps_per_s)
+            log_eval(run.out, step, seed_loss, lr, seed_metrics, elapsed, steps_per_s)
             if not sys.stderr.isatty():
-                rundir.print_eval(step, self.cfg.steps, seed_loss, seed_metrics, steps_per_s, prefix=f"seed {run.seed}: ")
+                print_eval(step, self.cfg.steps, seed_loss, seed_metrics, steps_per_s, prefix=f"seed {run.seed}: ")
+
+    def close(self):
+        for start in self.starts:
+            start.close()
 
     def save_stopped(self):
         pass  # nothing to resume from: the same command with --overwrite starts again
 
     def save_finished(self):
-        for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.counts)):
+        for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
             state = {k: v[i].detach().clone() for k, v in self.params.items()}
             final = {"step": self.step, "elapsed": self.elapsed(), "parameters": n, **self.summary(metrics, n["trainable"])}
-            rundir.save_final(run, state, self.base.cfg, metrics, final)
-        rundir.write_seed_summary(self.seeds)
+            save_final(run, state, self.models[0].cfg, metrics, final)
+        write_seed_summary(self.seeds)
 
 
 def main(argv=None):

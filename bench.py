@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from cli import config_from_args, make_parser
 from errors import UsageError, usage_errors
-from config import build
+from config import build_seeded
 from devices import autocast, compile_model, deterministic_kernels, pick_device, uses_bf16
 from figures import markdown_table
 from model import TRAINING_MODES
@@ -183,8 +183,7 @@ def main(argv=None):
             raise UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
         device = pick_device(cfg.device)
         bf16 = uses_bf16(device, cfg.dtype)
-        torch.manual_seed(cfg.seed)
-        cfg, task, model, _ = build(replace(cfg, out="unused"))
+        cfg, task, model, _ = build_seeded(replace(cfg, out="unused"))
         label, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, task, model, device)
 
     with deterministic_kernels(cfg.deterministic):  # what --deterministic costs is a figure worth timing

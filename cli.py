@@ -5,9 +5,10 @@
 """
 
 import argparse
-import os
 from dataclasses import fields, replace
 
+from config import SCALES, TrainConfig, cpu_variant
+from devices import pick_device
 from errors import OneLineParser, UsageError
 
 
@@ -28,8 +29,6 @@ def flag(name: str) -> str:
 def make_parser(description="Train one model on one task.", skip=()):
     """Flags generated from TrainConfig (but those named in skip), plus --frozen, --scale and --resume. A flag not
     given is left out of the parsed namespace (TrainConfig supplies its default), so --resume can tell which were given."""
-    from config import SCALES, TrainConfig  # config reports its own errors as this module's UsageError
-
     parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
     for f in fields(TrainConfig):
         if f.name in skip or f.name == "scale":
@@ -51,32 +50,23 @@ def make_parser(description="Train one model on one task.", skip=()):
 
 
 def config_from_args(args):
-    """(TrainConfig, resume) from parsed flags; a resumed run takes its saved config and writes to its own directory."""
-    from config import TrainConfig, cpu_variant, saved_config
-    from devices import pick_device
-
+    """(TrainConfig, None) from parsed flags, or (None, DIR) for --resume DIR: the run there goes on with
+    its saved config (rundir.resumed_config reads it). Nothing on disk changes here."""
     given = vars(args)
     run_dir = given.pop("resume", None)
-    if run_dir is None:
-        scale = given.pop("scale", "auto")
-        if scale == "auto":
-            scale = "paper" if pick_device(given.get("device", "auto")).type == "cuda" else "cpu"
-        if given.pop("frozen", False):
-            if given.get("mode", "frozen") != "frozen":
-                raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['mode']}")
-            given["mode"] = "frozen"
-        cfg = TrainConfig(**given)
-        return (replace(cpu_variant(cfg), **given) if scale == "cpu" else replace(cfg, scale="paper")), False
-    if given:
-        raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {', '.join(map(flag, given))}")
-    from rundir import finish_swap
-
-    if not os.path.exists(os.path.join(run_dir, "config.json")):
-        finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completed first
-    saved = saved_config(run_dir)
-    if saved is None:
-        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    return replace(saved, out=run_dir), True
+    if run_dir is not None:
+        if given:
+            raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {', '.join(map(flag, given))}")
+        return None, run_dir
+    scale = given.pop("scale", "auto")
+    if scale == "auto":
+        scale = "paper" if pick_device(given.get("device", "auto")).type == "cuda" else "cpu"
+    if given.pop("frozen", False):
+        if given.get("mode", "frozen") != "frozen":
+            raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['mode']}")
+        given["mode"] = "frozen"
+    cfg = TrainConfig(**given)
+    return (replace(cpu_variant(cfg), **given) if scale == "cpu" else replace(cfg, scale="paper")), None
 
 
 def parse_args(argv=None, description="Train one model on one task."):
@@ -95,8 +85,6 @@ def seed_configs(cfg) -> list:
 
 def command_line(cfg) -> str:
     """The train.py command for cfg: --task, then every setting that differs from its default."""
-    from config import TrainConfig
-
     parts = ["python train.py"]
     for f in fields(TrainConfig):
         value = getattr(cfg, f.name)

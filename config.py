@@ -117,7 +117,7 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
     filled = {name: getattr(task, name) for name in ("batch_size", "weight_decay", "width", "layers", "heads")
               if getattr(cfg, name) is None}
     given, cfg = cfg, replace(cfg, **filled)  # a copy, filled in further below: each rule reads the ones above it
-    cfg.lr = default_lr(cfg, "paper", task) if cfg.lr is None else cfg.lr
+    cfg.lr = default_lr(cfg) if cfg.lr is None else cfg.lr
     cfg.steps = task.steps_for(cfg.batch_size) if cfg.steps is None else cfg.steps  # epochs: passes at the batch size used
     cfg.warmup = min(PAPER_WARMUP, cfg.steps // 10) if cfg.warmup is None else cfg.warmup
     cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20))) if cfg.eval_every is None else cfg.eval_every
@@ -222,6 +222,13 @@ def build(cfg: TrainConfig):
         raise UsageError(str(e)) from None
 
 
+def build_seeded(cfg: TrainConfig):
+    """build(cfg) with the model drawn from cfg.seed, as a run draws it (so a checkpoint, which holds
+    only the weights that train, gets back the frozen ones this way)."""
+    torch.manual_seed(cfg.seed)
+    return build(cfg)
+
+
 def saved_config(run_dir: str):
     """The TrainConfig run_dir/config.json holds, None without one, a UsageError if it is no run's config."""
     path = os.path.join(run_dir, "config.json")
@@ -280,35 +287,34 @@ CPU_BLOCKS_LR_MIN_WIDTH = 128
 
 
 def cpu_variant(cfg: TrainConfig) -> TrainConfig:
-    """cfg on its task's laptop variant: CPU_VARIANTS' settings (a narrower width kept) and default_lr's cpu lr."""
+    """cfg on its task's laptop variant: CPU_VARIANTS' settings, a narrower width kept. Its lr is
+    default_lr's, once the settings are filled in (resolve)."""
     if cfg.task not in CPU_VARIANTS:
         raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
-    settings = CPU_VARIANTS[cfg.task]
+    settings = {name: value for name, value in CPU_VARIANTS[cfg.task].items() if name != "lr"}
     width = settings["width"] if cfg.width is None else min(cfg.width, settings["width"])
-    cfg = replace(cfg, **{**settings, "width": width}, scale="cpu")
-    return replace(cfg, lr=default_lr(cfg, "cpu"))
+    return replace(cfg, **{**settings, "width": width}, scale="cpu")
 
 
-def default_lr(cfg: TrainConfig, scale: str, task=None) -> float:
+def default_lr(cfg: TrainConfig) -> float:
     """The peak lr of a run given no --lr: the one rule, first match wins.
 
     1. The LSTM baseline: LSTM_LR at every scale (paper D.3).
     2. At the cpu scale, any mode that trains the blocks (the body: blocks and ln_f), judged on the
        parameters it resolves to, from width CPU_BLOCKS_LR_MIN_WIDTH up: the task's CPU_BLOCKS_LR.
-    3. At the cpu scale: the variant's lr.
-    4. The paper's lr for the task (task.lr).
-    The cpu scale is applied before the task is built (cpu_variant): there None leaves rules 1 and 4
-    to resolve(), so a run's command shows only what the variant itself sets.
+    3. At the cpu scale: the variant's lr, where it sets one.
+    4. The paper's lr for the task.
     """
     if cfg.arch == "lstm":
-        return None if scale == "cpu" else LSTM_LR
-    if scale == "cpu" and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
+        return LSTM_LR
+    cpu = cfg.scale == "cpu"
+    if cpu and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
         try:
             if trains_body(parameter_names(cfg), cfg.mode):
                 return CPU_BLOCKS_LR[cfg.task]
         except ValueError as e:  # a mask naming no parameter, an unknown --pos: as build() says
             raise UsageError(str(e)) from None
-    return CPU_VARIANTS[cfg.task].get("lr") if scale == "cpu" else task.lr
+    return CPU_VARIANTS[cfg.task].get("lr", TASKS[cfg.task].lr) if cpu else TASKS[cfg.task].lr
 
 
 def parameter_names(cfg: TrainConfig) -> list:

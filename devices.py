@@ -10,6 +10,7 @@ sizes hold whatever the number of GPUs).
 """
 
 import os
+import sys
 from contextlib import contextmanager
 from functools import partial
 
@@ -40,18 +41,32 @@ def autocast(device, dtype="auto"):
 
 
 def compile_model(model, device, use_compile=None):
-    """model compiled if use_compile (None: on CUDA only): a module in place, so one handle serves training and
-    evaluation, any other callable as torch.compile(model). Automatic dynamic shapes: the first change of chunk
-    length recompiles once, for every length after it.
-    A model that fails to compile at its first forward runs eagerly (suppress_errors); inductor lowers the backward
-    lazily, at the first backward(), outside this guard."""
+    """model compiled if use_compile (None: on CUDA only): a module in place, so that one handle serves
+    training and evaluation, any other callable wrapped. Automatic dynamic shapes: the first change of
+    chunk length recompiles once, for every length after it. A model that fails to compile says so in
+    one line and runs eagerly from then on (inductor compiles the backward at the first backward(),
+    outside this guard; where the forward compiles, so does the backward)."""
     if not (device.type == "cuda" if use_compile is None else use_compile):
         return model
-    torch._dynamo.config.suppress_errors = True
-    if isinstance(model, torch.nn.Module):
-        model.compile()
-        return model
-    return torch.compile(model)
+    if not isinstance(model, torch.nn.Module):
+        return eager_after_failure(torch.compile(model), model)
+    model.forward = eager_after_failure(torch.compile(model.forward), model.forward)
+    return model
+
+
+def eager_after_failure(compiled, eager):
+    """compiled, until it fails to compile: then one line on stderr, and eager for the rest of the run."""
+    def forward(*args):
+        nonlocal compiled
+        if compiled is not None:
+            try:
+                return compiled(*args)
+            except torch._dynamo.exc.TorchDynamoException as e:
+                print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                      "this run goes on without it", file=sys.stderr)
+                compiled = None
+        return eager(*args)
+    return forward
 
 
 @contextmanager

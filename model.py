@@ -282,6 +282,12 @@ def mode_label(mode: str) -> str:
     return mode if mode in TRAINING_MODES else "+".join(p.removesuffix(".*").replace("*", "all") for p in mask_patterns(mode))
 
 
+def model_name(mode: str) -> str:
+    """A mode as the paper names the model it trains, Random (frozen blocks) or Normal (everything
+    trains), and any other by its label: how run lines, analyses and tables all name a model."""
+    return {"frozen": "Random", "full": "Normal"}.get(mode) or mode_label(mode)
+
+
 def apply_training_mode(model: nn.Module, mode: str) -> dict:
     """Freeze every parameter the mode (a named mode or a mask) does not train; return trainable/frozen counts."""
     named = dict(model.named_parameters())

@@ -22,10 +22,12 @@ from functools import partial
 import torch
 
 from errors import OneLineParser, UsageError, usage_errors
-from analyze import PAPER_MODELS, PAPER_VARIANCE, flat_from
+import paper
+from analyze import flat_from
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from corpus import validation_path
-from figures import Table, claims, number, write_results
+from figures import Table, claims, write_results
+from model import model_name
 from files import FINAL_KEYS, NUMBER, is_json_type, read_analysis, read_json, read_metrics, write_atomic
 from rundir import run_state
 from sweep import check_same_config, plan, print_commands, sweep
@@ -46,53 +48,33 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
 MODES = {"Normal": "full", "Random": "frozen"}  # the paper's models -> their training mode
 WIDE = {"paper": 1024, "cpu": CPU_WIDTH}  # the wide models' width: Table 1's "wide" columns, and the explanation's models
-TABLE1_COLS = {  # column -> settings; "wide" is WIDE[scale], and names its columns
-    "Random wide": {"mode": "frozen"}, "Random 16": {"mode": "frozen", "width": 16}, "Normal wide": {"mode": "full"},
-    "Normal 16": {"mode": "full", "width": 16}, "LSTM wide": {"mode": "full", "arch": "lstm"},
-}
-TABLE1_PAPER = {
-    "modadd": [100.0, 1.3, 100.0, 97.2, 100.0],
-    "needle": [100.0, 7.5, 100.0, 12.0, 99.5],
-    "addition": [100.0, 26.6, 100.0, 67.5, 53.0],
-    "parens": [100.0, 87.3, 92.3, 100.0, 100.0],
-}
-TABLE2_COLS = {"U only": "unembed", "E only": "embed", "E_token & U": "token+unembed"}
-TABLE2_PAPER = {  # row -> one number per column; "modadd (train)" is accuracy on the training split
-    "modadd (train)": [47.9, 68.3, 100.0],
-    "modadd": [0.4, 1.2, 100.0],
-    "needle": [17.7, 100.0, 98.5],
-    "addition": [27.3, 100.0, 48.5],
-    "parens": [92.3, 100.0, 100.0],
-}
-
-
 def table1(scale):
     wide = WIDE[scale]
-    cols = {col.replace("wide", str(wide)): {"width": wide, **settings} for col, settings in TABLE1_COLS.items()}
+    cols = {col.replace("wide", str(wide)): {"mode": mode, "arch": arch, "width": wide if width == "wide" else width}
+            for col, (mode, arch, width) in paper.TABLE1_COLUMNS.items()}
     configs = {(row, col): task_config(row, scale, **settings) for row in TASK_ROWS for col, settings in cols.items()}
-    paper = {(row, col): v for row in TASK_ROWS for col, v in zip(cols, TABLE1_PAPER[row])}
+    numbers = {(row, col): v for row in TASK_ROWS for col, v in zip(cols, paper.TABLE1[row])}
     return Table("table1", "Table 1: test accuracy (%) of random (frozen) and normal (fully trained) transformers and LSTMs",
-                 "accuracy", TASK_ROWS, list(cols), configs, paper)
+                 "accuracy", TASK_ROWS, list(cols), configs, numbers)
 
 
 def table2(scale):
     rows = ["modadd (train)"] + TASK_ROWS
-    configs = {(row, col): task_config(row.split()[0], scale, mode=mode) for row in rows for col, mode in TABLE2_COLS.items()}
-    paper = {(row, col): v for row in rows for col, v in zip(TABLE2_COLS, TABLE2_PAPER[row])}
+    configs = {(row, col): task_config(row.split()[0], scale, mode=mode) for row in rows
+               for col, mode in paper.TABLE2_COLUMNS.items()}
+    numbers = {(row, col): v for row in rows for col, v in zip(paper.TABLE2_COLUMNS, paper.TABLE2[row])}
     return Table("table2", "Table 2: accuracy (%) of wide random transformers when only some embeddings train",
-                 "accuracy", rows, list(TABLE2_COLS), configs, paper,
+                 "accuracy", rows, list(paper.TABLE2_COLUMNS), configs, numbers,
                  "The modadd (train) row is the modadd runs scored on their training split (train_split.json).")
 
 
 def table3(scale):
     cols = ["accuracy", "bits", "bits_per_parameter"]
     configs = {(row, col): task_config("memorize", scale, mode=MODES[row]) for row in MODES for col in cols}
-    paper = {("Normal", "accuracy"): 80.54, ("Normal", "bits"): 1_900_177, ("Normal", "bits_per_parameter"): 2.88,
-             ("Random", "accuracy"): 4.53, ("Random", "bits"): 106_876, ("Random", "bits_per_parameter"): 0.41}
     note = "Columns are final.json keys; each row is one run per seed. " + (
         "cpu scale: 128 x 128 keys (16,384 pairs, not 262,144), 100 epochs of batch 1,024 (1,600 steps), "
         "far from either model's capacity: the rows compare what each stores in the same steps." if scale == "cpu" else "")
-    return Table("table3", "Table 3: memorization at width 128", "column", ["Normal", "Random"], cols, configs, paper, note)
+    return Table("table3", "Table 3: memorization at width 128", "column", ["Normal", "Random"], cols, configs, paper.TABLE3, note)
 
 
 def table9(scale):
@@ -100,9 +82,9 @@ def table9(scale):
     rows = ["needle", "addition", "parens"]
     cols = {"Softmax random": "gpt", "Linearized random": "linear"}  # the verdict is the contrast, so both are trained
     configs = {(row, col): task_config(row, scale, mode="frozen", arch=arch, width=width) for row in rows for col, arch in cols.items()}
-    paper = {("needle", "Linearized random"): 17.67, ("addition", "Linearized random"): 26.39, ("parens", "Linearized random"): 97.32}
+    numbers = {(row, "Linearized random"): v for row, v in paper.TABLE9.items()}
     return Table("table9", "Table 9: test accuracy (%) of random transformers with linearized attention, beside softmax",
-                 "accuracy", rows, list(cols), configs, paper,
+                 "accuracy", rows, list(cols), configs, numbers,
                  f"Softmax random is the same model with softmax attention at width {width} (at cpu scale Table 1's "
                  "random runs); the paper gives no number for it at width 512, and 100 on all three at 1024 (Table 1).")
 
@@ -122,11 +104,10 @@ def fig4(scale):
     cols = [f"{layers} layers, width {w}" for layers in (2, 4) for w in widths]
     configs = {(row, col): task_config("lm", scale, mode=mode, layers=int(col[0]), width=int(col.split()[-1]))
                for row, mode in MODES.items() for col in cols}
-    paper = {("Normal", "4 layers, width 1024"): 1.35, ("Random", "2 layers, width 512"): 2.64}
     note = ("Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random 512-wide 2-layer ~2.64 (read off Figure 4). "
             + ("cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in absolute loss)." if scale == "cpu"
                else "Give the TinyStories train file with --data."))
-    return Table("fig4", "Figure 4: language modeling loss across widths", "loss", list(MODES), cols, configs, paper, note)
+    return Table("fig4", "Figure 4: language modeling loss across widths", "loss", list(MODES), cols, configs, paper.FIG4, note)
 
 
 def fig6(scale):
@@ -137,21 +118,6 @@ def fig6(scale):
     return Table("fig6", "Figure 6: circuit imitation test KL across target widths (lower is better)", "kl",
                  list(MODES), cols, configs,
                  note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact numbers).")
-
-
-def paper_comparison(cfg: TrainConfig, final: dict):
-    """'<ours>; the paper's <cell>: <number> (<table>)' for a finished run standing for a cell of Tables 1, 2, 3 or 9
-    (same task, mode and architecture, width 16 or wide whatever the scale), or None where the paper has no number."""
-    for table in (build("paper") for build in (table1, table2, table3, table9)):
-        for (row, col), cell in table.configs.items():
-            metric = col if table.metric == "column" else table.metric
-            if ((cell.task, cell.mode, cell.arch, cell.width == 16) == (cfg.task, cfg.mode, cfg.arch, cfg.width == 16)
-                    and (row, col) in table.paper and not row.endswith("(train)") and metric in final):
-                ours, unit = (100 * final[metric], "%") if metric in ("accuracy", "exact_match") else (final[metric], "")
-                model = col.lower() if table.metric != "column" else row.lower()
-                return (f"{number(ours)}{unit} test {metric.replace('_', ' ')}; the paper's {model}: "
-                        f"{number(table.paper[row, col])} ({table.title.split(':')[0]})")
-    return None
 
 
 # ---------------------------------------------------------------------------
@@ -219,11 +185,10 @@ def variance_table(name: str, title: str, models: dict, paper: dict, note: str, 
     return read_table(name, title, models, cols, cells, note, ("variance",))
 
 
-TABLE4_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 128 if task == "memorize" else 1024]
+TABLE4_PAPER = {f"{task} {model}": paper.VARIANCE[task, model, 128 if task == "memorize" else 1024]
                 for task in ("modadd", "memorize") for model in ("Normal", "Random")}
-TABLE7_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 512] for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
-TABLE5_PAPER = {"Normal": [29.5, 27.3, 24.3, 23.2, 17.6, 8.6, 16.4, 14.7, 13.9, 5.9],
-                "Random": [43.0, 30.2, 31.8, 32.1, 31.7, 3.3, 2.9, 2.8, 2.9, 2.9]}
+TABLE7_PAPER = {f"{task} {model}": paper.VARIANCE[task, model, 512] for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
+TABLE5_PAPER = paper.TABLE5
 
 
 def table7(scale):
@@ -289,7 +254,7 @@ def fig3(scale):
             "distance irrelevance": analysis_reader("clock_pizza", lambda r: r["distance_irrelevance"])}
     return read_table("fig3", "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza",
                       wide_models(scale, "modadd"), cols,
-                      {("Random", "gradient symmetricity"): 0.88, ("Random", "distance irrelevance"): 0.88},
+                      {("Random", measure): value for measure, value in paper.CLOCK_PIZZA.items()},
                       "Circle score of two principal components: the share of their (whitened) points' power in one frequency "
                       "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about ln(p) / p "
                       "for noise. A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 "
@@ -299,7 +264,7 @@ def fig3(scale):
 def parens(scale):
     wide, task_tables = WIDE[scale], (table1(scale), table2(scale))
     rows = [f"{model} {width}" for model, width in (("Random", wide), ("Normal", wide), ("Random", 16), ("Normal", 16), ("LSTM", wide))]
-    cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else TABLE2_COLS)}
+    cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else paper.TABLE2_COLUMNS)}
     cols = {"test accuracy": final_reader("accuracy", 100),
             "strings training shows": analysis_reader("lengths", lambda r: 100 * r["seen"]["accuracy"]),
             "strings it never shows": analysis_reader("lengths", lambda r: 100 * r["unseen"]["accuracy"])}
@@ -394,7 +359,7 @@ def check_records(runs: dict):
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
         # analyze.Run's label
-        label = f"{saved.task} {PAPER_MODELS.get(saved.mode, saved.mode)} w{saved.width}"
+        label = f"{saved.task} {model_name(saved.mode)} w{saved.width}"
         variance = read_analysis(cfg.out, "variance")
         made_for = {"width": saved.width, "label": label}  # of its run, it records (earlier: less)
         if isinstance(variance, dict) and any(variance.get(k, v) != v for k, v in made_for.items()):

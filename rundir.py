@@ -19,6 +19,8 @@ the project reads goes through read_json: a malformed one is one UsageError line
 import atexit
 import contextlib
 import ctypes
+import math
+import signal
 import errno
 import fcntl
 import json
@@ -27,14 +29,21 @@ import shutil
 import stat
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
+from cli import command_line
+from config import CPU_VARIANTS, TrainConfig, saved_config
 from errors import UsageError
 from files import FINAL_KEYS, NUMBER, is_json_type, load_checkpoint, read_json, read_metrics, save_torch, write_atomic, write_json
 from devices import uses_bf16
+from model import model_name
+from paper import test_number
 
 
 
@@ -543,3 +552,211 @@ def run_record(cfg, counts: dict, device) -> dict:
     """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
     return {**asdict(cfg), "parameters": counts, "device": str(device),
             "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "torch": torch.__version__}
+
+
+# ---------------------------------------------------------------------------
+# The operations beside train.py's loop: the run's directory, logs, progress and stops
+# ---------------------------------------------------------------------------
+
+
+class Diverged(Exception):
+    """The training or test loss became NaN or infinite: the run stops, exit code 3."""
+
+
+class Run:
+    """Everything a training loop needs besides the algorithm, so that train.train() reads as the algorithm.
+
+    On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
+    caught, and a first line saying what trains and how long it will take here (spare_step: a
+    training step to time). stepped() counts a step and, after a new run's first one, moves its
+    staged directory into place. log() checks for divergence, appends metrics.jsonl, saves the
+    checkpoint and prints. On exit: a finished run's model.pt and final.json; one stopped by a
+    signal, its checkpoint, then KeyboardInterrupt; one that ended early otherwise (train's
+    stop_after), nothing more, as if killed. Under torchrun the lead rank (0) alone writes files and prints.
+    """
+
+    def __init__(self, cfg, task, model, optimizer, generator, counts, device, ranks, resume=False, spare_step=None):
+        self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
+        self.counts, self.ranks, self.summary = counts, ranks, task.summary
+        self.start = self.begin(resume, device)
+        self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
+        self.stop_requested = False
+        if ranks.lead:  # the first lines, before any step, wherever the output goes
+            seconds = typical_seconds(spare_step, device.type == "cpu") if self.step < cfg.steps else 0.0
+            print(self.first_line(device, seconds), flush=True)
+
+    def begin(self, resume, device) -> Start:
+        record = run_record(self.cfg, self.counts, device)
+        return start_or_resume(self.cfg, resume, self.model, self.optimizer, self.generator, record, self.ranks.lead)
+
+    def first_line(self, device, seconds) -> str:
+        cfg, counts = self.cfg, self.counts
+        return (first_line(cfg, counts, device, seconds, cfg.steps - self.step) + f"\n{cfg.task}: {counts['trainable']:,} "
+                f"trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
+
+    def __enter__(self):
+        self.began, self.lap_began = time.time() - self.start.elapsed, time.time()  # a resumed run carries its earlier time
+        self.handlers = {}  # the ones the signals had before the run
+        if self.ranks.world == 1 and threading.current_thread() is threading.main_thread():
+            self.handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.bar = tqdm(total=self.cfg.steps, initial=self.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
+        return self
+
+    def stepped(self, loss):
+        """A step trained, its loss (a tensor: no host sync)."""
+        self.losses.append(loss)
+        self.step += 1
+        self.bar.update()
+        self.place()
+
+    def place(self):
+        """Put a staged new run where it belongs once a step has succeeded (or it has no step to take),
+        unless a stop came during that step: then the old run stays as it was."""
+        if self.start.staged and not self.stop_requested:
+            replace_old_run(self.cfg.out, self.start)
+
+    def log(self, step, lr, metrics):
+        """Evaluation `step`'s test metrics, and the lr the schedule gives it."""
+        self.place()
+        if self.start.staged:  # stopped in its first step: the run is dropped
+            return
+        # the mean training loss since the last evaluation, over every rank (a list for batched seeds); its .tolist()
+        # waits for every queued step, so the lap is true training time
+        loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist() if self.losses else None
+        steps_per_s = len(self.losses) / self.lap() if self.losses else None
+        self.check_finite(step, loss, metrics)
+        self.metrics = metrics
+        self.write_eval(step, loss, lr, metrics, self.elapsed(), steps_per_s)
+        self.losses = []
+        self.lap()  # evaluation time does not count as training time for steps/s
+
+    def elapsed(self) -> float:
+        return time.time() - self.began
+
+    def lap(self) -> float:
+        began, self.lap_began = self.lap_began, time.time()
+        return self.lap_began - began
+
+    @staticmethod
+    def check_finite(step, loss, metrics):
+        """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot hold it."""
+        bad = {name: value for name, value in [("training loss", loss), *metrics.items()]
+               if value is not None and not math.isfinite(value)}
+        if bad:
+            raise Diverged(f"training diverged by step {step} ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+                           "the run stops at its last checkpoint; a lower --lr may help")
+
+    def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
+        if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
+            log_eval(self.cfg.out, step, loss, lr, metrics, elapsed, steps_per_s)
+            save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
+            if not sys.stderr.isatty():
+                print_eval(step, self.cfg.steps, loss, metrics, steps_per_s)
+        # every headline metric (addition: exact sums beside per-token accuracy); the log line has them all
+        self.bar.set_postfix(loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s)
+
+    def request_stop(self, signum, frame):
+        """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the loop at the next step
+        boundary, where a checkpoint resumes exactly, instead of mid-step; a second signal acts at once. Caught only in
+        the main thread of a single process: data-parallel ranks would stop at different steps."""
+        self.stop_requested = True
+        self.restore_signals()
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
+
+    def restore_signals(self):
+        for s, handler in self.handlers.items():
+            signal.signal(s, handler)
+        self.handlers = {}
+
+    def __exit__(self, error, *details):
+        self.bar.close()
+        self.restore_signals()
+        try:
+            if error:
+                return
+            if self.stop_requested and self.start.staged:
+                print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
+                raise KeyboardInterrupt
+            if self.stop_requested and self.step < self.cfg.steps:
+                self.save_stopped()
+                raise KeyboardInterrupt
+            if self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
+                self.save_finished()
+            if self.stop_requested:  # asked for in the last step or evaluation: saved, still a stop
+                raise KeyboardInterrupt
+        finally:  # a run that never took its place goes; the locks go with their files
+            self.close()
+
+    def close(self):
+        self.start.close()
+
+    def save_stopped(self):
+        cfg, step = self.cfg, self.step
+        if self.ranks.lead:
+            save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.elapsed(), self.metrics, self.losses)
+            print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
+
+    def save_finished(self):
+        final = {"step": self.step, "elapsed": self.elapsed(), "parameters": self.counts,
+                 **self.summary(self.metrics, self.counts["trainable"])}
+        save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
+        print(result_line(self.cfg, self.metrics), flush=True)
+
+
+def resumed_config(run_dir):
+    """The config of the interrupted run in run_dir, which --resume continues, after completing what
+    a kill left of a swap there (finish_swap)."""
+    finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completes first
+    saved = saved_config(run_dir)
+    if saved is None:
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    return replace(saved, out=run_dir)
+
+
+def result_line(cfg, metrics) -> str:
+    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has one."""
+    scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its own settings")
+    model = "LSTM" if cfg.arch == "lstm" else model_name(cfg.mode).lower()
+    what = f"{cfg.task}, {'linearized ' if cfg.arch == 'linear' else ''}{model} {cfg.width} ({scale})"
+    published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width)
+    if published is None or published[1] not in metrics:
+        return f"{what}: " + ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items()) + "; the paper has no comparable number"
+    name, metric, value, table = published
+    return f"{what}: {100 * metrics[metric]:.3g}% test {metric}; the paper's {name}: {value:g} ({table})"
+
+
+def slow_run_hint(cfg, seconds):
+    """For a CPU run of over an hour that is not its task's laptop variant: the command that runs the variant; else None."""
+    if seconds <= 3600 or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")):
+        return None
+    variant = command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu"
+    return f"the task's laptop variant shows its result in under an hour: {variant}"
+
+
+def typical_seconds(step, cpu: bool) -> float:
+    """On a CPU, the second of two calls of step (the first allocates), or the first alone where it took
+    over 5 s. On a GPU, the fastest of five: its first steps load kernels and choose algorithms for each
+    new shape, which can take longer than a short run's every other step."""
+    seconds = []
+    while len(seconds) < (2 if cpu else 5) and not (cpu and sum(seconds) > 5):
+        start = time.time()
+        step()
+        seconds.append(time.time() - start)
+    return seconds[-1] if cpu else min(seconds)
+
+
+def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed") -> str:
+    """What the run trains, by whose protocol, and how long it will take on this machine."""
+    linear = "linearized " if cfg.arch == "linear" else ""
+    model = "the LSTM" if cfg.arch == "lstm" else f"the {model_name(cfg.mode).lower()} {linear}transformer"
+    protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its saved settings")
+    minutes = seconds * steps_left / 60
+    took = f"{60 * minutes:.0f} s" if minutes < 1 else f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+    line = (f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of {counts['trainable'] + counts['frozen']:,} "
+            f"parameters train), {protocol}: {steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
+            f"({timed}, {seconds:.2g} s)")
+    if cfg.scale == "cpu":
+        return line + "; --scale paper insists on the paper's protocol"
+    hint = device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left)
+    return line + (f"; {hint}" if hint else "")

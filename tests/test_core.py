@@ -12,6 +12,7 @@ import torch
 import cli
 import analyze
 import config
+import rundir
 import train
 from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
 from tasks import ADD_PAD, CLOSE, EQUALS, OPEN, PLUS, QUERY, SUM_DIGIT0, SUM_END, make_task
@@ -321,7 +322,7 @@ def test_a_mask_that_names_no_parameter_is_one_line_exit_2_and_leaves_nothing(tm
 
 
 def test_a_mask_that_trains_a_block_takes_the_blocks_cpu_lr():
-    lr = lambda mode: config.cpu_variant(TrainConfig(task="needle", mode=mode)).lr  # noqa: E731
+    lr = lambda mode: config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=mode)))[0].lr  # noqa: E731
     assert lr("wte,wpe,lm_head,h.1.*") == lr("full") == config.CPU_BLOCKS_LR["needle"] and lr("wte,wpe,lm_head") == lr("frozen")
 
 
@@ -377,8 +378,8 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt")["model"]
     assert set(saved) == {"wte.weight", "wpe.weight", "lm_head.weight"}  # the seed redraws the rest
     assert not (tmp_path / "cut" / "final.json").exists()
-    cfg, resume = cli.parse_args(["--resume", str(tmp_path / "cut")])
-    resumed = train.train(cfg, resume=resume)
+    assert cli.parse_args(["--resume", str(tmp_path / "cut")]) == (None, str(tmp_path / "cut"))
+    resumed = train.train(rundir.resumed_config(str(tmp_path / "cut")), resume=True)
     assert resumed == whole
     a = torch.load(tmp_path / "whole" / "model.pt")["model"]
     b = torch.load(tmp_path / "cut" / "model.pt")["model"]

@@ -482,7 +482,7 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(name, step, par
         assert not (cut / "checkpoint.pt").exists()
     else:
         assert torch.load(cut / "checkpoint.pt")["step"] in (4, 8)  # a whole checkpoint, never a part
-    resumed = train.train(*cli.parse_args(["--resume", str(cut)]))
+    resumed = train.train(rundir.resumed_config(str(cut)), resume=True)
     assert resumed == whole and metric_steps(cut) == [4, 8]
     assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
     a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
@@ -495,7 +495,7 @@ def test_resume_drops_a_metrics_line_cut_short(tmp_path):
     train.train(tiny(tmp_path), stop_after=4)
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "lo')
-    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -505,8 +505,8 @@ def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     (tmp_path / "run").rename(tmp_path / "moved")
-    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "copy")])) == whole
-    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "moved")])) == whole
+    assert train.train(rundir.resumed_config(str(tmp_path / "copy")), resume=True) == whole
+    assert train.train(rundir.resumed_config(str(tmp_path / "moved")), resume=True) == whole
     assert not (tmp_path / "run").exists()  # the directory named in config.json is never recreated
     assert (tmp_path / "copy" / "final.json").exists() and (tmp_path / "moved" / "final.json").exists()
     assert before["config.json"] == (tmp_path / "moved" / "config.json").read_bytes()
@@ -516,7 +516,7 @@ def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
     train.train(tiny(tmp_path), stop_after=4)
     code, err = run_cli(["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "drop --steps, --lr, --frozen" in err
-    train.train(*cli.parse_args(["--resume", str(tmp_path / "run")]))
+    train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
@@ -561,7 +561,7 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_pa
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path), stop_after=4)
     os.remove(tmp_path / "run" / "checkpoint.pt")
-    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -620,7 +620,7 @@ def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(name,
                             cwd=tmp_path, capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (cut / "final.json").exists()
-    assert train.train(*cli.parse_args(["--resume", str(cut)])) == whole
+    assert train.train(rundir.resumed_config(str(cut)), resume=True) == whole
     assert not [f for f in os.listdir(cut) if f.endswith(".tmp")]  # the kill's temp file is cleared
     assert records(cut) == records(tmp_path / "whole")  # each step once, the same numbers
     a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
@@ -658,22 +658,22 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
     assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
     assert not (run / ".lock").exists()  # released and removed at exit
-    assert train.train(*cli.parse_args(["--resume", str(run)])) == whole
+    assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
     assert records(run) == records(tmp_path / "whole")  # the step-8 loss averages steps 4-7, as uninterrupted
 
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", mode="frozen")
-    line = train.first_line(config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990)
+    line = rundir.first_line(config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990)
     assert "about 25.8 h on this CPU" in line
     assert line.endswith("; the task's laptop variant shows its result in under an hour: "
                          "python train.py --task needle --train frozen --scale cpu")
-    hint = train.slow_run_hint(cfg, 9.3 * 9990)
+    hint = rundir.slow_run_hint(cfg, 9.3 * 9990)
     suggested, _ = cli.parse_args(hint.split("python train.py ")[1].split())
     assert suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
-    full = train.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
+    full = rundir.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
     suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
-    assert suggested.digits == 6 and suggested.lr == 3e-4  # the fully trained wide model's own lr
+    assert suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4  # the fully trained wide model's own lr
 
 
 def test_scale_auto_is_the_paper_protocol_on_a_cuda_gpu_and_the_cpu_variant_elsewhere(monkeypatch):
@@ -701,20 +701,20 @@ def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
     cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"])
     assert (cfg.steps, cfg.width, cfg.max_parens, cfg.batch_size) == (50, 1024, 40, 64)
     assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens", scale="paper")
-    assert train.slow_run_hint(cfg, 0.1 * 9990) is None
-    assert train.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None  # no variant to suggest to the variant itself
-    assert "--task lm --scale cpu" in train.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
+    assert rundir.slow_run_hint(cfg, 0.1 * 9990) is None
+    assert rundir.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None  # no variant to suggest to the variant itself
+    assert "--task lm --scale cpu" in rundir.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
-    lr = {(train_mode, width): config.cpu_variant(TrainConfig(task="needle", mode=train_mode, width=width)).lr
+    lr = {(train_mode, width): config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=train_mode, width=width)))[0].lr
           for train_mode in ("full", "frozen") for width in (16, 128, None)}
     assert lr == {("full", 16): 3e-3, ("full", 128): 3e-4, ("full", None): 3e-4,
                   ("frozen", 16): 3e-3, ("frozen", 128): 3e-3, ("frozen", None): 3e-3}
 
 
 def test_the_lr_rule_judges_a_mask_by_the_parameters_it_trains_not_its_spelling():
-    lr = {mask: config.cpu_variant(TrainConfig(task="needle", mode=mask, width=128)).lr
+    lr = {mask: config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=mask, width=128)))[0].lr
           for mask in ("*attn*", "wte,h[.]0*", "wte,h.0.*", "ln_f", "wte,lm_head", "[lw]*e", "*pe")}
     assert lr == {"*attn*": 3e-4, "wte,h[.]0*": 3e-4, "wte,h.0.*": 3e-4, "ln_f": 3e-4,  # the body trains
                   "wte,lm_head": 3e-3, "[lw]*e": 3e-3, "*pe": 3e-3}  # embeddings only: wte, wpe
@@ -786,7 +786,7 @@ def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resum
     code, err = run_cli(TINY_ARGS + ["--out", str(tmp_path / "run")], capsys)
     assert code == 130 and "No such file" not in err and err.endswith("train.py: interrupted"), err
     assert not [name for name in os.listdir(tmp_path / "run") if name.endswith(".tmp") or name == ".lock"]
-    assert train.train(*cli.parse_args(["--resume", str(tmp_path / "run")])) == whole
+    assert train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True) == whole
 
 
 @pytest.mark.parametrize("where", ["train_step", "evaluate"])
@@ -888,7 +888,7 @@ def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, cap
     finally:
         holder.kill()
         holder.wait()
-    assert train.train(*cli.parse_args(["--resume", str(run)]))  # the lock dies with its process
+    assert train.train(rundir.resumed_config(str(run)), resume=True)  # the lock dies with its process
 
 
 FAILING_FIRST_STEP = """
@@ -982,7 +982,7 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
     if (run / "final.json").exists():  # the old run: the same command again replaces it
         assert train.train(cli.parse_args(TINY_ARGS + ["--out", str(run), "--overwrite"])[0]) == whole
     else:  # the new run, or out missing: --resume completes the swap and the run
-        assert train.train(*cli.parse_args(["--resume", str(run)])) == whole
+        assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
     assert sorted(os.listdir(tmp_path)) == ["run", "whole"]  # nothing hidden left beside it
     assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]  # no stale lock
     assert records(run) == records(tmp_path / "whole")
@@ -1037,7 +1037,7 @@ def test_a_full_disk_during_torch_save_is_one_line_and_the_run_resumes(tmp_path,
     assert code == 2 and len(err.splitlines()) == 1 and "PytorchStreamWriter failed writing" in err and "checkpoint.pt" in err, err
     assert sorted(os.listdir(run)) == ["checkpoint.pt", "config.json", "metrics.jsonl"]  # no temp file, no lock
     assert torch.load(run / "checkpoint.pt")["step"] == 4
-    assert train.train(*cli.parse_args(["--resume", str(run)])) == whole
+    assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
 
 
 def test_a_table_of_finished_runs_with_a_final_json_lacking_elapsed_is_one_usage_error(tmp_path):
@@ -1114,7 +1114,7 @@ def test_resume_removes_only_its_own_temp_files(tmp_path):
     run = tmp_path / "run"
     (run / ".notes.tmp").write_text("mine")
     (run / ".checkpoint.pt.k3j2h1.tmp").write_bytes(b"half a checkpoint")
-    train.train(*cli.parse_args(["--resume", str(run)]))
+    train.train(rundir.resumed_config(str(run)), resume=True)
     assert (run / ".notes.tmp").read_text() == "mine" and not (run / ".checkpoint.pt.k3j2h1.tmp").exists()
 
 

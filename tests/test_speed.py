@@ -14,6 +14,7 @@ import batched_seeds
 import bench
 import config
 import tasks
+import rundir
 import train
 from config import TrainConfig
 
@@ -207,4 +208,4 @@ def test_the_first_lines_step_time_skips_a_gpus_warm_up_steps(monkeypatch, cpu, 
     durations, clock = iter([6.9, 0.8, 0.1, 0.1, 0.1]), [0.0]
     monkeypatch.setattr(train.time, "time", lambda: clock[0])
     step = lambda: clock.__setitem__(0, clock[0] + next(durations))  # noqa: E731
-    assert train.typical_seconds(step, cpu) == pytest.approx(expected)
+    assert rundir.typical_seconds(step, cpu) == pytest.approx(expected)
