@@ -87,6 +87,7 @@ def train_batched(cfg) -> list:
     kernels = sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext()
     with kernels, SeedRuns(seeds, task, models, params, counts, device, timed_step) as run:
         for step in range(cfg.steps + 1):
+            run.step = step
             last = step == cfg.steps
             if last or step > 0 and step % cfg.eval_every == 0:
                 run.log(step, lr_at(step, cfg),
@@ -95,7 +96,10 @@ def train_batched(cfg) -> list:
                 break
             set_lr(optimizer, lr_at(step, cfg))
             batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
-            run.stepped(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
+            run.losses.append(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
+            run.bar.update()
+            if run.start.staged:
+                run.place()
     return run.metrics
 
 

@@ -102,7 +102,7 @@ def ours(cfg, task, model, device):
         return task.sample(cfg.batch_size, generator).to(device)
 
     def step():
-        train_step(model, task.loss, make_data(), optimizer, clip, autocast(device, cfg.dtype))
+        train_step(model, task.loss, make_data().length_chunks(), optimizer, clip, autocast(device, cfg.dtype))
 
     def rows(batch):
         return batch.pos.amax(1) + 1, batch.pos[batch.y >= 0]

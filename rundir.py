@@ -568,8 +568,8 @@ class Run:
 
     On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
     caught, and a first line saying what trains and how long it will take here (spare_step: a
-    training step to time). stepped() counts a step and, after a new run's first one, moves its
-    staged directory into place. log() checks for divergence, appends metrics.jsonl, saves the
+    training step to time). place() moves a new run's staged directory into place once its first
+    step has succeeded. log() checks for divergence, appends metrics.jsonl, saves the
     checkpoint and prints. On exit: a finished run's model.pt and final.json; one stopped by a
     signal, its checkpoint, then KeyboardInterrupt; one that ended early otherwise (train's
     stop_after), nothing more, as if killed. Under torchrun the lead rank (0) alone writes files and prints.
@@ -601,13 +601,6 @@ class Run:
             self.handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.bar = tqdm(total=self.cfg.steps, initial=self.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
         return self
-
-    def stepped(self, loss):
-        """A step trained, its loss (a tensor: no host sync)."""
-        self.losses.append(loss)
-        self.step += 1
-        self.bar.update()
-        self.place()
 
     def place(self):
         """Put a staged new run where it belongs once a step has succeeded (or it has no step to take),

@@ -49,8 +49,8 @@ class Batch:
         """fn applied to every field that is set (target is None outside imitation)."""
         return Batch(*(None if t is None else fn(t) for t in self.tensors()))
 
-    def length_chunks(self):
-        """Yield (chunk, weight): rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
+    def length_chunks(self) -> list:
+        """[(chunk, weight)]: rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
 
         Causal attention means no token after a row's last answer can change any answer, so the
         trim leaves loss and gradient unchanged up to float rounding. weight = the chunk's share of
@@ -64,10 +64,9 @@ class Batch:
         ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
         # Every row the same length: no sorting, one chunk.
         chunks, ends = ([None], ends[:1]) if ends[0] == ends[-1] else (chunks, ends[1:])
-        for rows, end in zip(chunks, ends):
-            chunk = self if rows is None else self.take_rows(rows)
-            chunk = replace(chunk, x=chunk.x[..., : end + 1].contiguous())  # one memory layout for every chunk: no recompile
-            yield chunk, (chunk.y >= 0).sum((-2, -1)) / answers
+        trimmed = [replace(chunk, x=chunk.x[..., : end + 1].contiguous())  # one memory layout for every chunk: no recompile
+                   for chunk, end in zip([self if rows is None else self.take_rows(rows) for rows in chunks], ends)]
+        return [(chunk, (chunk.y >= 0).sum((-2, -1)) / answers) for chunk in trimmed]
 
     def take_rows(self, rows):
         """The given rows (indices (..., b) into the row dimension, the second to last of pos)."""

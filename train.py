@@ -9,8 +9,8 @@ to zero, gradients clipped at norm 1.0, and a loss taken only where an answer is
 chooses which parameters learn (model.py). The settings and their flags are in config.py.
 
 Read train() first. It builds the model, then loops: evaluate when an evaluation is due, stop at
-the last step, else set the lr, draw a batch and take one step. Everything else a run needs (its
-directory, checkpoints, logs, the progress bar, Ctrl-C) is rundir.Run's.
+the last step (or at Ctrl-C), else set the lr, draw a batch and take one step. Everything else a
+run needs (its directory, checkpoints, logs, the progress bar, signals) is rundir.Run's.
 """
 
 import copy
@@ -45,6 +45,7 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     with deterministic_kernels(cfg.deterministic), Run(cfg, task, model, optimizer, generator, counts, device, ranks,
                                                        resume, timed_step) as run:
         for step in range(run.start.step, cfg.steps + 1):
+            run.step = step
             last = step == cfg.steps
             if step > run.start.logged and (last or step > 0 and step % cfg.eval_every == 0):
                 run.log(step, lr_at(step, cfg), evaluate(model, task, test, device, cfg.dtype))
@@ -52,15 +53,18 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
                 break
             set_lr(optimizer, lr_at(step, cfg))
             batch = task.sample(cfg.batch_size, generator).to(device)
-            run.stepped(train_step(model, task.loss, batch, optimizer, clip, precision))
+            run.losses.append(train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision))
+            run.bar.update()
+            if run.start.staged:  # a new run takes its directory's place once its first step has succeeded
+                run.place()
     return run.metrics
 
 
-def train_step(model, loss_fn, batch: Batch, optimizer, clip, precision):
-    """One optimizer step on batch, the gradients of its length chunks (Batch.length_chunks) adding up;
-    returns its mean answer loss (a tensor: no host sync)."""
+def train_step(model, loss_fn, chunks: list, optimizer, clip, precision):
+    """One optimizer step on a batch given as its length chunks (Batch.length_chunks), whose gradients
+    add up; returns the batch's mean answer loss (a tensor: no host sync)."""
     batch_loss = 0.0
-    for chunk, weight in batch.length_chunks():
+    for chunk, weight in chunks:
         with precision:
             loss = loss_fn(model(chunk.x, chunk.pos), chunk) * weight
         loss.backward()
@@ -117,7 +121,7 @@ def spare_step(cfg, task, model, device, ranks):
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
     generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)  # not the run's data
-    return lambda: train_step(model, task.loss, task.sample(cfg.batch_size, generator).to(device),
+    return lambda: train_step(model, task.loss, task.sample(cfg.batch_size, generator).to(device).length_chunks(),
                               optimizer, clip, precision).item()
 
 

@@ -206,6 +206,6 @@ def test_the_first_lines_step_time_skips_a_gpus_warm_up_steps(monkeypatch, cpu, 
     # On the H200 a needle run's first step (kernels loading) took 6.9 s and its 10,000 steps 204 s;
     # timing that step announced "about 19.1 h". A CPU step that long is a real one: it stops there.
     durations, clock = iter([6.9, 0.8, 0.1, 0.1, 0.1]), [0.0]
-    monkeypatch.setattr(train.time, "time", lambda: clock[0])
+    monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
     step = lambda: clock.__setitem__(0, clock[0] + next(durations))  # noqa: E731
     assert rundir.typical_seconds(step, cpu) == pytest.approx(expected)
