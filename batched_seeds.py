@@ -20,7 +20,7 @@ from functools import partial
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rundir import Diverged, Run, check_run_dir, log_eval, print_eval, replace_old_run, run_record, save_final, start_or_resume, write_seed_summary
+from rundir import Run, check_run_dir, log_eval, print_eval, replace_old_run, run_record, save_final, start_or_resume, write_seed_summary
 from cli import parse_args, seed_configs
 from errors import UsageError, usage_errors
 from config import build_seeded
@@ -181,19 +181,11 @@ class SeedRuns(Run):
 
 
 def main(argv=None):
-    try:
-        with usage_errors("batched_seeds.py"):
-            cfg, resume = parse_args(argv, __doc__.split("\n")[0])
-            if resume:
-                raise UsageError("a batched run writes no checkpoint, so there is nothing to resume; train.py --resume continues single runs")
-            train_batched(cfg)
-    except KeyboardInterrupt:
-        print("batched_seeds.py: interrupted; a batched run keeps no checkpoint: the same command with --overwrite starts it again",
-              file=sys.stderr)
-        sys.exit(130)
-    except Diverged as e:
-        print(f"batched_seeds.py: {e}", file=sys.stderr)
-        sys.exit(3)
+    with usage_errors("batched_seeds.py", "; a batched run keeps no checkpoint: the same command with --overwrite starts it again"):
+        cfg, resume = parse_args(argv, __doc__.split("\n")[0])
+        if resume:
+            raise UsageError("a batched run writes no checkpoint, so there is nothing to resume; train.py --resume continues single runs")
+        train_batched(cfg)
 
 
 if __name__ == "__main__":

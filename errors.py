@@ -14,13 +14,24 @@ class UsageError(Exception):
     """Bad input (a flag, a file, a directory, a corrupt checkpoint), raised wherever it is found: never a traceback."""
 
 
+class Diverged(Exception):
+    """The training or test loss became NaN or infinite: the run stops, exit code 3."""
+
+
 @contextmanager
-def usage_errors(prog: str):
-    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2."""
+def usage_errors(prog: str, interrupted: str = ""):
+    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2; Ctrl-C
+    with `prog: interrupted` and what to do next (interrupted), exit code 130; a diverged run, exit code 3."""
     if hasattr(sys.stdout, "reconfigure"):  # a name or mask the locale cannot encode prints escaped
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
         yield
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted{interrupted}", file=sys.stderr)
+        sys.exit(130)
+    except Diverged as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        sys.exit(3)
     except UsageError as e:
         message = e
     except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file

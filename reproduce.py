@@ -429,26 +429,22 @@ def main(argv=None):
                          "for xargs -P or a job array, each safe to rerun after a kill (trains nothing)")
     args = parser.parse_args(argv)
     command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    try:
-        with usage_errors("reproduce.py"):
-            args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
-            args.jobs = (torch.cuda.device_count() or 1) if args.jobs is None else args.jobs
-            check_args(args)
-            names = list(TABLES) if args.table == "all" else [args.table]
-            if args.table == "claims":
-                for path, text in claims(partial(claimed_cell, args), args.results, args.scale).items():
-                    write_atomic(path, lambda f, text=text: f.write(text.encode()))
-                    print(f"-> {path}")
-            elif args.plan:
-                print(plan([table_runs(name, args) for name in names], args.scale))
-            elif args.print_commands:
-                print_commands([cfg for name in names for cell in table_runs(name, args)[1].values() for cfg in cell], command)
-            else:
-                for name in names:
-                    reproduce(name, args, command)
-    except KeyboardInterrupt:
-        print("reproduce.py: interrupted; the same command continues from each run's last checkpoint", file=sys.stderr)
-        sys.exit(130)
+    with usage_errors("reproduce.py", "; the same command continues from each run's last checkpoint"):
+        args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
+        args.jobs = (torch.cuda.device_count() or 1) if args.jobs is None else args.jobs
+        check_args(args)
+        names = list(TABLES) if args.table == "all" else [args.table]
+        if args.table == "claims":
+            for path, text in claims(partial(claimed_cell, args), args.results, args.scale).items():
+                write_atomic(path, lambda f, text=text: f.write(text.encode()))
+                print(f"-> {path}")
+        elif args.plan:
+            print(plan([table_runs(name, args) for name in names], args.scale))
+        elif args.print_commands:
+            print_commands([cfg for name in names for cell in table_runs(name, args)[1].values() for cfg in cell], command)
+        else:
+            for name in names:
+                reproduce(name, args, command)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from cli import command_line
-from config import CPU_VARIANTS, TrainConfig, saved_config
-from errors import UsageError
+from config import CPU_VARIANTS, TrainConfig, changed_settings, resolve, saved_config
+from errors import Diverged, UsageError
 from files import FINAL_KEYS, NUMBER, is_json_type, load_checkpoint, read_json, read_metrics, save_torch, write_atomic, write_json
 from devices import uses_bf16
 from model import model_name
@@ -559,10 +559,6 @@ def run_record(cfg, counts: dict, device) -> dict:
 # ---------------------------------------------------------------------------
 
 
-class Diverged(Exception):
-    """The training or test loss became NaN or infinite: the run stops, exit code 3."""
-
-
 class Run:
     """Everything a training loop needs besides the algorithm, so that train.train() reads as the algorithm.
 
@@ -705,6 +701,20 @@ def resumed_config(run_dir):
     if saved is None:
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
     return replace(saved, out=run_dir)
+
+
+def seed_state(cfg, seeds: int) -> str:
+    """What train.py does with one of `seeds` seed runs: new (trains it; train() refuses another run's
+    directory), resume (it was stopped) or finished (skips it, and says so). So the same --seeds
+    command, run again, goes on with each seed."""
+    if seeds == 1 or cfg.overwrite:
+        return "new"
+    cfg = resolve(cfg)[0]  # its directory named
+    state = "new" if changed_settings(cfg, cfg.out) else run_state(cfg.out)
+    if state == "finished":
+        tidy(cfg.out)  # what a kill after its final.json left
+        print(f"{cfg.out} finished before; skipped")
+    return state
 
 
 def result_line(cfg, metrics) -> str:

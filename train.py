@@ -15,16 +15,15 @@ run needs (its directory, checkpoints, logs, the progress bar, signals) is rundi
 
 import copy
 import math
-import sys
 from dataclasses import replace
 
 import torch
 
 from cli import parse_args, seed_configs
-from config import build_seeded, changed_settings, resolve
+from config import build_seeded, resolve
 from devices import Ranks, autocast, compile_model, deterministic_kernels
 from errors import usage_errors
-from rundir import Diverged, Run, resumed_config, run_state, tidy, write_seed_summary
+from rundir import Run, resumed_config, seed_state, write_seed_summary
 from tasks import Batch
 
 
@@ -126,34 +125,18 @@ def spare_step(cfg, task, model, device, ranks):
 
 
 def main(argv=None):
-    try:
-        with usage_errors("train.py"):
+    with usage_errors("train.py"):
+        try:
             cfg, resume = parse_args(argv, __doc__.split("\n")[0])
-            if resume:
-                train(resumed_config(resume), resume=True)
-                return
-            seeds = seed_configs(cfg)
+            seeds = [resumed_config(resume)] if resume else seed_configs(cfg)
             for run in seeds:
-                state = "new"
-                if len(seeds) > 1 and not cfg.overwrite:  # the same --seeds command, run again, goes on with each seed
-                    run = resolve(run)[0]  # its directory named
-                    # finished: skipped; resume: it was stopped; fresh or new: trained (train() refuses another run's directory)
-                    state = "new" if changed_settings(run, run.out) else run_state(run.out)
-                if state == "finished":
-                    tidy(run.out)  # what a kill after its final.json left
-                    print(f"{run.out} finished before; skipped")
-                    continue
-                train(run, resume=state == "resume")
+                state = "resume" if resume else seed_state(run, len(seeds))
+                if state != "finished":
+                    train(run, resume=state == "resume")
             if len(seeds) > 1:
                 write_seed_summary([resolve(run)[0] for run in seeds])
-    except KeyboardInterrupt:
-        print("train.py: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Diverged as e:
-        print(f"train.py: {e}", file=sys.stderr)
-        sys.exit(3)
-    finally:
-        Ranks.close()
+        finally:
+            Ranks.close()
 
 
 if __name__ == "__main__":
