@@ -457,18 +457,42 @@ DOCUMENTS = ("RESULTS.md", "README.md", os.path.join("docs", "protocol.md"), os.
 SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
 
 
-def scaled(metric: str, value: float) -> float:
-    return value * (100 if metric in ("accuracy", "exact_match") else 1)
+def percent(key: str, value):
+    """A record's value as shown: an accuracy (a fraction) in %, any other number as it is."""
+    return value * 100 if re.fullmatch(r"(test_)?(accuracy|exact_match)|(un)?seen", key) else value
+
+
+def run_records(run_dir: str, name: str) -> list:
+    """The records of a run's file `name`: each line of a .jsonl log, or a .json file's one object
+    ([] where there is none)."""
+    path = os.path.join(run_dir, name)
+    if name.endswith(".jsonl"):
+        return read_metrics(run_dir, name)
+    return [read_json(path)] if os.path.exists(path) else []
+
+
+def dig(record, path: str):
+    """The value at `path` in a record (None where a key is missing): keys joined by dots, where
+    key=value keeps the items of a list whose key has that value; a list is its count."""
+    for part in path.split("."):
+        key, keep, wanted = part.partition("=")
+        record = ([item for item in record if str(item.get(key)) == wanted] if keep
+                  else record.get(key) if isinstance(record, dict) else None)
+    return len(record) if isinstance(record, list) else record
 
 
 def cited(claimed_cell, reference: str, where: str) -> str:
-    """The number that `reference` stands for, read from the records. table/row/col: the cell's median;
-    table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json metric (the table's own
-    if none), s<k> (seed k alone), step<N> (the metric at that evaluation of metrics.jsonl), train (on the training
-    split, train_split.json) and at most one summary: range (min-max over seeds, one number where
-    they agree), gap (the median less the paper's number, signed), minutes (min-max of each run's
-    training minutes), summed (their total), runs (how
-    many finished). A row or col * takes every cell of the column or row (summaries only)."""
+    """The number that `reference` stands for, read from the records. table/row/col: the cell's
+    median; table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json
+    metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
+    (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
+    step N on), train (train_split.json), FILE:PATH (dig's PATH in each run's FILE, e.g.
+    analysis.json:lengths.unseen.test, or in each record of a .jsonl log, which step<N> or from<N>
+    choose: metrics.jsonl:loss is the training loss); and at most one summary: range (min-max over
+    the values, one number where they agree), gap (the median less the paper's number, signed),
+    minutes (min-max of each run's training minutes), summed (their total), runs (how many
+    finished). Accuracies are in %. A row or col * takes every cell of the column or row (minutes,
+    summed and runs only)."""
     parts = reference.split("/")
     words = parts.pop().split() if parts[0] == "runs" or len(parts) == 4 else []
     if parts[0] == "runs":
@@ -479,9 +503,11 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     else:
         raise UsageError(f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words")
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
-    step = [int(w[4:]) for w in words if re.fullmatch(r"step\d+", w)]
+    when = next((w for w in words if re.fullmatch(r"(step|from)\d+", w)), None)
     summary = [w for w in words if w in SUMMARIES]
-    metric = next((w for w in words if not re.fullmatch(r"s\d+|step\d+|train", w) and w not in SUMMARIES), None)
+    source = next((w.split(":", 1) for w in words if ":" in w), None)
+    metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from)\d+|train|.*:.*", w)
+                   and w not in SUMMARIES), None)
     cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
     if summary and summary[0] in ("minutes", "summed", "runs"):
         minutes = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)["elapsed"] / 60
@@ -493,13 +519,13 @@ def cited(claimed_cell, reference: str, where: str) -> str:
                 "minutes": low if low == high else f"{low}-{high}"}[summary[0]]
     if "*" in (row, col):
         raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
-    if "train" in words:
-        metric = metric or table.metric
-        values = [scaled(metric, read_json(os.path.join(cfg.out, "train_split.json"))[metric]) for cfg in cell
-                  if os.path.exists(os.path.join(cfg.out, "train_split.json"))]
-    elif step:
-        key = "test_" + (metric or table.metric)
-        values = [scaled(key[5:], r[key]) for cfg in cell for r in read_metrics(cfg.out) if r["step"] == step[0] and key in r]
+    if source or when or "train" in words:
+        key = metric or table.metric
+        name, path = source or (("metrics.jsonl", "test_" + key) if when else ("train_split.json", key))
+        step = int(when[4:]) if when else None
+        values = [percent(path.split(".")[-1], value) for cfg in cell for r in run_records(cfg.out, name)
+                  if not when or (r["step"] >= step if when[0] == "f" else r["step"] == step)
+                  if (value := dig(r, path)) is not None]
     else:
         values = table.seed_values(row, col, cell, metric)
     if not values:
