@@ -104,12 +104,10 @@ def picture_key(table, row: str, col: str):
     9: a panel per row, a column per x; Table 3: a panel per metric, a row per x; Figures 4, 6, 7: lines over width."""
     if table.name == "table3":
         return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
-    if table.name == "fig7":
-        kind, width = col.split()  # "Random 16"
-        return row, kind, int(width)
-    if table.name == "fig4":
-        layers, width = col.split(", width ")  # "2 layers, width 64"
-        return layers, row, int(width)
+    if table.name == "fig7":  # "Random 16"
+        return row, col.split()[0], int(col.split()[1])
+    if table.name == "fig4":  # "2 layers, width 64"
+        return col.split(", width ")[0], row, int(col.split()[-1])
     if table.name == "fig6":
         return "3-layer students", row, int(col.split()[1])
     return row, None, col
@@ -334,12 +332,11 @@ PICTURE_TITLES = {  # where a picture draws less than its table: what it does dr
 def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
-        title = PICTURE_TITLES.get(table.name, table.title)
-        return PAPER_FIGURES[table.name](table, runs, title + f"\nours at {scale} scale ({table.name}-{scale}.md)", path)
+        title = PICTURE_TITLES.get(table.name, table.title) + f"\nours at {scale} scale ({table.name}-{scale}.md)"
+        return PAPER_FIGURES[table.name](table, runs, title, path)
     cells = picture_cells(table, runs)
-    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
-    if any(paper is not None for _, paper in cells.values()):
-        title += "; stars: the paper's numbers"
+    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
+        "; stars: the paper's numbers" if any(paper is not None for _, paper in cells.values()) else "")
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
     handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
     save_with_legend(plt, fig, handles, path)
@@ -423,16 +420,15 @@ def results_text(table, scale: str, runs: dict, seeds: int, command: str, result
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(table, scale, runs, seeds, command, device).split("\n")
-    today = date.today().isoformat()
     if trained or not os.path.exists(path):
-        lines.insert(4, f"{today}: this command trained {trained} runs and found the others finished.")
+        lines.insert(4, f"{date.today().isoformat()}: this command trained {trained} runs and found the others finished.")
     else:
         with open(path) as f:
             old = f.read().split("\n")
         kept = [line for line in old[4:5] if "this command trained" in line]
-        trained_where = old[2].partition(";")[0]  # "Scale `cpu`, <date>, <device>"
-        lines[2:4] = [trained_where + ";" + lines[2].partition(";")[2], old[3], *kept,
-                      f"{today}: redrawn from the finished runs by `{command}`; nothing trained."]
+        # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes
+        lines[2:4] = [old[2].partition(";")[0] + ";" + lines[2].partition(";")[2], old[3], *kept,
+                      f"{date.today().isoformat()}: redrawn from the finished runs by `{command}`; nothing trained."]
     return "\n".join(lines)
 
 
@@ -455,30 +451,28 @@ PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")  # a number in pr
 PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
 DOCUMENTS = ("RESULTS.md", "README.md", os.path.join("docs", "protocol.md"), os.path.join("docs", "tour.md"))
 SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
-
-
-def percent(key: str, value):
-    """A record's value as shown: an accuracy (a fraction) in %, any other number as it is."""
-    return value * 100 if re.fullmatch(r"(test_)?(accuracy|exact_match)|(un)?seen", key) else value
+ACCURACIES = r"(test_)?(accuracy|exact_match)|(un)?seen"  # the record keys that hold a fraction right, shown in %
 
 
 def run_records(run_dir: str, name: str) -> list:
     """The records of a run's file `name`: each line of a .jsonl log, or a .json file's one object
     ([] where there is none)."""
     path = os.path.join(run_dir, name)
-    if name.endswith(".jsonl"):
-        return read_metrics(run_dir, name)
-    return [read_json(path)] if os.path.exists(path) else []
+    return (read_metrics(run_dir, name) if name.endswith(".jsonl")
+            else [read_json(path)] if os.path.exists(path) else [])
 
 
 def dig(record, path: str):
-    """The value at `path` in a record (None where a key is missing): keys joined by dots, where
-    key=value keeps the items of a list whose key has that value; a list is its count."""
+    """The value at `path` in a record, as the documents show it (None where a key is missing): keys
+    joined by dots, where key=value keeps the items of a list whose key has that value; a list is
+    its count, an accuracy (a fraction) in %."""
     for part in path.split("."):
         key, keep, wanted = part.partition("=")
         record = ([item for item in record if str(item.get(key)) == wanted] if keep
                   else record.get(key) if isinstance(record, dict) else None)
-    return len(record) if isinstance(record, list) else record
+    if isinstance(record, list):
+        return len(record)
+    return record * 100 if record is not None and re.fullmatch(ACCURACIES, part) else record
 
 
 def cited(claimed_cell, reference: str, where: str) -> str:
@@ -486,7 +480,7 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     median; table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json
     metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
     (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
-    step N on), train (train_split.json), FILE:PATH (dig's PATH in each run's FILE, e.g.
+    step N on), FILE:PATH (dig's PATH in each run's FILE, e.g. train_split.json:accuracy or
     analysis.json:lengths.unseen.test, or in each record of a .jsonl log, which step<N> or from<N>
     choose: metrics.jsonl:loss is the training loss); and at most one summary: range (min-max over
     the values, one number where they agree), gap (the median less the paper's number, signed),
@@ -498,15 +492,14 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     if parts[0] == "runs":
         table, cell, row, col = Table("runs", "", "accuracy", [], [], {}), [TrainConfig(out="/".join(parts))], "", ""
     elif len(parts) == 3:
-        table, cell = claimed_cell(*parts, where)
-        row, col = parts[1:]
+        (table, cell), (row, col) = claimed_cell(*parts, where), parts[1:]
     else:
         raise UsageError(f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words")
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
-    when = next((w for w in words if re.fullmatch(r"(step|from)\d+", w)), None)
+    when = next(((w[0], int(w[4:])) for w in words if re.fullmatch(r"(step|from)\d+", w)), None)
     summary = [w for w in words if w in SUMMARIES]
     source = next((w.split(":", 1) for w in words if ":" in w), None)
-    metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from)\d+|train|.*:.*", w)
+    metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from)\d+|.*:.*", w)
                    and w not in SUMMARIES), None)
     cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
     if summary and summary[0] in ("minutes", "summed", "runs"):
@@ -519,12 +512,10 @@ def cited(claimed_cell, reference: str, where: str) -> str:
                 "minutes": low if low == high else f"{low}-{high}"}[summary[0]]
     if "*" in (row, col):
         raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
-    if source or when or "train" in words:
-        key = metric or table.metric
-        name, path = source or (("metrics.jsonl", "test_" + key) if when else ("train_split.json", key))
-        step = int(when[4:]) if when else None
-        values = [percent(path.split(".")[-1], value) for cfg in cell for r in run_records(cfg.out, name)
-                  if not when or (r["step"] >= step if when[0] == "f" else r["step"] == step)
+    if source or when:
+        name, path = source or ("metrics.jsonl", "test_" + (metric or table.metric))
+        values = [value for cfg in cell for r in run_records(cfg.out, name)
+                  if not when or (r["step"] >= when[1] if when[0] == "f" else r["step"] == when[1])
                   if (value := dig(r, path)) is not None]
     else:
         values = table.seed_values(row, col, cell, metric)
@@ -533,9 +524,8 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     median, low, high = median_range(values)
     if summary == ["gap"]:
         return f"{median - table.paper[row, col]:+.1f}"
-    if summary and number(low) != number(high):
-        return f"{number(low)}-{number(high)}"
-    return number(low) if summary else number(median)
+    low, high = number(low), number(high)
+    return number(median) if not summary else low if low == high else f"{low}-{high}"
 
 
 def claims(claimed_cell, results: str, scale: str) -> dict:
@@ -562,10 +552,9 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         cell = claim["row"], claim["col"]
         table, runs = claimed_cell(claim["table"], *cell, f"claims.json: claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
         values = table.seed_values(*cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs)
-        ours = median_text(values) if values else "not run"
-        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
         verdict = CELL_REFERENCE.sub(lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"), claim["verdict"])
-        lines.append(f"| {claim['claim']} | {paper} | {ours} | {verdict} |")
+        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
+        lines.append(f"| {claim['claim']} | {paper} | {median_text(values) if values else 'not run'} | {verdict} |")
     texts = {}
     for path in (path for path in DOCUMENTS if os.path.isfile(path)):
         with open(path) as f:
