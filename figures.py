@@ -480,9 +480,10 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     median; table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json
     metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
     (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
-    step N on), FILE:PATH (dig's PATH in each run's FILE, e.g. train_split.json:accuracy or
-    analysis.json:lengths.unseen.test, or in each record of a .jsonl log, which step<N> or from<N>
-    choose: metrics.jsonl:loss is the training loss); and at most one summary: range (min-max over
+    step N on), to<N> (every one up to step N), FILE:PATH (dig's PATH in each run's FILE, e.g.
+    train_split.json:accuracy or analysis.json:lengths.unseen.test, or in each record of a .jsonl
+    log, which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
+    FILE:PATH fraction in %, where dig does not); and at most one summary: range (min-max over
     the values, one number where they agree), gap (the median less the paper's number, signed),
     minutes (min-max of each run's training minutes), summed (their total), runs (how many
     finished). Accuracies are in %. A row or col * takes every cell of the column or row (minutes,
@@ -496,10 +497,10 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     else:
         raise UsageError(f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words")
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
-    when = next(((w[0], int(w[4:])) for w in words if re.fullmatch(r"(step|from)\d+", w)), None)
+    when = next(((m[1], int(m[2])) for w in words if (m := re.fullmatch(r"(step|from|to)(\d+)", w))), None)
     summary = [w for w in words if w in SUMMARIES]
     source = next((w.split(":", 1) for w in words if ":" in w), None)
-    metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from)\d+|.*:.*", w)
+    metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", w)
                    and w not in SUMMARIES), None)
     cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
     if summary and summary[0] in ("minutes", "summed", "runs"):
@@ -514,8 +515,9 @@ def cited(claimed_cell, reference: str, where: str) -> str:
         raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
     if source or when:
         name, path = source or ("metrics.jsonl", "test_" + (metric or table.metric))
-        values = [value for cfg in cell for r in run_records(cfg.out, name)
-                  if not when or (r["step"] >= when[1] if when[0] == "f" else r["step"] == when[1])
+        values = [value * (100 if "%" in words else 1) for cfg in cell for r in run_records(cfg.out, name)
+                  if not when or {"step": r["step"] == when[1], "from": r["step"] >= when[1],
+                                  "to": r["step"] <= when[1]}[when[0]]
                   if (value := dig(r, path)) is not None]
     else:
         values = table.seed_values(row, col, cell, metric)
