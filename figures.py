@@ -332,11 +332,12 @@ PICTURE_TITLES = {  # where a picture draws less than its table: what it does dr
 def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
-        title = PICTURE_TITLES.get(table.name, table.title) + f"\nours at {scale} scale ({table.name}-{scale}.md)"
+        title = PICTURE_TITLES.get(table.name, table.title) + (
+            f"\nours at {scale} scale ({table.name}-{scale}.md)")
         return PAPER_FIGURES[table.name](table, runs, title, path)
     cells = picture_cells(table, runs)
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
-        "; stars: the paper's numbers" if any(paper is not None for _, paper in cells.values()) else "")
+        "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else "")
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
     handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
     save_with_legend(plt, fig, handles, path)
@@ -421,14 +422,16 @@ def results_text(table, scale: str, runs: dict, seeds: int, command: str, result
     path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(table, scale, runs, seeds, command, device).split("\n")
     if trained or not os.path.exists(path):
-        lines.insert(4, f"{date.today().isoformat()}: this command trained {trained} runs and found the others finished.")
+        lines.insert(4, f"{date.today().isoformat()}: this command trained {trained} runs and "
+                        "found the others finished.")
     else:
         with open(path) as f:
             old = f.read().split("\n")
         kept = [line for line in old[4:5] if "this command trained" in line]
         # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes
         lines[2:4] = [old[2].partition(";")[0] + ";" + lines[2].partition(";")[2], old[3], *kept,
-                      f"{date.today().isoformat()}: redrawn from the finished runs by `{command}`; nothing trained."]
+                      f"{date.today().isoformat()}: redrawn from the finished runs by "
+                      f"`{command}`; nothing trained."]
     return "\n".join(lines)
 
 
@@ -451,7 +454,7 @@ PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")  # a number in pr
 PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
 DOCUMENTS = ("RESULTS.md", "README.md", os.path.join("docs", "protocol.md"), os.path.join("docs", "tour.md"))
 SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
-ACCURACIES = r"(test_)?(accuracy|exact_match)|(un)?seen"  # the record keys that hold a fraction right, shown in %
+ACCURACIES = r"(test_)?(accuracy|exact_match)|(un)?seen"  # record keys of a fraction right: in %
 
 
 def run_records(run_dir: str, name: str) -> list:
@@ -497,7 +500,8 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     else:
         raise UsageError(f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words")
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
-    when = next(((m[1], int(m[2])) for w in words if (m := re.fullmatch(r"(step|from|to)(\d+)", w))), None)
+    when = next(((m[1], int(m[2])) for w in words
+                 if (m := re.fullmatch(r"(step|from|to)(\d+)", w))), None)
     summary = [w for w in words if w in SUMMARIES]
     source = next((w.split(":", 1) for w in words if ":" in w), None)
     metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", w)
@@ -515,7 +519,8 @@ def cited(claimed_cell, reference: str, where: str) -> str:
         raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
     if source or when:
         name, path = source or ("metrics.jsonl", "test_" + (metric or table.metric))
-        values = [value * (100 if "%" in words else 1) for cfg in cell for r in run_records(cfg.out, name)
+        values = [value * (100 if "%" in words else 1)
+                  for cfg in cell for r in run_records(cfg.out, name)
                   if not when or {"step": r["step"] == when[1], "from": r["step"] >= when[1],
                                   "to": r["step"] <= when[1]}[when[0]]
                   if (value := dig(r, path)) is not None]
@@ -556,7 +561,8 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         values = table.seed_values(*cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs)
         verdict = CELL_REFERENCE.sub(lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"), claim["verdict"])
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
-        lines.append(f"| {claim['claim']} | {paper} | {median_text(values) if values else 'not run'} | {verdict} |")
+        lines.append(f"| {claim['claim']} | {paper} | "
+                     f"{median_text(values) if values else 'not run'} | {verdict} |")
     texts = {}
     for path in (path for path in DOCUMENTS if os.path.isfile(path)):
         with open(path) as f:
