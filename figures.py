@@ -106,12 +106,10 @@ def picture_key(table, row: str, col: str):
     9: a panel per row, a column per x; Table 3: a panel per metric, a row per x; Figures 4, 6, 7: lines over width."""
     if table.name == "table3":
         return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
-    if table.name == "fig7":
-        kind, width = col.split()  # "Random 16"
-        return row, kind, int(width)
-    if table.name == "fig4":
-        layers, width = col.split(", width ")  # "2 layers, width 64"
-        return layers, row, int(width)
+    if table.name == "fig7":  # "Random 16"
+        return row, col.split()[0], int(col.split()[1])
+    if table.name == "fig4":  # "2 layers, width 64"
+        return col.split(", width ")[0], row, int(col.split()[-1])
     if table.name == "fig6":
         return "3-layer students", row, int(col.split()[1])
     return row, None, col
@@ -336,12 +334,12 @@ PICTURE_TITLES = {  # where a picture draws less than its table: what it does dr
 def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
-        title = PICTURE_TITLES.get(table.name, table.title)
-        return PAPER_FIGURES[table.name](table, runs, title + f"\nours at {scale} scale ({table.name}-{scale}.md)", path)
+        title = PICTURE_TITLES.get(table.name, table.title) + (
+            f"\nours at {scale} scale ({table.name}-{scale}.md)")
+        return PAPER_FIGURES[table.name](table, runs, title, path)
     cells = picture_cells(table, runs)
-    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)"
-    if any(paper is not None for _, paper in cells.values()):
-        title += "; stars: the paper's numbers"
+    title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
+        "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else "")
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
     handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
     save_with_legend(plt, fig, handles, path)
@@ -425,16 +423,17 @@ def results_text(table, scale: str, runs: dict, seeds: int, command: str, result
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(table, scale, runs, seeds, command, device).split("\n")
-    today = date.today().isoformat()
     if trained or not os.path.exists(path):
-        lines.insert(4, f"{today}: this command trained {trained} runs and found the others finished.")
+        lines.insert(4, f"{date.today().isoformat()}: this command trained {trained} runs and "
+                        "found the others finished.")
     else:
         with open(path) as f:
             old = f.read().split("\n")
         kept = [line for line in old[4:5] if "this command trained" in line]
-        trained_where = old[2].partition(";")[0]  # "Scale `cpu`, <date>, <device>"
-        lines[2:4] = [trained_where + ";" + lines[2].partition(";")[2], old[3], *kept,
-                      f"{today}: redrawn from the finished runs by `{command}`; nothing trained."]
+        # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes
+        lines[2:4] = [old[2].partition(";")[0] + ";" + lines[2].partition(";")[2], old[3], *kept,
+                      f"{date.today().isoformat()}: redrawn from the finished runs by "
+                      f"`{command}`; nothing trained."]
     return "\n".join(lines)
 
 
@@ -457,33 +456,58 @@ PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")  # a number in pr
 PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
 DOCUMENTS = ("RESULTS.md", "README.md", os.path.join("docs", "protocol.md"), os.path.join("docs", "tour.md"))
 SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
+ACCURACIES = r"(test_)?(accuracy|exact_match)|(un)?seen"  # record keys of a fraction right: in %
 
 
-def scaled(metric: str, value: float) -> float:
-    return value * (100 if metric in ("accuracy", "exact_match") else 1)
+def run_records(run_dir: str, name: str) -> list:
+    """The records of a run's file `name`: each line of a .jsonl log, or a .json file's one object
+    ([] where there is none)."""
+    path = os.path.join(run_dir, name)
+    return (read_metrics(run_dir, name) if name.endswith(".jsonl")
+            else [read_json(path)] if os.path.exists(path) else [])
+
+
+def dig(record, path: str):
+    """The value at `path` in a record, as the documents show it (None where a key is missing): keys
+    joined by dots, where key=value keeps the items of a list whose key has that value; a list is
+    its count, an accuracy (a fraction) in %."""
+    for part in path.split("."):
+        key, keep, wanted = part.partition("=")
+        record = ([item for item in record if str(item.get(key)) == wanted] if keep
+                  else record.get(key) if isinstance(record, dict) else None)
+    if isinstance(record, list):
+        return len(record)
+    return record * 100 if record is not None and re.fullmatch(ACCURACIES, part) else record
 
 
 def cited(claimed_cell, reference: str, where: str) -> str:
-    """The number that `reference` stands for, read from the records. table/row/col: the cell's median;
-    table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json metric (the table's own
-    if none), s<k> (seed k alone), step<N> (the metric at that evaluation of metrics.jsonl), train (on the training
-    split, train_split.json) and at most one summary: range (min-max over seeds, one number where
-    they agree), gap (the median less the paper's number, signed), minutes (min-max of each run's
-    training minutes), summed (their total), runs (how
-    many finished). A row or col * takes every cell of the column or row (summaries only)."""
+    """The number that `reference` stands for, read from the records. table/row/col: the cell's
+    median; table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json
+    metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
+    (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
+    step N on), to<N> (every one up to step N), FILE:PATH (dig's PATH in each run's FILE, e.g.
+    train_split.json:accuracy or analysis.json:lengths.unseen.test, or in each record of a .jsonl
+    log, which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
+    FILE:PATH fraction in %, where dig does not); and at most one summary: range (min-max over
+    the values, one number where they agree), gap (the median less the paper's number, signed),
+    minutes (min-max of each run's training minutes), summed (their total), runs (how many
+    finished). Accuracies are in %. A row or col * takes every cell of the column or row (minutes,
+    summed and runs only)."""
     parts = reference.split("/")
     words = parts.pop().split() if parts[0] == "runs" or len(parts) == 4 else []
     if parts[0] == "runs":
         table, cell, row, col = Table("runs", "", "accuracy", [], [], {}), [TrainConfig(out="/".join(parts))], "", ""
     elif len(parts) == 3:
-        table, cell = claimed_cell(*parts, where)
-        row, col = parts[1:]
+        (table, cell), (row, col) = claimed_cell(*parts, where), parts[1:]
     else:
         raise UsageError(f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words")
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
-    step = [int(w[4:]) for w in words if re.fullmatch(r"step\d+", w)]
+    when = next(((m[1], int(m[2])) for w in words
+                 if (m := re.fullmatch(r"(step|from|to)(\d+)", w))), None)
     summary = [w for w in words if w in SUMMARIES]
-    metric = next((w for w in words if not re.fullmatch(r"s\d+|step\d+|train", w) and w not in SUMMARIES), None)
+    source = next((w.split(":", 1) for w in words if ":" in w), None)
+    metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", w)
+                   and w not in SUMMARIES), None)
     cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
     if summary and summary[0] in ("minutes", "summed", "runs"):
         minutes = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)["elapsed"] / 60
@@ -495,13 +519,13 @@ def cited(claimed_cell, reference: str, where: str) -> str:
                 "minutes": low if low == high else f"{low}-{high}"}[summary[0]]
     if "*" in (row, col):
         raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
-    if "train" in words:
-        metric = metric or table.metric
-        values = [scaled(metric, read_json(os.path.join(cfg.out, "train_split.json"))[metric]) for cfg in cell
-                  if os.path.exists(os.path.join(cfg.out, "train_split.json"))]
-    elif step:
-        key = "test_" + (metric or table.metric)
-        values = [scaled(key[5:], r[key]) for cfg in cell for r in read_metrics(cfg.out) if r["step"] == step[0] and key in r]
+    if source or when:
+        name, path = source or ("metrics.jsonl", "test_" + (metric or table.metric))
+        values = [value * (100 if "%" in words else 1)
+                  for cfg in cell for r in run_records(cfg.out, name)
+                  if not when or {"step": r["step"] == when[1], "from": r["step"] >= when[1],
+                                  "to": r["step"] <= when[1]}[when[0]]
+                  if (value := dig(r, path)) is not None]
     else:
         values = table.seed_values(row, col, cell, metric)
     if not values:
@@ -509,9 +533,8 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     median, low, high = median_range(values)
     if summary == ["gap"]:
         return f"{median - table.paper[row, col]:+.1f}"
-    if summary and number(low) != number(high):
-        return f"{number(low)}-{number(high)}"
-    return number(low) if summary else number(median)
+    low, high = number(low), number(high)
+    return number(median) if not summary else low if low == high else f"{low}-{high}"
 
 
 def claims(claimed_cell, results: str, scale: str) -> dict:
@@ -538,10 +561,10 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         cell = claim["row"], claim["col"]
         table, runs = claimed_cell(claim["table"], *cell, f"claims.json: claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
         values = table.seed_values(*cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs)
-        ours = median_text(values) if values else "not run"
-        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
         verdict = CELL_REFERENCE.sub(lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"), claim["verdict"])
-        lines.append(f"| {claim['claim']} | {paper} | {ours} | {verdict} |")
+        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
+        lines.append(f"| {claim['claim']} | {paper} | "
+                     f"{median_text(values) if values else 'not run'} | {verdict} |")
     texts = {}
     for path in (path for path in DOCUMENTS if os.path.isfile(path)):
         with open(path) as f:

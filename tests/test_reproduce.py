@@ -298,6 +298,67 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     assert "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
 
 
+def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, monkeypatch):
+    """Each citation kind against known records: FILE:PATH (dotted keys, key=value keeping a
+    list's items, a list's count, accuracies in %), % for another fraction, and step<N>, from<N>
+    and to<N> choosing a .jsonl log's evaluations; rendered in a heading too, and anew when the
+    record changes."""
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(scale="cpu", runs=os.path.join("runs", "reproduce"), seeds=3)
+    claimed = functools.partial(reproduce.claimed_cell, args)
+    run = tmp_path / "runs" / "probes" / "p-s0"
+    run.mkdir(parents=True)
+    strings = [{"answer": "balanced", "predicted": "unbalanced"},
+               {"answer": "unbalanced", "predicted": "unbalanced"},
+               {"answer": "balanced", "predicted": "balanced"}]
+    write_json(str(run / "analysis.json"), {"lengths": {"unseen": {"test": 3, "accuracy": 0.5},
+                                                        "unseen_strings": strings},
+                                            "attention": {"uniform": {"query_to_value": 0.25}}})
+    log = [{"step": 100, "loss": 2.0, "test_accuracy": 0.1},
+           {"step": 200, "loss": 1.0, "test_accuracy": 0.5},
+           {"step": 300, "loss": 0.5, "test_accuracy": 0.4}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    (run / "unseen.jsonl").write_text(json.dumps({"step": 100, "unseen": 0.25, "n_unseen": 3}))
+
+    def cite(words):
+        return figures.cited(claimed, f"runs/probes/p-s0/{words}", "test")
+
+    assert cite("analysis.json:lengths.unseen.test") == "3"
+    assert cite("analysis.json:lengths.unseen.accuracy") == "50.0"  # an accuracy, in %
+    assert cite("analysis.json:lengths.unseen_strings") == "3"  # a list: its count
+    assert cite("analysis.json:lengths.unseen_strings.answer=balanced") == "2"
+    assert cite("analysis.json:lengths.unseen_strings.answer=balanced.predicted=unbalanced") == "1"
+    assert cite("analysis.json:attention.uniform.query_to_value") == "0.25"
+    assert cite("analysis.json:attention.uniform.query_to_value %") == "25.0"
+    assert cite("analysis.json:lengths.nothing") == cite("train_split.json:accuracy") == "(not run)"
+    assert cite("unseen.jsonl:unseen") == "25.0" and cite("unseen.jsonl:n_unseen") == "3"
+    # the test accuracy at a step, from a step on, up to a step; the training loss by its key
+    assert cite("step200") == "50.0"
+    assert (cite("from200 range"), cite("to200 range")) == ("40.0-50.0", "10.0-50.0")
+    assert cite("metrics.jsonl:loss step300") == "0.5"
+    assert cite("metrics.jsonl:loss from100 range") == "0.5-2"
+    # a cell's seeds: each run's file, summarised over seeds
+    table = reproduce.table9("cpu")
+    cell = reproduce.cell_runs(table, "cpu", args.runs, 3)["needle", "Linearized random"]
+    for cfg, accuracy in zip(cell, (0.2, 0.5, 0.4)):
+        write_final(cfg.out, accuracy=accuracy, loss=1.0)
+        write_json(os.path.join(cfg.out, "train_split.json"), {"accuracy": accuracy + 0.1})
+    split = "table9/needle/Linearized random/{}train_split.json:accuracy"
+    assert figures.cited(claimed, split.format("") + " range", "test") == "30.0-60.0"
+    assert figures.cited(claimed, split.format("s1 "), "test") == "60.0"
+    # in a document, a heading's citation too is drawn from the record, and anew when it changes
+    os.makedirs("results")
+    write_json("results/claims.json", [])
+    heading = "### unseen at <!--{runs/probes/p-s0/unseen.jsonl:unseen from100}-->VALUE<!--/-->%\n"
+    (tmp_path / "RESULTS.md").write_text("<!-- claims:begin -->\n<!-- claims:end -->\n"
+                                         + heading.replace("VALUE", "1"))
+    reproduce.main(["claims"])
+    assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "25.0"))
+    (run / "unseen.jsonl").write_text(json.dumps({"step": 100, "unseen": 0.5, "n_unseen": 3}))
+    reproduce.main(["claims"])
+    assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "50.0"))
+
+
 def test_the_committed_tables_and_documents_are_what_the_committed_records_draw(monkeypatch):
     """A retrained record leaves no stale number: every results/*-cpu.md, RESULTS.md's claims and the tables it shows,
     and every number cited in RESULTS.md, README.md and docs/, drawn anew from the committed runs/ (writing nothing),
