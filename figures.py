@@ -18,7 +18,7 @@ import torch
 
 from cli import command_line
 from errors import UsageError
-from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, TrainConfig
+from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, TrainConfig, default_lr
 from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_atomic
 from rundir import median_range, run_state
 
@@ -356,7 +356,8 @@ def render_picture(table, scale: str, runs: dict, path: str):
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
     tasks = dict.fromkeys(cfg.task for cfg in cfgs)
-    full = dict.fromkeys(cfg.task for cfg in cfgs if cfg.mode == "full" and cfg.lr == CPU_BLOCKS_LR.get(cfg.task, "none"))
+    full = dict.fromkeys(cfg.task for cfg in cfgs
+                         if cfg.mode == "full" and (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task))
     parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
     if full:
         parts.append(f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
