@@ -45,12 +45,10 @@ def write_json(path, obj):
 def save_torch(path, obj):
     """torch.save through write_atomic; a failed write (torch's zip writer raises RuntimeError, a full
     disk among its causes) is the OSError it is, so it reads as one line and leaves the old file."""
-    def write(f):
-        try:
-            torch.save(obj, f)
-        except RuntimeError as e:
-            raise OSError(errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk full?)", path) from None
-    write_atomic(path, write)
+    try:
+        write_atomic(path, lambda f: torch.save(obj, f))
+    except RuntimeError as e:
+        raise OSError(errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk full?)", path) from None
 
 
 def load_checkpoint(path, keys=("model", "config")):

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -96,10 +97,9 @@ class Start:
         if self.staged:
             shutil.rmtree(self.staged, ignore_errors=True)
             self.staged = None
-        for folder in reversed(self.made):
+        while self.made:  # innermost first
             with contextlib.suppress(OSError):  # another run's now, or not empty: it stays
-                os.rmdir(folder)
-        self.made = []
+                os.rmdir(self.made.pop())
         for lock in self.locks:
             lock.release()
 
@@ -137,7 +137,8 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
             lock = RunLock(staged)  # refused while a process starting now stages it
             shutil.rmtree(staged)
             lock.release()
-        start.made = missing_folders(os.path.dirname(staged))
+        # the folders above staged that os.makedirs will make, outermost first
+        start.made = [str(p) for p in reversed(Path(staged).parents) if not os.path.lexists(p)]
         os.makedirs(staged)
         start.staged = staged
         mark(staged, cfg.out)
@@ -149,9 +150,15 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     return start
 
 
+# Settings a resumed run may take from an edited config.json: where it runs and is written, not
+# what it computes.
+RESUME_MAY_CHANGE = ("device", "compile", "out", "overwrite", "scale")
+
+
 def restore(cfg, start: Start, model, optimizer, generator, lead):
     """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
-    file changes; then roll the files back to it (roll_back). No checkpoint yet: start over in place."""
+    file changes (its settings must be config.json's, RESUME_MAY_CHANGE aside); then roll the files
+    back to it (roll_back). No checkpoint yet: start over in place."""
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
         if lead:
@@ -159,7 +166,16 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
             roll_back(cfg.out, 0)
         return
     checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
-    check_checkpoint_settings(checkpoint_path, checkpoint.get("config"), asdict(cfg))
+    # saved under other settings than config.json's, an edited mode would train other tensors with
+    # the old optimizer state
+    saved = checkpoint.get("config")
+    if not isinstance(saved, dict):
+        raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
+    for name, value in asdict(cfg).items():
+        if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != value:
+            raise UsageError(f"{checkpoint_path} was saved with {name} {saved[name]!r}, but config.json "
+                             f"says {value!r}; a run resumes with its checkpoint's settings: put "
+                             "them back in config.json")
     try:
         missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys  # frozen: drawn from the seed
         untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
@@ -180,23 +196,6 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
         roll_back(cfg.out, step)
     start.step, start.elapsed, start.logged = step, elapsed, step
     start.metrics, start.losses = checkpoint.get("metrics", {}), checkpoint.get("losses", [])
-
-
-# Settings a resumed run may take from an edited config.json: where it runs and is written, not
-# what it computes.
-RESUME_MAY_CHANGE = ("device", "compile", "out", "overwrite", "scale")
-
-
-def check_checkpoint_settings(path, saved, settings: dict):
-    """UsageError if the checkpoint was saved under settings other than config.json's (an edited
-    mode would train other tensors with the old optimizer state), RESUME_MAY_CHANGE aside."""
-    if not isinstance(saved, dict):
-        raise UsageError(f"{path} is not a checkpoint of a run (it lacks its settings)")
-    for name, value in settings.items():
-        if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != value:
-            raise UsageError(f"{path} was saved with {name} {saved[name]!r}, but config.json "
-                             f"says {value!r}; a run resumes with its checkpoint's settings: put "
-                             "them back in config.json")
 
 
 def replace_old_run(out, start: Start):
@@ -237,22 +236,21 @@ def finish_swap(out):
     new, old = beside(out, "new"), beside(out, "old")
     if os.path.lexists(out) and not os.path.isdir(out):
         return
-    if not (os.path.lexists(new) or os.path.lexists(old)):
-        tidy(out)
-        return
-    for hidden in (new, old):
-        if os.path.lexists(hidden):
-            check_swapped(hidden, out)
-    locks = [RunLock(path) for path in (out, new, old) if os.path.isdir(path) and os.listdir(path)]
+    hidden = [path for path in (new, old) if os.path.lexists(path)]
+    for path in hidden:
+        check_swapped(path, out)
+    # only where a swap left something: the locks of the directories it moves or deletes
+    locks = [RunLock(path) for path in (out, *hidden)
+             if hidden and os.path.isdir(path) and os.listdir(path)]
     try:
         if not os.path.exists(out) and swapped(old, out):
             back = new if swapped(new, out) else old
             os.rename(back, out)
             for lock in locks:
                 lock.run_dir = out if lock.run_dir == back else lock.run_dir
-        for hidden in (new, old):
-            if os.path.lexists(hidden):  # checked above: a swap's, or empty
-                shutil.rmtree(hidden)
+        for path in hidden:
+            if os.path.lexists(path):  # checked above: a swap's, or empty; or moved to out
+                shutil.rmtree(path)
     finally:
         for lock in locks:
             lock.release()
@@ -285,16 +283,6 @@ def check_swapped(hidden, out):
         raise UsageError(f"{hidden} is in the way: a run hides there only while it replaces "
                          f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "
                          "move it away")
-
-
-def missing_folders(path) -> list:
-    """The folders of path that do not exist yet, outermost first: what os.makedirs(path)
-    makes."""
-    missing = []
-    while path and not os.path.lexists(path):
-        missing.insert(0, path)
-        path = os.path.dirname(path)
-    return missing
 
 
 def tidy(out):
@@ -363,10 +351,10 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = self.file.read().strip() or "unknown"
-            self.file.close()
-            raise UsageError(f"{run_dir} is being written by another process (pid {holder}); "
-                             "wait for it to finish or stop it") from None
+            with self.file:  # closed as the error leaves
+                raise UsageError(f"{run_dir} is being written by another process (pid "
+                                 f"{self.file.read().strip() or 'unknown'}); wait for it to finish "
+                                 "or stop it") from None
         try:
             self.file.truncate(0)
             print(os.getpid(), file=self.file, flush=True)
@@ -391,16 +379,13 @@ def lock_held(run_dir) -> bool:
     """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for
     an instant, so its caller probes rarely: a run starting in that instant would be refused."""
     try:
-        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # no lock file: no process holds one
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        with open(os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # closing the file frees it
         return False
     except BlockingIOError:
         return True
-    finally:
-        os.close(fd)
+    except OSError:  # no lock file: no process holds one
+        return False
 
 
 def check_run_dir(cfg, lead=True):
@@ -425,10 +410,11 @@ def check_run_dir(cfg, lead=True):
         finish_swap(out)
     if not os.path.exists(out) or not os.listdir(out):
         return
-    if not cfg.overwrite and os.path.exists(os.path.join(out, "final.json")):
-        raise UsageError(f"{out} holds a finished run; pass --overwrite to replace it, or --out another directory")
-    if not cfg.overwrite:
-        raise UsageError(f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to continue it")
+    if not cfg.overwrite:  # a finished run cannot be resumed
+        raise UsageError(
+            f"{out} holds a finished run; pass --overwrite to replace it, or --out another directory"
+            if os.path.exists(os.path.join(out, "final.json")) else
+            f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to continue it")
     foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
     if foreign or not os.path.exists(os.path.join(out, "config.json")):
         what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
@@ -438,11 +424,9 @@ def check_run_dir(cfg, lead=True):
 def run_state(run_dir) -> str:
     """finished (final.json), resume (a run past its first step: --resume continues it from its
     checkpoint, or starts it over in place if it has none yet) or fresh (no run here)."""
-    if os.path.exists(os.path.join(run_dir, "final.json")):
-        return "finished"
-    if any(os.path.exists(os.path.join(run_dir, name)) for name in ("checkpoint.pt", "config.json")):
-        return "resume"
-    return "fresh"
+    present = [name for name in ("final.json", "checkpoint.pt", "config.json")
+               if os.path.exists(os.path.join(run_dir, name))]
+    return "finished" if "final.json" in present else "resume" if present else "fresh"
 
 
 
@@ -530,8 +514,8 @@ def aggregate(run_dirs) -> dict:
     first = read_json(paths[0], optional=FINAL_KEYS)
     names = {k: NUMBER for k, v in first.items() if is_json_type(v, NUMBER)}
     finals = [first] + [read_json(path, keys=names) for path in paths[1:]]
-    summary = {name: dict(zip(("median", "min", "max"), median_range([final[name] for final in finals]))) for name in names}
-    return {"runs": list(run_dirs), "metrics": summary}
+    return {"runs": list(run_dirs), "metrics": {
+        name: dict(zip(("median", "min", "max"), median_range([final[name] for final in finals]))) for name in names}}
 
 
 def median_range(values) -> tuple:
@@ -582,19 +566,19 @@ class Run:
             print(self.first_line(device, seconds), flush=True)
 
     def begin(self, resume, device) -> Start:
-        record = run_record(self.cfg, self.counts, device)
-        return start_or_resume(self.cfg, resume, self.model, self.optimizer, self.generator, record, self.ranks.lead)
+        return start_or_resume(self.cfg, resume, self.model, self.optimizer, self.generator,
+                               run_record(self.cfg, self.counts, device), self.ranks.lead)
 
     def first_line(self, device, seconds) -> str:
-        cfg, counts = self.cfg, self.counts
-        return (first_line(cfg, counts, device, seconds, cfg.steps - self.step) + f"\n{cfg.task}: {counts['trainable']:,} "
-                f"trainable, {counts['frozen']:,} frozen parameters on {device} -> {cfg.out}")
+        return (first_line(self.cfg, self.counts, device, seconds, self.cfg.steps - self.step)
+                + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
+                f"{self.counts['frozen']:,} frozen parameters on {device} -> {self.cfg.out}")
 
     def __enter__(self):
         self.began, self.lap_began = time.time() - self.start.elapsed, time.time()  # a resumed run carries its earlier time
-        self.handlers = {}  # the ones the signals had before the run
-        if self.ranks.world == 1 and threading.current_thread() is threading.main_thread():
-            self.handlers = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.handlers = {  # the ones the signals had before the run (request_stop: where they are caught)
+            s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            if self.ranks.world == 1 and threading.current_thread() is threading.main_thread()}
         self.bar = tqdm(total=self.cfg.steps, initial=self.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
         return self
 
@@ -612,19 +596,15 @@ class Run:
         # the mean training loss since the last evaluation, over every rank (a list for batched seeds); its .tolist()
         # waits for every queued step, so the lap is true training time
         loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist() if self.losses else None
-        steps_per_s = len(self.losses) / self.lap() if self.losses else None
+        steps_per_s = len(self.losses) / (time.time() - self.lap_began) if self.losses else None
         self.check_finite(step, loss, metrics)
         self.metrics = metrics
         self.write_eval(step, loss, lr, metrics, self.elapsed(), steps_per_s)
         self.losses = []
-        self.lap()  # evaluation time does not count as training time for steps/s
+        self.lap_began = time.time()  # evaluation time does not count as training time for steps/s
 
     def elapsed(self) -> float:
         return time.time() - self.began
-
-    def lap(self) -> float:
-        began, self.lap_began = self.lap_began, time.time()
-        return self.lap_began - began
 
     @staticmethod
     def check_finite(step, loss, metrics):
@@ -666,13 +646,11 @@ class Run:
                 return
             if self.stop_requested and self.start.staged:
                 print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
-                raise KeyboardInterrupt
-            if self.stop_requested and self.step < self.cfg.steps:
+            elif self.stop_requested and self.step < self.cfg.steps:
                 self.save_stopped()
-                raise KeyboardInterrupt
-            if self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
+            elif self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
                 self.save_finished()
-            if self.stop_requested:  # asked for in the last step or evaluation: saved, still a stop
+            if self.stop_requested:  # a stop in the last step or evaluation too: saved, still a stop
                 raise KeyboardInterrupt
         finally:  # a run that never took its place goes; the locks go with their files
             self.close()
@@ -681,15 +659,16 @@ class Run:
         self.start.close()
 
     def save_stopped(self):
-        cfg, step = self.cfg, self.step
         if self.ranks.lead:
-            save_checkpoint(cfg, step, self.model, self.optimizer, self.generator, self.elapsed(), self.metrics, self.losses)
-            print(f"interrupted at step {step}; checkpoint saved, continue with: python train.py --resume {cfg.out}", file=sys.stderr)
+            save_checkpoint(self.cfg, self.step, self.model, self.optimizer, self.generator,
+                            self.elapsed(), self.metrics, self.losses)
+            print(f"interrupted at step {self.step}; checkpoint saved, continue with: "
+                  f"python train.py --resume {self.cfg.out}", file=sys.stderr)
 
     def save_finished(self):
-        final = {"step": self.step, "elapsed": self.elapsed(), "parameters": self.counts,
-                 **self.summary(self.metrics, self.counts["trainable"])}
-        save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, final)
+        save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, {
+            "step": self.step, "elapsed": self.elapsed(), "parameters": self.counts,
+            **self.summary(self.metrics, self.counts["trainable"])})
         print(result_line(self.cfg, self.metrics), flush=True)
 
 
@@ -733,8 +712,8 @@ def slow_run_hint(cfg, seconds):
     """For a CPU run of over an hour that is not its task's laptop variant: the command that runs the variant; else None."""
     if seconds <= 3600 or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")):
         return None
-    variant = command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu"
-    return f"the task's laptop variant shows its result in under an hour: {variant}"
+    return ("the task's laptop variant shows its result in under an hour: "
+            + command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu")
 
 
 def typical_seconds(step, cpu: bool) -> float:
