@@ -48,7 +48,8 @@ def save_torch(path, obj):
     try:
         write_atomic(path, lambda f: torch.save(obj, f))
     except RuntimeError as e:
-        raise OSError(errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk full?)", path) from None
+        raise OSError(errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk "
+                      "full?)", path) from None
 
 
 def load_checkpoint(path, keys=("model", "config")):

@@ -113,37 +113,33 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
             finish_swap(cfg.out)
         if os.path.exists(os.path.join(cfg.out, "final.json")):
             raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
-        start = Start(locks=[RunLock(cfg.out)] if lead else [])
-        try:
-            restore(cfg, start, model, optimizer, generator, lead)
-        except BaseException:  # refused: the lock goes with its file
-            start.close()
-            raise
-        return start
-    check_run_dir(cfg, lead)
-    if dist.is_initialized():
-        dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
-    if not lead:
-        return Start()
+    else:
+        check_run_dir(cfg, lead)
+        if dist.is_initialized():
+            dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
     start, staged = Start(), beside(cfg.out, "new")
-    atexit.register(start.close)  # a run that ends before its first step leaves nothing
-    try:
-        if os.path.isdir(cfg.out):
-            start.locks.append(RunLock(cfg.out))  # refused while another process trains the old run
-        # left since finish_swap looked by a run that failed before its first step, unless one is
-        # starting now
-        if os.path.lexists(staged):
-            check_swapped(staged, cfg.out)
-            lock = RunLock(staged)  # refused while a process starting now stages it
-            shutil.rmtree(staged)
-            lock.release()
-        # the folders above staged that os.makedirs will make, outermost first
-        start.made = [str(p) for p in reversed(Path(staged).parents) if not os.path.lexists(p)]
-        os.makedirs(staged)
-        start.staged = staged
-        mark(staged, cfg.out)
-        start.locks.append(RunLock(staged))
-        write_json(os.path.join(staged, "config.json"), record)
+    try:  # refused or failed: the start is undone, and the locks go with their files
+        if resume:
+            start.locks = [RunLock(cfg.out)] if lead else []
+            restore(cfg, start, model, optimizer, generator, lead)
+        elif lead:
+            atexit.register(start.close)  # a run that ends before its first step leaves nothing
+            if os.path.isdir(cfg.out):
+                start.locks.append(RunLock(cfg.out))  # refused while another process trains it
+            # left since finish_swap looked by a run that failed before its first step, unless one
+            # is starting now
+            if os.path.lexists(staged):
+                check_swapped(staged, cfg.out)
+                lock = RunLock(staged)  # refused while a process starting now stages it
+                shutil.rmtree(staged)
+                lock.release()
+            # the folders above staged that os.makedirs will make, outermost first
+            start.made = [str(p) for p in reversed(Path(staged).parents) if not os.path.lexists(p)]
+            os.makedirs(staged)
+            start.staged = staged
+            mark(staged, cfg.out)
+            start.locks.append(RunLock(staged))
+            write_json(os.path.join(staged, "config.json"), record)
     except BaseException:
         start.close()
         raise
@@ -173,9 +169,9 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
         raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
     for name, value in asdict(cfg).items():
         if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != value:
-            raise UsageError(f"{checkpoint_path} was saved with {name} {saved[name]!r}, but config.json "
-                             f"says {value!r}; a run resumes with its checkpoint's settings: put "
-                             "them back in config.json")
+            raise UsageError(f"{checkpoint_path} was saved with {name} {saved[name]!r}, but "
+                             f"config.json says {value!r}; a run resumes with its checkpoint's "
+                             "settings: put them back in config.json")
     try:
         missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys  # frozen: drawn from the seed
         untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
@@ -339,17 +335,17 @@ class RunLock:
         self.run_dir = run_dir
         path = os.path.join(run_dir, ".lock")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            self.file = open(
+                os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), "r+")
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
             raise UsageError(f"{path} is a symbolic link, not a lock of this run; remove it") from None
-        self.file = os.fdopen(fd, "r+")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(self.file.fileno()).st_mode):
             self.file.close()
             raise UsageError(f"{path} is not a plain file, so not a lock of this run; remove it")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             with self.file:  # closed as the error leaves
                 raise UsageError(f"{run_dir} is being written by another process (pid "
@@ -379,7 +375,8 @@ def lock_held(run_dir) -> bool:
     """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for
     an instant, so its caller probes rarely: a run starting in that instant would be refused."""
     try:
-        with open(os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
+        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(fd) as f:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # closing the file frees it
         return False
     except BlockingIOError:
@@ -401,9 +398,7 @@ def check_run_dir(cfg, lead=True):
         raise UsageError(f"--out {out} holds the current directory; a run needs a directory of its own")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out {out} is a file, not a directory")
-    parent = os.path.dirname(real)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
+    parent = next(p for p in Path(real).parents if os.path.exists(p))  # the nearest that exists
     if not os.path.isdir(parent):
         raise UsageError(f"--out {out} lies under {parent}, which is a file")
     if lead:
@@ -412,9 +407,10 @@ def check_run_dir(cfg, lead=True):
         return
     if not cfg.overwrite:  # a finished run cannot be resumed
         raise UsageError(
-            f"{out} holds a finished run; pass --overwrite to replace it, or --out another directory"
-            if os.path.exists(os.path.join(out, "final.json")) else
-            f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to continue it")
+            f"{out} holds a finished run; pass --overwrite to replace it, or --out another "
+            "directory" if os.path.exists(os.path.join(out, "final.json")) else
+            f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
+            "continue it")
     foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
     if foreign or not os.path.exists(os.path.join(out, "config.json")):
         what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
@@ -460,12 +456,12 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
 def log_eval(out, step, loss, lr, metrics, elapsed, steps_per_s=None):
     """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill between the
     two leaves a line newer than the checkpoint, which resuming drops (roll_back) before logging it again."""
-    record = {"step": step, "loss": loss, "lr": lr, **{f"test_{k}": v for k, v in metrics.items()},
-              "elapsed": elapsed, "steps_per_s": steps_per_s}
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps({"step": step, "loss": loss, "lr": lr,
+                                **{f"test_{k}": v for k, v in metrics.items()},
+                                "elapsed": elapsed, "steps_per_s": steps_per_s}) + "\n")
     except OSError as e:  # a full disk fails in write or close, unnamed
         raise OSError(e.errno, e.strerror, path) from None
 
@@ -515,7 +511,8 @@ def aggregate(run_dirs) -> dict:
     names = {k: NUMBER for k, v in first.items() if is_json_type(v, NUMBER)}
     finals = [first] + [read_json(path, keys=names) for path in paths[1:]]
     return {"runs": list(run_dirs), "metrics": {
-        name: dict(zip(("median", "min", "max"), median_range([final[name] for final in finals]))) for name in names}}
+        name: dict(zip(("median", "min", "max"), median_range([final[name] for final in finals])))
+        for name in names}}
 
 
 def median_range(values) -> tuple:
@@ -562,8 +559,8 @@ class Run:
         self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
         self.stop_requested = False
         if ranks.lead:  # the first lines, before any step, wherever the output goes
-            seconds = typical_seconds(spare_step, device.type == "cpu") if self.step < cfg.steps else 0.0
-            print(self.first_line(device, seconds), flush=True)
+            print(self.first_line(device, typical_seconds(spare_step, device.type == "cpu")
+                                  if self.step < cfg.steps else 0.0), flush=True)
 
     def begin(self, resume, device) -> Start:
         return start_or_resume(self.cfg, resume, self.model, self.optimizer, self.generator,
@@ -576,8 +573,9 @@ class Run:
 
     def __enter__(self):
         self.began, self.lap_began = time.time() - self.start.elapsed, time.time()  # a resumed run carries its earlier time
-        self.handlers = {  # the ones the signals had before the run (request_stop: where they are caught)
-            s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        self.handlers = {  # the ones the signals had before the run (request_stop: where caught)
+            s: signal.signal(s, self.request_stop)
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
             if self.ranks.world == 1 and threading.current_thread() is threading.main_thread()}
         self.bar = tqdm(total=self.cfg.steps, initial=self.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
         return self
@@ -648,9 +646,9 @@ class Run:
                 print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
             elif self.stop_requested and self.step < self.cfg.steps:
                 self.save_stopped()
-            elif self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it, as if killed
+            elif self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it
                 self.save_finished()
-            if self.stop_requested:  # a stop in the last step or evaluation too: saved, still a stop
+            if self.stop_requested:  # in the last step or evaluation too: saved, still a stop
                 raise KeyboardInterrupt
         finally:  # a run that never took its place goes; the locks go with their files
             self.close()
@@ -712,8 +710,9 @@ def slow_run_hint(cfg, seconds):
     """For a CPU run of over an hour that is not its task's laptop variant: the command that runs the variant; else None."""
     if seconds <= 3600 or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")):
         return None
+    variant = TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)
     return ("the task's laptop variant shows its result in under an hour: "
-            + command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)) + " --scale cpu")
+            f"{command_line(variant)} --scale cpu")
 
 
 def typical_seconds(step, cpu: bool) -> float:
