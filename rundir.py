@@ -232,15 +232,14 @@ def finish_swap(out):
     new, old = beside(out, "new"), beside(out, "old")
     if os.path.lexists(out) and not os.path.isdir(out):
         return
-    hidden = [path for path in (new, old) if os.path.lexists(path)]
-    for path in hidden:
-        check_swapped(path, out)
+    # each hidden sibling: whether it is a swap's (else it is empty)
+    hidden = {path: check_swapped(path, out) for path in (new, old) if os.path.lexists(path)}
     # only where a swap left something: the locks of the directories it moves or deletes
     locks = [RunLock(path) for path in (out, *hidden)
              if hidden and os.path.isdir(path) and os.listdir(path)]
     try:
-        if not os.path.exists(out) and swapped(old, out):
-            back = new if swapped(new, out) else old
+        if not os.path.exists(out) and hidden.get(old):
+            back = new if hidden.get(new) else old
             os.rename(back, out)
             for lock in locks:
                 lock.run_dir = out if lock.run_dir == back else lock.run_dir
@@ -260,25 +259,19 @@ def mark(run_dir, out):
     write_atomic(os.path.join(run_dir, SWAP_MARK), lambda f: f.write(name))
 
 
-def swapped(hidden, out) -> bool:
-    """Whether hidden, beside out, is a directory holding the SWAP_MARK of out (a symbolic link
-    never is)."""
+def check_swapped(hidden, out) -> bool:
+    """Whether hidden, beside out, is a swap's: a directory holding the SWAP_MARK of out (a symbolic
+    link never is). If not, UsageError, unless it is an empty directory (removing it loses nothing)."""
     name = os.path.basename(os.path.abspath(out)).encode()
-    try:
+    with contextlib.suppress(OSError):  # no mark there
         with open(os.path.join(hidden, SWAP_MARK), "rb") as f:
-            return not os.path.islink(hidden) and f.read() == name
-    except OSError:
-        return False
-
-
-def check_swapped(hidden, out):
-    """UsageError unless hidden is a swap's (swapped) or an empty directory (removing it loses
-    nothing)."""
-    empty = os.path.isdir(hidden) and not os.path.islink(hidden) and not os.listdir(hidden)
-    if not (empty or swapped(hidden, out)):
+            if f.read() == name and not os.path.islink(hidden):
+                return True
+    if not os.path.isdir(hidden) or os.path.islink(hidden) or os.listdir(hidden):
         raise UsageError(f"{hidden} is in the way: a run hides there only while it replaces "
                          f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "
                          "move it away")
+    return False
 
 
 def tidy(out):
@@ -304,14 +297,13 @@ def tidy(out):
         lock.release()  # with its file: a killed process's lock file goes too
 
 
-LIBC = ctypes.CDLL(None, use_errno=True)
 RENAME_EXCHANGE, AT_FDCWD = 2, -100  # linux/fs.h, fcntl.h
 
 
 def exchange(a, b) -> bool:
     """Swap the directories at paths a and b in one step (Linux's renameat2 with RENAME_EXCHANGE);
     False, touching nothing, where the system or the file system cannot."""
-    renameat2 = getattr(LIBC, "renameat2", None)
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # the C library's
     if renameat2 is None or renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
         return renameat2 is not None
     code = ctypes.get_errno()
@@ -375,8 +367,8 @@ def lock_held(run_dir) -> bool:
     """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for
     an instant, so its caller probes rarely: a run starting in that instant would be refused."""
     try:
-        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with open(fd) as f:
+        with open(os.open(os.path.join(run_dir, ".lock"),
+                          os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # closing the file frees it
         return False
     except BlockingIOError:
@@ -468,8 +460,9 @@ def log_eval(out, step, loss, lr, metrics, elapsed, steps_per_s=None):
 
 def print_eval(step, steps, loss, metrics, steps_per_s, prefix=""):
     """One line per evaluation on stdout, for a log file: the progress bar shows only on a terminal."""
-    parts = [f"{prefix}step {step}/{steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
-    parts += [f"test {k} {v:.4f}" for k, v in metrics.items()] + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else [])
+    parts = ([f"{prefix}step {step}/{steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
+             + [f"test {k} {v:.4f}" for k, v in metrics.items()]
+             + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else []))
     print(", ".join(parts), flush=True)
 
 
@@ -734,10 +727,8 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed") -
     protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its saved settings")
     minutes = seconds * steps_left / 60
     took = f"{60 * minutes:.0f} s" if minutes < 1 else f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
-    line = (f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of {counts['trainable'] + counts['frozen']:,} "
+    hint = ("--scale paper insists on the paper's protocol" if cfg.scale == "cpu"
+            else device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left))
+    return (f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of {counts['trainable'] + counts['frozen']:,} "
             f"parameters train), {protocol}: {steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
-            f"({timed}, {seconds:.2g} s)")
-    if cfg.scale == "cpu":
-        return line + "; --scale paper insists on the paper's protocol"
-    hint = device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left)
-    return line + (f"; {hint}" if hint else "")
+            f"({timed}, {seconds:.2g} s)" + (f"; {hint}" if hint else ""))
