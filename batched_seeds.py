@@ -139,7 +139,7 @@ class SeedRuns(Run):
     def begin(self, resume, device):
         try:  # every seed checked and staged, or none
             for run, model, n in zip(self.seeds, self.models, self.seed_counts):
-                self.starts.append(start_or_resume(run, False, model, None, None, run_record(run, n, device)))
+                self.starts.append(start_or_resume(run, False, model, None, None, run_record(run, n, device, self.threads)))
         except BaseException:
             self.close()
             raise
@@ -147,7 +147,8 @@ class SeedRuns(Run):
 
     def first_line(self, device, seconds):
         n, counts = len(self.seeds), self.counts
-        return (first_line(self.cfg, counts, device, n * seconds, self.cfg.steps, f"{n} seeds: a seed's step timed x {n}")
+        return (first_line(self.cfg, counts, device, n * seconds, self.cfg.steps, f"{n} seeds: a seed's step timed x {n}",
+                           self.threads)
                 + f"\n{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters each on {device}")
 
     def place(self):

@@ -76,7 +76,7 @@ class TrainConfig:
             raise UsageError(f"--seed must be an integer in [0, 2^64 - --seeds], got {self.seed}")
 
 
-RECORD_KEYS = {"parameters", "device", "resolved_dtype", "torch"}  # what run_record adds to the settings
+RECORD_KEYS = {"parameters", "device", "resolved_dtype", "threads", "torch"}  # what run_record adds to the settings
 RETIRED_KEYS = {"batched_seeds"}  # settings that earlier versions saved (batched_seeds.py is its own command now): ignored
 RENAMED_KEYS = {"train": "mode"}  # earlier versions' names of settings
 

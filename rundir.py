@@ -522,10 +522,12 @@ def write_seed_summary(runs):
         f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" for k, v in summary["metrics"].items() if k not in ("step", "elapsed")))
 
 
-def run_record(cfg, counts: dict, device) -> dict:
-    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, torch version)."""
+def run_record(cfg, counts: dict, device, threads: int) -> dict:
+    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, CPU threads,
+    torch version)."""
     return {**asdict(cfg), "parameters": counts, "device": str(device),
-            "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "torch": torch.__version__}
+            "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "threads": threads,
+            "torch": torch.__version__}
 
 
 # ---------------------------------------------------------------------------
@@ -548,19 +550,21 @@ class Run:
     def __init__(self, cfg, task, model, optimizer, generator, counts, device, ranks, resume=False, spare_step=None):
         self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
         self.counts, self.ranks, self.summary = counts, ranks, task.summary
+        # timed before config.json is written, which records the threads: float sums, so the last bits, follow them
+        self.threads, seconds = thread_choice(spare_step, device) if resume or cfg.steps else (THREADS, 0.0)
         self.start = self.begin(resume, device)
         self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
         self.stop_requested = False
         if ranks.lead:  # the first lines, before any step, wherever the output goes
-            print(self.first_line(device, typical_seconds(spare_step, device.type == "cpu")
-                                  if self.step < cfg.steps else 0.0), flush=True)
+            print(self.first_line(device, seconds), flush=True)
 
     def begin(self, resume, device) -> Start:
         return start_or_resume(self.cfg, resume, self.model, self.optimizer, self.generator,
-                               run_record(self.cfg, self.counts, device), self.ranks.lead)
+                               run_record(self.cfg, self.counts, device, self.threads), self.ranks.lead)
 
     def first_line(self, device, seconds) -> str:
-        return (first_line(self.cfg, self.counts, device, seconds, self.cfg.steps - self.step)
+        return (first_line(self.cfg, self.counts, device, seconds, self.cfg.steps - self.step,
+                           threads=self.threads)
                 + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
                 f"{self.counts['frozen']:,} frozen parameters on {device} -> {self.cfg.out}")
 
@@ -720,7 +724,32 @@ def typical_seconds(step, cpu: bool) -> float:
     return seconds[-1] if cpu else min(seconds)
 
 
-def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed") -> str:
+THREADS = torch.get_num_threads()  # torch's own choice, a thread per core, before any run chooses
+
+
+def thread_choice(step, device) -> tuple:
+    """(threads, seconds a step takes on them). On a CPU where OMP_NUM_THREADS does not say, the faster of
+    torch's default and one thread, kept for the run: on a busy machine the default's threads wait for
+    each other, and one thread can be several times faster."""
+    cpu = device.type == "cpu"
+    if not cpu or "OMP_NUM_THREADS" in os.environ or THREADS == 1:
+        return torch.get_num_threads(), typical_seconds(step, cpu)
+    seconds = {}
+    for threads in (THREADS, 1):
+        torch.set_num_threads(threads)
+        seconds[threads] = typical_seconds(step, cpu)
+    threads = min(seconds, key=seconds.get)
+    torch.set_num_threads(threads)
+    return threads, seconds[threads]
+
+
+def thread_text(threads) -> str:
+    """How many threads a CPU run uses, and whether thread_choice chose them."""
+    chosen = f" (faster here than {THREADS + 1 - threads})" if "OMP_NUM_THREADS" not in os.environ and THREADS > 1 else ""
+    return f", {threads} thread{'s' * (threads > 1)}{chosen}"
+
+
+def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1) -> str:
     """What the run trains, by whose protocol, and how long it will take on this machine."""
     linear = "linearized " if cfg.arch == "linear" else ""
     model = "the LSTM" if cfg.arch == "lstm" else f"the {model_name(cfg.mode).lower()} {linear}transformer"
@@ -731,4 +760,5 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed") -
             else device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left))
     return (f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of {counts['trainable'] + counts['frozen']:,} "
             f"parameters train), {protocol}: {steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
-            f"({timed}, {seconds:.2g} s)" + (f"; {hint}" if hint else ""))
+            f"({timed}, {seconds:.2g} s{thread_text(threads) if device.type == 'cpu' else ''})"
+            + (f"; {hint}" if hint else ""))

@@ -209,3 +209,20 @@ def test_the_first_lines_step_time_skips_a_gpus_warm_up_steps(monkeypatch, cpu, 
     monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
     step = lambda: clock.__setitem__(0, clock[0] + next(durations))  # noqa: E731
     assert rundir.typical_seconds(step, cpu) == pytest.approx(expected)
+
+
+def test_a_cpu_run_keeps_the_faster_of_the_default_threads_and_one(monkeypatch):
+    # On a busy 2-core machine torch's two threads wait for each other: a step takes longer than on one.
+    clock, before = [0.0], torch.get_num_threads()
+    monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
+    monkeypatch.setattr(rundir, "THREADS", 2)
+    step = lambda: clock.__setitem__(0, clock[0] + (4.0 if torch.get_num_threads() == 2 else 0.6))  # noqa: E731
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert rundir.thread_choice(step, torch.device("cpu")) == (1, 0.6) and torch.get_num_threads() == 1
+        assert "1 thread (faster here than 2)" in rundir.thread_text(1)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's word: kept, nothing timed twice
+        torch.set_num_threads(2)
+        assert rundir.thread_choice(step, torch.device("cpu")) == (2, 4.0) and rundir.thread_text(2) == ", 2 threads"
+    finally:
+        torch.set_num_threads(before)
