@@ -261,7 +261,8 @@ def mark(run_dir, out):
 
 def check_swapped(hidden, out) -> bool:
     """Whether hidden, beside out, is a swap's: a directory holding the SWAP_MARK of out (a symbolic
-    link never is). If not, UsageError, unless it is an empty directory (removing it loses nothing)."""
+    link never is). If not, UsageError, unless it is an empty directory (removing it loses
+    nothing)."""
     name = os.path.basename(os.path.abspath(out)).encode()
     with contextlib.suppress(OSError):  # no mark there
         with open(os.path.join(hidden, SWAP_MARK), "rb") as f:
@@ -560,7 +561,8 @@ class Run:
 
     def begin(self, resume, device) -> Start:
         return start_or_resume(self.cfg, resume, self.model, self.optimizer, self.generator,
-                               run_record(self.cfg, self.counts, device, self.threads), self.ranks.lead)
+                               run_record(self.cfg, self.counts, device, self.threads),
+                               self.ranks.lead)
 
     def first_line(self, device, seconds) -> str:
         return (first_line(self.cfg, self.counts, device, seconds, self.cfg.steps - self.step,
@@ -629,9 +631,8 @@ class Run:
         tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
 
     def restore_signals(self):
-        for s, handler in self.handlers.items():
-            signal.signal(s, handler)
-        self.handlers = {}
+        while self.handlers:
+            signal.signal(*self.handlers.popitem())  # (signal, the handler it had before the run)
 
     def __exit__(self, error, *details):
         self.bar.close()
@@ -707,9 +708,8 @@ def slow_run_hint(cfg, seconds):
     """For a CPU run of over an hour that is not its task's laptop variant: the command that runs the variant; else None."""
     if seconds <= 3600 or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")):
         return None
-    variant = TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)
     return ("the task's laptop variant shows its result in under an hour: "
-            f"{command_line(variant)} --scale cpu")
+            f"{command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch))} --scale cpu")
 
 
 def typical_seconds(step, cpu: bool) -> float:
@@ -758,7 +758,8 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", t
     took = f"{60 * minutes:.0f} s" if minutes < 1 else f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
     hint = ("--scale paper insists on the paper's protocol" if cfg.scale == "cpu"
             else device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left))
-    return (f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of {counts['trainable'] + counts['frozen']:,} "
-            f"parameters train), {protocol}: {steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
+    return (f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
+            f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
+            f"{steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
             f"({timed}, {seconds:.2g} s{thread_text(threads) if device.type == 'cpu' else ''})"
             + (f"; {hint}" if hint else ""))
