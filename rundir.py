@@ -637,7 +637,9 @@ class Run:
     def __exit__(self, error, *details):
         self.bar.close()
         self.restore_signals()
-        try:
+        # then close(), however this ends: a run that never took its place goes; the locks go with
+        # their files
+        with contextlib.closing(self):
             if error:
                 return
             if self.stop_requested and self.start.staged:
@@ -648,8 +650,6 @@ class Run:
                 self.save_finished()
             if self.stop_requested:  # in the last step or evaluation too: saved, still a stop
                 raise KeyboardInterrupt
-        finally:  # a run that never took its place goes; the locks go with their files
-            self.close()
 
     def close(self):
         self.start.close()
