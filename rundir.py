@@ -255,8 +255,8 @@ def finish_swap(out):
 def mark(run_dir, out):
     """Write SWAP_MARK, out's name, into run_dir: a directory a swap of out stages, hides or
     deletes."""
-    name = os.path.basename(os.path.abspath(out)).encode()
-    write_atomic(os.path.join(run_dir, SWAP_MARK), lambda f: f.write(name))
+    write_atomic(os.path.join(run_dir, SWAP_MARK),
+                 lambda f: f.write(os.path.basename(os.path.abspath(out)).encode()))
 
 
 def check_swapped(hidden, out) -> bool:
