@@ -14,7 +14,6 @@ import contextlib
 import os
 import sys
 import warnings
-from dataclasses import fields
 from functools import partial
 
 import torch
@@ -28,11 +27,6 @@ from tasks import Batch, join_batches
 from train import Diverged, Run, evaluate, first_line, lr_at, make_optimizer, seconds_per_step, set_lr
 
 
-def stacked_forward(base, params):
-    """forward(x, pos) of N models with base's architecture and the seed-stacked params: (N, B, ...) -> (N, B, A, V)."""
-    return lambda x, pos: torch.func.vmap(partial(torch.func.functional_call, base))(params, (x, pos))
-
-
 def seed_model(base, params, i):
     """forward(x, pos) of seed i alone (its slice of the stacked params), for evaluation."""
     return lambda x, pos: torch.func.functional_call(base, {k: v[i] for k, v in params.items()}, (x, pos))
@@ -40,7 +34,7 @@ def seed_model(base, params, i):
 
 def seed_losses(task, logits, batch: Batch):
     """(N,) each seed's task loss: task.loss vmapped over the leading seed dimension of logits and batch."""
-    tensors = {f.name: getattr(batch, f.name) for f in fields(Batch) if getattr(batch, f.name) is not None}
+    tensors = {name: t for name, t in vars(batch).items() if t is not None}
     return torch.func.vmap(lambda seed_logits, seed_batch: task.loss(seed_logits, Batch(**seed_batch)))(logits, tensors)
 
 
@@ -74,7 +68,10 @@ def train_batched(cfg) -> list:
     cfg = seeds[0]  # settings filled in by build, shared by every seed
     params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
-    stacked = compile_model(stacked_forward(base, params), device, cfg.compile)
+    # the seeds' forward(x, pos), base vmapped over the stacked params: (N, B, ...) -> (N, B, A, V)
+    stacked = compile_model(
+        lambda x, pos: torch.func.vmap(partial(torch.func.functional_call, base))(params, (x, pos)),
+        device, cfg.compile)
     # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op: expected, not news.
     warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
     trainable = [p for p in params.values() if p.requires_grad]
@@ -82,8 +79,8 @@ def train_batched(cfg) -> list:
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
     # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls, which vmap batches.
-    kernels = sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext()
-    with kernels, SeedRuns(seeds, task, models, params, counts, device) as run:
+    with (sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext(),
+          SeedRuns(seeds, task, models, params, counts, device) as run):
         for step, evaluate_now in run.steps():
             if evaluate_now:
                 run.log(step, [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
