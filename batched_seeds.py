@@ -32,20 +32,6 @@ def seed_model(base, params, i):
     return lambda x, pos: torch.func.functional_call(base, {k: v[i] for k, v in params.items()}, (x, pos))
 
 
-def seed_losses(task, logits, batch: Batch):
-    """(N,) each seed's task loss: task.loss vmapped over the leading seed dimension of logits and batch."""
-    tensors = {name: t for name, t in vars(batch).items() if t is not None}
-    return torch.func.vmap(lambda seed_logits, seed_batch: task.loss(seed_logits, Batch(**seed_batch)))(logits, tensors)
-
-
-def clip_per_seed(params, max_norm):
-    """clip_grad_norm_ applied to each seed's slice of the stacked gradients separately (same formula)."""
-    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in params]).norm(dim=0)  # (N,)
-    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for p in params:
-        p.grad.mul_(scale.view(-1, *[1] * (p.dim() - 1)))
-
-
 def train_batched(cfg) -> list:
     """Train every seed of cfg.seeds at once and return each seed's final test metrics. Each seed is a slice of
     stacked weights (leading seed dimension); as train.train would, its init follows torch.manual_seed(seed) and its
@@ -92,15 +78,22 @@ def train_batched(cfg) -> list:
 
 
 def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, precision):
-    """train.train_step for seed-stacked weights and batches: each seed's own mean loss, summed for one
-    backward (the seeds share no weights, so each gets its own gradient), then each seed's own clipping."""
+    """train.train_step for seed-stacked weights and batches: each seed's own mean loss (task.loss
+    vmapped over the leading seed dimension), summed for one backward (the seeds share no weights,
+    so each gets its own gradient), then each seed's own clipping (clip_grad_norm_'s formula on its
+    slice of the gradients)."""
+    seed_losses = torch.func.vmap(lambda logits, tensors: task.loss(logits, Batch(**tensors)))
     batch_loss = 0.0
     for chunk, weight in batch.length_chunks():
+        tensors = {name: t for name, t in vars(chunk).items() if t is not None}
         with precision:
-            loss = seed_losses(task, stacked(chunk.x, chunk.pos), chunk) * weight  # (N,)
+            loss = seed_losses(stacked(chunk.x, chunk.pos), tensors) * weight  # (N,)
         loss.sum().backward()
         batch_loss = batch_loss + loss.detach()
-    clip_per_seed(trainable, max_norm)
+    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in trainable]).norm(dim=0)  # (N,)
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for p in trainable:
+        p.grad.mul_(scale.view(-1, *[1] * (p.dim() - 1)))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return batch_loss

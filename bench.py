@@ -89,11 +89,10 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 def ours(cfg, task, model, device):
-    model.to(device)
+    compile_model(model.to(device), device, cfg.compile)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip = partial(torch.nn.utils.clip_grad_norm_, [p for p in model.parameters() if p.requires_grad], cfg.clip)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    compile_model(model, device, cfg.compile)
 
     def make_data():
         return task.sample(cfg.batch_size, generator).to(device)
