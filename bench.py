@@ -73,8 +73,9 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
     d, trains, early = cfg.width, TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}), cfg.layers - 1  # a mask: counted as full
     tokens, answers = lengths.sum().item(), answer_pos.numel()
     weights = 24 * d * d * tokens * early + 4 * d * d * tokens + 20 * d * d * answers
-    pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs
-    attention = 4 * d * (pairs * early + (answer_pos + 1).sum().item())
+    # the causal (query, key) pairs of every row in the early blocks, of every answer in the last
+    attention = 4 * d * ((lengths * (lengths + 1) // 2).sum().item() * early
+                         + (answer_pos + 1).sum().item())
     unembed = 2 * d * vocab * answers
     below_blocks = bool(trains & {"wte", "wpe"})  # anything trainable under the blocks needs input gradients
     backward = ((weights + attention) * below_blocks + weights * ("body" in trains)
@@ -120,10 +121,9 @@ def authors(cfg, task, model, device):
         forward = lambda x, labels: model(input_ids=x, labels=labels).loss  # noqa: E731
     except ImportError:
         model, label = model.to(device), "authors (emulated: our GPT, transformers not installed)"
-
-        def forward(x, labels):  # full-sequence logits, loss masked afterwards, as HF computes it
-            return torch.nn.functional.cross_entropy(
-                model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        # full-sequence logits, loss masked afterwards, as HF computes it
+        forward = lambda x, labels: torch.nn.functional.cross_entropy(  # noqa: E731
+            model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
     optimizer = make_optimizer(model.parameters(), cfg, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -169,14 +169,15 @@ def main(argv=None):
         "warmup_steps": dict(type=int, default=3,
                              help="untimed steps first (compilation, allocator)"),
         "peak_tflops": dict(
-            type=float, help="the device's peak for MFU (default: measured with a large matmul)"),
+            type=float, default=None,
+            help="the device's peak for MFU (default: measured with a large matmul)"),
     }
     for name, options in own_flags.items():
         parser.add_argument("--" + name.replace("_", "-"), **options)
-    given = vars(parser.parse_args(argv))
-    args = argparse.Namespace(**{name: given.pop(name, None) for name in own_flags})
+    args = parser.parse_args(argv)
     with usage_errors("bench.py"):
-        cfg, _ = config_from_args(argparse.Namespace(**given))
+        cfg, _ = config_from_args(  # train.py's flags alone
+            argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own_flags}))
         if args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0:  # timings that measure nothing
             raise UsageError("--steps-timed and --repeats must be >= 1, --warmup-steps >= 0")
         # not finite or not > 0 (NaN fails every comparison)
