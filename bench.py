@@ -112,12 +112,13 @@ def authors(cfg, task, model, device):
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        hf = GPT2LMHeadModel(GPT2Config(vocab_size=task.vocab_size, n_positions=task.n_positions, n_embd=cfg.width, n_layer=cfg.layers,
-                                        n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                        eos_token_id=0, tie_word_embeddings=False))
-        for name, p in hf.named_parameters():
+        model, label = GPT2LMHeadModel(GPT2Config(
+            vocab_size=task.vocab_size, n_positions=task.n_positions, n_embd=cfg.width,
+            n_layer=cfg.layers, n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+        )).to(device), "authors (HF GPT-2)"
+        for name, p in model.named_parameters():
             p.requires_grad_(cfg.mode == "full" or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"))
-        model, label = hf.to(device), "authors (HF GPT-2)"
         forward = lambda x, labels: model(input_ids=x, labels=labels).loss  # noqa: E731
     except ImportError:
         model, label = model.to(device), "authors (emulated: our GPT, transformers not installed)"
@@ -205,8 +206,8 @@ def main(argv=None):
         "TFLOP/s": f"{flops / seconds / 1e12:.3g}", "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
         "MFU": f"{flops / seconds / peak:.1%}", "data share": f"{data_seconds / seconds:.1%}",
     }
-    print("\n".join(markdown_table(list(figures), [list(figures.values())])))
-    print(f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)")
+    print("\n".join(markdown_table(list(figures), [list(figures.values())]) + [
+        f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)"]))
 
 
 if __name__ == "__main__":
