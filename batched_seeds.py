@@ -14,7 +14,6 @@ import contextlib
 import os
 import sys
 import warnings
-from dataclasses import fields
 from functools import partial
 
 import torch
@@ -30,28 +29,9 @@ from rundir import first_line
 from train import evaluate, lr_at, make_optimizer, set_lr, spare_step
 
 
-def stacked_forward(base, params):
-    """forward(x, pos) of N models with base's architecture and the seed-stacked params: (N, B, ...) -> (N, B, A, V)."""
-    return lambda x, pos: torch.func.vmap(partial(torch.func.functional_call, base))(params, (x, pos))
-
-
 def seed_model(base, params, i):
     """forward(x, pos) of seed i alone (its slice of the stacked params), for evaluation."""
     return lambda x, pos: torch.func.functional_call(base, {k: v[i] for k, v in params.items()}, (x, pos))
-
-
-def seed_losses(task, logits, batch: Batch):
-    """(N,) each seed's task loss: task.loss vmapped over the leading seed dimension of logits and batch."""
-    tensors = {f.name: getattr(batch, f.name) for f in fields(Batch) if getattr(batch, f.name) is not None}
-    return torch.func.vmap(lambda seed_logits, seed_batch: task.loss(seed_logits, Batch(**seed_batch)))(logits, tensors)
-
-
-def clip_per_seed(params, max_norm):
-    """clip_grad_norm_ applied to each seed's slice of the stacked gradients separately (same formula)."""
-    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in params]).norm(dim=0)  # (N,)
-    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for p in params:
-        p.grad.mul_(scale.view(-1, *[1] * (p.dim() - 1)))
 
 
 def train_batched(cfg) -> list:
@@ -75,7 +55,10 @@ def train_batched(cfg) -> list:
     cfg = seeds[0]  # settings filled in by build, shared by every seed
     params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
-    stacked = compile_model(stacked_forward(base, params), device, cfg.compile)
+    # the seeds' forward(x, pos), base vmapped over the stacked params: (N, B, ...) -> (N, B, A, V)
+    stacked = compile_model(
+        lambda x, pos: torch.func.vmap(partial(torch.func.functional_call, base))(params, (x, pos)),
+        device, cfg.compile)
     # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op: expected, not news.
     warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
     optimizer = stacked_optimizer(base, params, cfg, device)
@@ -84,8 +67,8 @@ def train_batched(cfg) -> list:
     test = task.test_set()
     timed_step = spare_step(cfg, task, base, device, Ranks())  # one seed's step, for the first line
     # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls, which vmap batches.
-    kernels = sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext()
-    with kernels, SeedRuns(seeds, task, models, params, counts, device, timed_step) as run:
+    with (sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext(),
+          SeedRuns(seeds, task, models, params, counts, device, timed_step) as run):
         for step in range(cfg.steps + 1):
             run.step = step
             last = step == cfg.steps
@@ -114,15 +97,22 @@ def stacked_optimizer(base, params, cfg, device):
 
 
 def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, precision):
-    """train.train_step for seed-stacked weights and batches: each seed's own mean loss, summed for one
-    backward (the seeds share no weights, so each gets its own gradient), then each seed's own clipping."""
+    """train.train_step for seed-stacked weights and batches: each seed's own mean loss (task.loss
+    vmapped over the leading seed dimension), summed for one backward (the seeds share no weights,
+    so each gets its own gradient), then each seed's own clipping (clip_grad_norm_'s formula on its
+    slice of the gradients)."""
+    seed_losses = torch.func.vmap(lambda logits, tensors: task.loss(logits, Batch(**tensors)))
     batch_loss = 0.0
     for chunk, weight in batch.length_chunks():
+        tensors = {name: t for name, t in vars(chunk).items() if t is not None}
         with precision:
-            loss = seed_losses(task, stacked(chunk.x, chunk.pos), chunk) * weight  # (N,)
+            loss = seed_losses(stacked(chunk.x, chunk.pos), tensors) * weight  # (N,)
         loss.sum().backward()
         batch_loss = batch_loss + loss.detach()
-    clip_per_seed(trainable, max_norm)
+    norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in trainable]).norm(dim=0)  # (N,)
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for p in trainable:
+        p.grad.mul_(scale.view(-1, *[1] * (p.dim() - 1)))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return batch_loss

@@ -19,14 +19,12 @@ FLOP/s counts useful_flops; MFU divides it by --peak-tflops, or by measured_peak
 """
 
 import argparse
-import math
 import random
 import time
 from dataclasses import replace
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 
 from cli import config_from_args, make_parser
 from errors import UsageError, usage_errors
@@ -75,13 +73,14 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
         return 3 * (16 * cfg.width**2 * cfg.layers * lengths.sum().item() + 2 * cfg.width * vocab * answer_pos.numel())
     d, trains, early = cfg.width, TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}), cfg.layers - 1  # a mask: counted as full
     tokens, answers = lengths.sum().item(), answer_pos.numel()
-    pairs = (lengths * (lengths + 1) // 2).sum().item()  # causal (query, key) pairs
     weights = 24 * d * d * tokens * early + 4 * d * d * tokens + 20 * d * d * answers
-    attention = 4 * d * (pairs * early + (answer_pos + 1).sum().item())
+    # the causal (query, key) pairs of every row in the early blocks, of every answer in the last
+    attention = 4 * d * ((lengths * (lengths + 1) // 2).sum().item() * early
+                         + (answer_pos + 1).sum().item())
     unembed = 2 * d * vocab * answers
     below_blocks = bool(trains & {"wte", "wpe"})  # anything trainable under the blocks needs input gradients
-    backward = (weights + attention) * below_blocks + weights * ("body" in trains)
-    backward += unembed * ("lm_head" in trains) + unembed * (below_blocks or "body" in trains)
+    backward = ((weights + attention) * below_blocks + weights * ("body" in trains)
+                + unembed * ("lm_head" in trains) + unembed * (below_blocks or "body" in trains))
     return weights + attention + unembed + backward
 
 
@@ -92,11 +91,10 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 def ours(cfg, task, model, device):
-    model.to(device)
+    compile_model(model.to(device), device, cfg.compile)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip = partial(torch.nn.utils.clip_grad_norm_, [p for p in model.parameters() if p.requires_grad], cfg.clip)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    compile_model(model, device, cfg.compile)
 
     def make_data():
         return task.sample(cfg.batch_size, generator).to(device)
@@ -104,10 +102,7 @@ def ours(cfg, task, model, device):
     def step():
         train_step(model, task.loss, make_data().length_chunks(), optimizer, clip, autocast(device, cfg.dtype))
 
-    def rows(batch):
-        return batch.pos.amax(1) + 1, batch.pos[batch.y >= 0]
-
-    return "ours", step, make_data, rows
+    return "ours", step, make_data, lambda batch: (batch.pos.amax(1) + 1, batch.pos[batch.y >= 0])
 
 
 def authors(cfg, task, model, device):
@@ -118,18 +113,19 @@ def authors(cfg, task, model, device):
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        hf = GPT2LMHeadModel(GPT2Config(vocab_size=task.vocab_size, n_positions=task.n_positions, n_embd=cfg.width, n_layer=cfg.layers,
-                                        n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                        eos_token_id=0, tie_word_embeddings=False))
-        for name, p in hf.named_parameters():
+        model, label = GPT2LMHeadModel(GPT2Config(
+            vocab_size=task.vocab_size, n_positions=task.n_positions, n_embd=cfg.width,
+            n_layer=cfg.layers, n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+        )).to(device), "authors (HF GPT-2)"
+        for name, p in model.named_parameters():
             p.requires_grad_(cfg.mode == "full" or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"))
-        model, label = hf.to(device), "authors (HF GPT-2)"
         forward = lambda x, labels: model(input_ids=x, labels=labels).loss  # noqa: E731
     except ImportError:
         model, label = model.to(device), "authors (emulated: our GPT, transformers not installed)"
-
-        def forward(x, labels):  # full-sequence logits, loss masked afterwards, as HF computes it
-            return F.cross_entropy(model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        # full-sequence logits, loss masked afterwards, as HF computes it
+        forward = lambda x, labels: torch.nn.functional.cross_entropy(  # noqa: E731
+            model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
     optimizer = make_optimizer(model.parameters(), cfg, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -151,9 +147,8 @@ def authors(cfg, task, model, device):
         return torch.tensor(inputs, device=device), torch.tensor(labels, device=device)
 
     def step():
-        x, labels = make_data()
         with autocast(device, cfg.dtype):
-            loss = forward(x, labels)
+            loss = forward(*make_data())  # make_data: (x, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
         optimizer.step()
@@ -168,18 +163,27 @@ def authors(cfg, task, model, device):
 
 def main(argv=None):
     parser = make_parser(__doc__.split("\n")[0], skip=("seeds", "out", "overwrite", "eval_every", "resume"))
-    parser.add_argument("--pipeline", choices=("ours", "authors"), default="ours", help="our training step or the authors' stand-in")
-    parser.add_argument("--steps-timed", type=int, default=10, help="steps per timing")
-    parser.add_argument("--repeats", type=int, default=3, help="timings; the best one counts")
-    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, allocator)")
-    parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: measured with a large matmul)")
-    given = vars(parser.parse_args(argv))
-    args = argparse.Namespace(**{k: given.pop(k, None) for k in ("pipeline", "steps_timed", "repeats", "warmup_steps", "peak_tflops")})
+    own_flags = {  # bench.py's flags beside train.py's
+        "pipeline": dict(choices=("ours", "authors"), default="ours",
+                         help="our training step or the authors' stand-in"),
+        "steps_timed": dict(type=int, default=10, help="steps per timing"),
+        "repeats": dict(type=int, default=3, help="timings; the best one counts"),
+        "warmup_steps": dict(type=int, default=3,
+                             help="untimed steps first (compilation, allocator)"),
+        "peak_tflops": dict(
+            type=float, default=None,
+            help="the device's peak for MFU (default: measured with a large matmul)"),
+    }
+    for name, options in own_flags.items():
+        parser.add_argument("--" + name.replace("_", "-"), **options)
+    args = parser.parse_args(argv)
     with usage_errors("bench.py"):
-        cfg, _ = config_from_args(argparse.Namespace(**given))
+        cfg, _ = config_from_args(  # train.py's flags alone
+            argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own_flags}))
         if args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0:  # timings that measure nothing
             raise UsageError("--steps-timed and --repeats must be >= 1, --warmup-steps >= 0")
-        if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+        # not finite or not > 0 (NaN fails every comparison)
+        if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
             raise UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
         device = pick_device(cfg.device)
         bf16 = uses_bf16(device, cfg.dtype)
@@ -189,8 +193,8 @@ def main(argv=None):
     with deterministic_kernels(cfg.deterministic):  # what --deterministic costs is a figure worth timing
         for _ in range(args.warmup_steps):
             step()
-        seconds = best_seconds(step, args.steps_timed, args.repeats, device)
-        data_seconds = best_seconds(make_data, args.steps_timed, args.repeats, device)
+        seconds, data_seconds = (best_seconds(fn, args.steps_timed, args.repeats, device)
+                                 for fn in (step, make_data))  # a step, then its data alone
     lengths, answer_pos = rows(make_data())
     flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
@@ -202,8 +206,8 @@ def main(argv=None):
         "TFLOP/s": f"{flops / seconds / 1e12:.3g}", "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
         "MFU": f"{flops / seconds / peak:.1%}", "data share": f"{data_seconds / seconds:.1%}",
     }
-    print("\n".join(markdown_table(list(figures), [list(figures.values())])))
-    print(f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)")
+    print("\n".join(markdown_table(list(figures), [list(figures.values())]) + [
+        f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)"]))
 
 
 if __name__ == "__main__":

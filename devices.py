@@ -12,7 +12,6 @@ sizes hold whatever the number of GPUs).
 import os
 import sys
 from contextlib import contextmanager
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -21,11 +20,13 @@ from errors import UsageError
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if name not in ("cpu", "cuda", "mps"):
+    # in order of preference: auto takes the first available
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(),
+                 "cpu": True}
+    name = next(kind for kind, ok in available.items() if ok) if name == "auto" else name
+    if name not in available:
         raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
-    if name == "cuda" and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
+    if not available[name]:
         raise UsageError(f"device {name} is not available on this machine")
     return torch.device(name)
 
@@ -97,9 +98,8 @@ class Ranks:
 
     def device(self, name: str) -> torch.device:
         device = pick_device(name)
-        if device.type == "cuda" and self.world > 1:
-            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        return device
+        return (torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun's GPU for this rank
+                if device.type == "cuda" and self.world > 1 else device)
 
     def shard_task(self, task):
         return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
@@ -107,15 +107,12 @@ class Ranks:
     def clipper(self, params, max_norm: float):
         """clip(): the ranks' gradients summed (each already a share of the global mean), then clipped."""
         params = [p for p in params if p.requires_grad]
-        clip = partial(torch.nn.utils.clip_grad_norm_, params, max_norm)
-        if self.world == 1:
-            return clip
 
         def sum_then_clip():
             for p in params:
                 if p.grad is not None:  # None on every rank alike: the ranks run the same graph
-                    dist.all_reduce(p.grad)
-            clip()
+                    self.sum(p.grad)
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
         return sum_then_clip
 
     def sum(self, total: torch.Tensor) -> torch.Tensor:

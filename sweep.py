@@ -66,15 +66,16 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
     for name in analyses:  # now, while model.pt is here: git keeps a run's analysis.json, not its weights
         if read_analysis(cfg.out, name) is None and os.path.exists(os.path.join(cfg.out, "model.pt")):
             analyze.main([cfg.out, "--only", name])
-    final = read_json(os.path.join(cfg.out, "final.json"), optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)})
-    return final, state, time.time() - start
+    return (read_json(os.path.join(cfg.out, "final.json"),
+                      optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)}),
+            state, time.time() - start)
 
 
 def run_cost(cfg: TrainConfig) -> float:
     """A run's training time relative to others': the longest start first, so --jobs workers finish together."""
     tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
-    body = 1.5 if cfg.mode == "full" else 1.0
-    return (cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
+    return ((cfg.steps or 10_000) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2
+            * (1.5 if cfg.mode == "full" else 1.0))  # a trained body's weight gradients
 
 
 def sweep(table, runs: dict, jobs: int) -> int:
@@ -179,10 +180,10 @@ def measured_speeds(root="runs") -> dict:
     """{STEP_COST settings: (median steps/s, run directory)} of every run record under root that trained on CUDA.
     A metrics.jsonl line's steps/s counts training time alone (evaluation excluded), so the median is a step's pace."""
     speeds = {}
-    for path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
-        run = os.path.dirname(path)
+    for run in map(os.path.dirname,
+                   sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True))):
         try:
-            saved = read_json(path)
+            saved = read_json(os.path.join(run, "config.json"))
             rates = sorted(line["steps_per_s"] for line in read_metrics(run) if isinstance(line.get("steps_per_s"), NUMBER))
         except (OSError, UsageError, AttributeError):
             continue  # not a readable run record: nothing measured here
@@ -203,16 +204,16 @@ def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
         lengths, answers, vocab = torch.full((batch_size,), cfg.context), torch.arange(cfg.context).repeat(batch_size), cfg.vocab
     else:
         cfg, task = resolve(cfg)
-        generator = torch.Generator().manual_seed(0)
         # generate, not sample: the stream's lengths without building the test set it excludes (seconds for imitate)
-        batch = task.generate(cfg.batch_size, generator) if isinstance(task, StreamTask) else task.sample(cfg.batch_size, generator)
+        batch = (task.generate if isinstance(task, StreamTask) else task.sample)(
+            cfg.batch_size, torch.Generator().manual_seed(0))
         lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
     step = useful_flops(cfg, vocab, lengths, answers)
     measured = (speeds or {}).get(tuple(getattr(cfg, name) for name in STEP_COST))
-    if measured:
-        seconds, source = RUN_START + cfg.steps / measured[0], f"measured, {measured[0]:.1f} steps/s ({measured[1]})"
-    else:
-        seconds, source = RUN_START + max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps), "assumed"
+    seconds = RUN_START + (cfg.steps / measured[0] if measured
+                           else max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK),
+                                    STEP_FLOOR * cfg.steps))
+    source = f"measured, {measured[0]:.1f} steps/s ({measured[1]})" if measured else "assumed"
     return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds, source
 
 
