@@ -1,7 +1,8 @@
-"""The command line every script shares: train.py's flags (generated from TrainConfig) and one-line errors.
+"""The command line train.py and batched_seeds.py share: flags generated from TrainConfig, and back.
 
-    cfg, resume = parse_args(["--task", "needle", "--frozen"])   # TrainConfig, and whether --resume was given
-    with usage_errors("train.py"): ...                            # a UsageError inside: one line, exit code 2
+    cfg, run_dir = parse_args(["--task", "needle", "--frozen", "--scale", "paper"])  # (cfg, None)
+    command_line(cfg)  # "python train.py --task needle --train frozen --scale paper"
+    parse_args(["--resume", "runs/x"])  # (None, "runs/x"): that run goes on with its saved config
 """
 
 import argparse
@@ -13,12 +14,6 @@ from errors import OneLineParser, UsageError
 
 
 MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
-
-
-
-
-
-
 
 
 def flag(name: str) -> str:
