@@ -1,4 +1,5 @@
-"""The command line train.py and batched_seeds.py share: flags generated from TrainConfig, and back.
+"""train.py's command line, shared by batched_seeds.py and bench.py: flags generated from
+TrainConfig, and the command that reproduces a config.
 
     cfg, run_dir = parse_args(["--task", "needle", "--frozen", "--scale", "paper"])  # (cfg, None)
     command_line(cfg)  # "python train.py --task needle --train frozen --scale paper"
