@@ -1,7 +1,9 @@
-"""The command line every script shares: train.py's flags (generated from TrainConfig) and one-line errors.
+"""train.py's command line, shared by batched_seeds.py and bench.py: flags generated from
+TrainConfig, and the command that reproduces a config.
 
-    cfg, resume = parse_args(["--task", "needle", "--frozen"])   # TrainConfig, and whether --resume was given
-    with usage_errors("train.py"): ...                            # a UsageError inside: one line, exit code 2
+    cfg, run_dir = parse_args(["--task", "needle", "--frozen", "--scale", "paper"])  # (cfg, None)
+    command_line(cfg)  # "python train.py --task needle --train frozen --scale paper"
+    parse_args(["--resume", "runs/x"])  # (None, "runs/x"): that run goes on with its saved config
 """
 
 import argparse
@@ -15,12 +17,6 @@ from errors import OneLineParser, UsageError
 MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
 
 
-
-
-
-
-
-
 def flag(name: str) -> str:
     """A TrainConfig field's flag: --train for the mode (it says what trains), else the name with dashes."""
     return "--" + ("train" if name == "mode" else name.replace("_", "-"))
@@ -30,9 +26,7 @@ def make_parser(description="Train one model on one task.", skip=()):
     """Flags generated from TrainConfig (but those named in skip), plus --frozen, --scale and --resume. A flag not
     given is left out of the parsed namespace (TrainConfig supplies its default), so --resume can tell which were given."""
     parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
-    for f in fields(TrainConfig):
-        if f.name in skip or f.name == "scale":
-            continue
+    for f in (f for f in fields(TrainConfig) if f.name not in skip and f.name != "scale"):
         if f.type is bool and f.default is not False:  # True, or None = decided by the device: a flag to turn it off
             parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
         if f.type is bool and f.default is not True:
@@ -58,15 +52,15 @@ def config_from_args(args):
         if given:
             raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {', '.join(map(flag, given))}")
         return None, run_dir
-    scale = given.pop("scale", "auto")
-    if scale == "auto":
-        scale = "paper" if pick_device(given.get("device", "auto")).type == "cuda" else "cpu"
+    scale = given.pop("scale", "auto")  # auto: paper on a CUDA GPU, else cpu
+    cpu = scale == "cpu" or (
+        scale == "auto" and pick_device(given.get("device", "auto")).type != "cuda")
     if given.pop("frozen", False):
         if given.get("mode", "frozen") != "frozen":
             raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['mode']}")
         given["mode"] = "frozen"
     cfg = TrainConfig(**given)
-    return (replace(cpu_variant(cfg), **given) if scale == "cpu" else replace(cfg, scale="paper")), None
+    return (replace(cpu_variant(cfg), **given) if cpu else replace(cfg, scale="paper")), None
 
 
 def parse_args(argv=None, description="Train one model on one task."):

@@ -20,7 +20,8 @@ import torch
 
 from errors import UsageError
 from files import load_checkpoint, read_json
-from model import GPT, LSTM, GPTConfig, TRAINING_MODE_HELP, apply_training_mode, mode_label, trains_body
+from model import (GPT, LSTM, GPTConfig, TRAINING_MODE_HELP, apply_training_mode, mode_label,
+                   parameter_group, trained_parameters)
 from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
@@ -76,8 +77,9 @@ class TrainConfig:
             raise UsageError(f"--seed must be an integer in [0, 2^64 - --seeds], got {self.seed}")
 
 
-RECORD_KEYS = {"parameters", "device", "resolved_dtype", "threads", "torch"}  # what run_record adds to the settings
-RETIRED_KEYS = {"batched_seeds"}  # settings that earlier versions saved (batched_seeds.py is its own command now): ignored
+# What run_record adds to the settings, and settings that earlier versions saved
+# (batched_seeds.py is its own command now): ignored.
+IGNORED_KEYS = {"parameters", "device", "resolved_dtype", "threads", "torch", "batched_seeds"}
 RENAMED_KEYS = {"train": "mode"}  # earlier versions' names of settings
 
 
@@ -88,8 +90,7 @@ def config_from_dict(saved: dict) -> TrainConfig:
         raise ValueError(f"a run's config is a JSON object, not {type(saved).__name__}")
     saved = {RENAMED_KEYS.get(name, name): value for name, value in saved.items()}
     settings = {f.name: f for f in fields(TrainConfig)}
-    unknown = sorted(set(saved) - set(settings) - RECORD_KEYS - RETIRED_KEYS)
-    if unknown:
+    if unknown := sorted(set(saved) - set(settings) - IGNORED_KEYS):
         raise ValueError(f"unknown setting {unknown[0]!r}")
     given = {name: value for name, value in saved.items() if name in settings}
     for name, value in given.items():
@@ -138,9 +139,10 @@ def run_name(given: TrainConfig, width: int) -> str:
     differs = lambda reference: {f.name: getattr(given, f.name) for f in fields(TrainConfig)  # noqa: E731
                                  if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)}
     scale, changed = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
-    text = lambda value: f"{value:g}" if type(value) is float else str(value)  # noqa: E731
-    settings = "".join(f"-{name.replace('_', '-')}{name_part(text(value))}"
-                       for name, value in changed.items())
+    settings = "".join(
+        f"-{name.replace('_', '-')}{name_part(f'{v:g}' if type(v) is float else str(v))}"
+        for name, v in changed.items()
+    )
     variant = "".join(f"-{name_part(v)}" for v in (given.arch, given.pos)
                       if v not in ("gpt", "learned"))
     mode = name_part(mode_label(given.mode))
@@ -189,11 +191,13 @@ def check_config(cfg: TrainConfig, task) -> None:
     if needed > available:
         raise UsageError(f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB for its weights "
                          f"and optimizer state (an estimate), more than this machine's {available / 2**30:,.0f} GiB")
-    if isinstance(task, StreamTask):
-        try:
-            task.check_training_stream()
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+    # sample() skips test rows, so a test set holding every input would leave it drawing forever.
+    # Below that, the test draws repeat and leave at least 1/e of the inputs for training.
+    if isinstance(task, StreamTask) and task.test_size >= task.distinct_inputs:
+        raise UsageError(
+            f"{task.name} at these sizes has {task.distinct_inputs:,} distinct inputs, no more "
+            f"than --test-size {task.test_size:,}: the test set would leave none for training"
+        )
     if task.seq_len > task.n_positions:
         raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
 
@@ -213,10 +217,8 @@ def resolve(cfg: TrainConfig):
 def build(cfg: TrainConfig):
     """(cfg resolved, task, model, parameter counts): what a run of cfg needs, the model fresh and frozen per cfg.mode."""
     cfg, task = resolve(cfg)
-    attention = "linear" if cfg.arch == "linear" else "softmax"
     try:
-        model_cfg = GPTConfig(task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, attention, cfg.pos)
-        model = LSTM(model_cfg) if cfg.arch == "lstm" else GPT(model_cfg)
+        model = new_model(cfg, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads)
         return cfg, task, model, apply_training_mode(model, cfg.mode)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -227,6 +229,13 @@ def build_seeded(cfg: TrainConfig):
     only the weights that train, gets back the frozen ones this way)."""
     torch.manual_seed(cfg.seed)
     return build(cfg)
+
+
+def new_model(cfg: TrainConfig, vocab_size, n_positions, width, layers, heads):
+    """A freshly initialized model of cfg's architecture and positions at these sizes."""
+    attention = "linear" if cfg.arch == "linear" else "softmax"
+    shape = GPTConfig(vocab_size, n_positions, width, layers, heads, attention, cfg.pos)
+    return LSTM(shape) if cfg.arch == "lstm" else GPT(shape)
 
 
 def saved_config(run_dir: str):
@@ -310,20 +319,15 @@ def default_lr(cfg: TrainConfig) -> float:
     cpu = cfg.scale == "cpu"
     if cpu and cfg.task in CPU_BLOCKS_LR and cfg.width >= CPU_BLOCKS_LR_MIN_WIDTH:
         try:
-            if trains_body(parameter_names(cfg), cfg.mode):
+            # A mode is judged by the parameters it resolves to, not its spelling ('*attn*' trains
+            # blocks), named by a copy of cfg's model on the meta device, which holds no memory:
+            # names depend on the architecture and the layers, not on the sizes.
+            with torch.device("meta"):
+                layers = TASKS[cfg.task].layers if cfg.layers is None else cfg.layers
+                model = new_model(cfg, 2, 2, 2, layers, 1)
+            trained = trained_parameters(dict(model.named_parameters()), cfg.mode)
+            if any(parameter_group(name) == "body" for name in trained):
                 return CPU_BLOCKS_LR[cfg.task]
         except ValueError as e:  # a mask naming no parameter, an unknown --pos: as build() says
             raise UsageError(str(e)) from None
     return CPU_VARIANTS[cfg.task].get("lr", TASKS[cfg.task].lr) if cpu else TASKS[cfg.task].lr
-
-
-def parameter_names(cfg: TrainConfig) -> list:
-    """The names of the parameters of cfg's model (a mask is judged by what it trains), from a
-    copy on the meta device, which holds no memory: names depend on the architecture and the
-    layers, not on the sizes."""
-    layers = TASKS[cfg.task].layers if cfg.layers is None else cfg.layers
-    with torch.device("meta"):
-        attention = "linear" if cfg.arch == "linear" else "softmax"
-        shape = GPTConfig(2, 2, 2, layers, 1, attention, cfg.pos)
-        model = LSTM(shape) if cfg.arch == "lstm" else GPT(shape)
-    return [name for name, _ in model.named_parameters()]

@@ -34,8 +34,7 @@ def validation_path(train_path: str) -> str:
         raise ValueError(f"no training text at {train_path}")
     if "train" not in name:
         raise ValueError(f"cannot find the validation file for {train_path}: its name has no 'train' to replace with 'valid'")
-    head, _, tail = name.rpartition("train")
-    valid = os.path.join(directory, head + "valid" + tail)
+    valid = os.path.join(directory, "valid".join(name.rsplit("train", 1)))
     if not os.path.isfile(valid):
         raise ValueError(f"no validation file {valid} beside {train_path}")
     return valid
@@ -50,9 +49,7 @@ def read_stories(path: str):
                 story.append(line)
                 if END_OF_TEXT in line:
                     *finished, rest = "".join(story).split(END_OF_TEXT)
-                    for text in finished:
-                        if text.strip():
-                            yield text.strip()
+                    yield from (text.strip() for text in finished if text.strip())
                     story = [rest]
         except UnicodeDecodeError as e:
             raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None
@@ -77,9 +74,9 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[END_OF_TEXT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(read_stories(train_path), trainer)
+    tokenizer.train_from_iterator(read_stories(train_path), trainer=trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
     write_atomic(cache, lambda f: f.write(tokenizer.to_str().encode()))
     return cache
 
@@ -131,11 +128,11 @@ def story(rng) -> str:
     he, friend_pronoun = pick(["she", "he"]), pick(["she", "he"])
     hero = pick(GIRLS if he == "she" else BOYS)
     friend = pick([n for n in (GIRLS if friend_pronoun == "she" else BOYS) if n != hero])
-    He = he.capitalize()
-    his, him, child = ("her", "her", "girl") if he == "she" else ("his", "him", "boy")
+    He, his, him, child = (("She", "her", "her", "girl") if he == "she"
+                           else ("He", "his", "him", "boy"))
     kind = pick([child, "little " + child, pick(ANIMALS)])
-    thing, adjective, place, relative = pick(OBJECTS), pick(ADJECTIVES), pick(PLACES), pick(RELATIVES[friend_pronoun])
-    animal = pick(ANIMALS)
+    thing, adjective, place, relative, animal = (pick(OBJECTS), pick(ADJECTIVES), pick(PLACES),
+                                                 pick(RELATIVES[friend_pronoun]), pick(ANIMALS))
     lines = [pick([f"Once upon a time, there was {a(kind)} named {hero}.",
                    f"One day, {a(pick(ADJECTIVES))} {kind} named {hero} woke up early.",
                    f"There was once {a(kind)} called {hero}."]),

@@ -123,10 +123,12 @@ class GPT(nn.Module):
         super().__init__()
         if cfg.n_embd % cfg.n_head:
             raise ValueError(f"width {cfg.n_embd} is not divisible by {cfg.n_head} heads")
-        if cfg.attention not in ("softmax", "linear"):
-            raise ValueError(f"unknown attention {cfg.attention!r}; choose from softmax, linear")
-        if cfg.pos not in ("learned", "sinusoidal"):
-            raise ValueError(f"unknown positional embedding {cfg.pos!r}; choose from learned, sinusoidal")
+        for setting, value, choices in (
+            ("attention", cfg.attention, ("softmax", "linear")),
+            ("positional embedding", cfg.pos, ("learned", "sinusoidal")),
+        ):
+            if value not in choices:
+                raise ValueError(f"unknown {setting} {value!r}; choose from {', '.join(choices)}")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         if cfg.pos == "learned":
@@ -181,9 +183,7 @@ class GPT(nn.Module):
                 x = block(x, cache, f"blocks.{i}")
             if cache is not None:
                 cache[f"blocks.{i}.resid_post"] = x
-        if pos is not None:
-            x = at(x, pos)
-        return self.lm_head(self.ln_f(x))
+        return self.lm_head(self.ln_f(x if pos is None else at(x, pos)))
 
 
 def at(x, pos):
@@ -219,9 +219,7 @@ class LSTM(nn.Module):
         h, _ = self.lstm(x)  # (B, T, C)
         if cache is not None:
             cache["embed"], cache["lstm.out"] = x, h
-        if pos is not None:
-            h = at(h, pos)  # (B, A, C)
-        return self.lm_head(h)
+        return self.lm_head(h if pos is None else at(h, pos))  # (B, T or A, vocab)
 
 
 # What each training mode of the paper trains (docs/protocol.md §2). Every parameter is an embedding ("wte", "wpe"),
@@ -233,7 +231,9 @@ TRAINING_MODES = {
     "embed": {"wte", "wpe"},  # Table 2: E only
     "token+unembed": {"wte", "lm_head"},  # Table 2: E_token & U
 }
-BODY = ("h", "ln_f", "lstm")  # the top-level names of the body's parameters
+# The group of each top-level parameter name: an embedding, the unembedding, or the body.
+GROUPS = {"wte": "wte", "wpe": "wpe", "lm_head": "lm_head",
+          "h": "body", "ln_f": "body", "lstm": "body"}
 TRAINING_MODE_HELP = (", ".join(TRAINING_MODES) + " (frozen = the paper's random transformer), or a mask: comma-separated "
                       "parameter-name patterns, e.g. wte,wpe,lm_head,h.1.* (block 1 trained too)")
 
@@ -241,11 +241,9 @@ TRAINING_MODE_HELP = (", ".join(TRAINING_MODES) + " (frozen = the paper's random
 def parameter_group(name: str) -> str:
     """Which of wte / wpe / lm_head / body a parameter belongs to."""
     top = name.split(".")[0]
-    if top in ("wte", "wpe", "lm_head"):
-        return top
-    if top in BODY:
-        return "body"
-    raise ValueError(f"parameter {name!r} belongs to no training-mode group")
+    if top not in GROUPS:
+        raise ValueError(f"parameter {name!r} belongs to no training-mode group")
+    return GROUPS[top]
 
 
 def mask_patterns(mode: str) -> list:
@@ -264,17 +262,10 @@ def trained_parameters(names, mode: str) -> set:
                    or fnmatch.fnmatchcase(name, p + ".*")} for p in patterns}
     unmatched = [p for p in patterns if not matched[p]]
     if not patterns or unmatched:
-        groups = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
         raise ValueError(f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
-                         f"({', '.join(TRAINING_MODES)}) or patterns of these: {groups}")
+                         f"({', '.join(TRAINING_MODES)}) or patterns of these: "
+                         f"{', '.join(dict.fromkeys(name.rsplit('.', 1)[0] for name in names))}")
     return set().union(*matched.values())
-
-
-def trains_body(names, mode: str) -> bool:
-    """Whether the mode trains any of the body (blocks, ln_f, the LSTM) of a model with these
-    parameter names, judged on the parameters it resolves to, not its spelling ('*attn*' trains
-    blocks): this sets its cpu-scale lr (config.default_lr)."""
-    return any(parameter_group(name) == "body" for name in trained_parameters(names, mode))
 
 
 def mode_label(mode: str) -> str:
@@ -292,8 +283,7 @@ def apply_training_mode(model: nn.Module, mode: str) -> dict:
     """Freeze every parameter the mode (a named mode or a mask) does not train; return trainable/frozen counts."""
     named = dict(model.named_parameters())
     trained = trained_parameters(named, mode)
-    counts = {"trainable": 0, "frozen": 0}
     for name, p in named.items():
         p.requires_grad_(name in trained)
-        counts["trainable" if p.requires_grad else "frozen"] += p.numel()
-    return counts
+    return {"trainable": sum(p.numel() for p in named.values() if p.requires_grad),
+            "frozen": sum(p.numel() for p in named.values() if not p.requires_grad)}

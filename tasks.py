@@ -42,12 +42,9 @@ class Batch:
     def __getitem__(self, rows):
         return self.apply(lambda t: t[rows])
 
-    def tensors(self):
-        return [getattr(self, f.name) for f in fields(Batch)]
-
     def apply(self, fn):
         """fn applied to every field that is set (target is None outside imitation)."""
-        return Batch(*(None if t is None else fn(t) for t in self.tensors()))
+        return Batch(*(None if t is None else fn(t) for t in vars(self).values()))
 
     def length_chunks(self) -> list:
         """[(chunk, weight)]: rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
@@ -70,8 +67,8 @@ class Batch:
 
     def take_rows(self, rows):
         """The given rows (indices (..., b) into the row dimension, the second to last of pos)."""
-        row_dim = self.pos.dim() - 2
-        return self.apply(lambda t: torch.take_along_dim(t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), row_dim))
+        return self.apply(lambda t: torch.take_along_dim(
+            t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), self.pos.dim() - 2))
 
 
 # Rows are sorted by length and cut into this many chunks, each trimmed after its own last answer. With uniform
@@ -82,7 +79,7 @@ LENGTH_CHUNKS = 4
 
 def join_batches(batches, join=torch.cat):
     """One batch from several, field by field: join=torch.cat appends rows, torch.stack adds a leading dimension."""
-    columns = zip(*(b.tensors() for b in batches))
+    columns = zip(*(vars(b).values() for b in batches))
     return Batch(*(None if c[0] is None else join(c) for c in columns))
 
 
@@ -90,17 +87,14 @@ class Task:
     """What every task provides; subclasses are dataclasses whose fields are their sizes.
 
     Besides the attributes and methods below: name, vocab_size, n_positions (the model's positional
-    table, fixed per task so parameter counts match the paper), seq_len (tokens fed), steps_for(batch_size).
+    table, fixed per task so parameter counts match the paper), seq_len (tokens fed),
+    steps_for(batch_size), and sample(batch_size, generator) -> Batch: a fresh training batch, made
+    on the generator's device, never containing a test example.
     """
 
-    lr = 1e-3
-    weight_decay = 1e-3
+    lr, weight_decay = 1e-3, 1e-3
     width, layers, heads = 1024, 2, 4  # the model the paper trains on it (docs/protocol.md §1, §3)
     eval_batch_size = 1000  # test examples per forward pass
-
-    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """A fresh training batch, made on the generator's device, never containing a test example."""
-        raise NotImplementedError
 
     def test_set(self) -> Batch:
         """The fixed evaluation set `self.test` (CPU), identical across runs, seeds and architectures."""
@@ -121,24 +115,20 @@ class Task:
         return {}
 
 
+@dataclass
 class StreamTask(Task):
     """A task with unlimited fresh training data and a fixed test set of `test_size` examples.
 
-    Subclasses implement `generate(n, generator) -> Batch` and `distinct_inputs` (how many input rows it
-    can draw). Training rows equal to a test row are dropped: the model never trains on a test example.
+    Subclasses implement `generate(n, generator) -> Batch` and `distinct_inputs` (how many input
+    rows it can draw; config.check_config keeps the test set from holding them all). Training rows
+    equal to a test row are dropped: the model never trains on a test example.
     """
 
+    test_size: int = 4000
     batch_size = 1000
 
     def steps_for(self, batch_size: int) -> int:
         return 10_000  # the paper's, at any batch size
-
-    def check_training_stream(self):
-        """ValueError where the test set could hold every input: sample() skips test rows, so it would
-        draw forever. Below that, the test draws repeat and leave at least 1/e of the inputs for training."""
-        if self.test_size >= self.distinct_inputs:
-            raise ValueError(f"{self.name} at these sizes has {self.distinct_inputs:,} distinct inputs, no more than "
-                             f"--test-size {self.test_size:,}: the test set would leave none for training")
 
     @cached_property
     def test(self) -> Batch:
@@ -230,7 +220,6 @@ class Needle(StreamTask):
     """
 
     max_pairs: int = 30
-    test_size: int = 4000
     name = "needle"
     vocab_size = 256
     n_positions = 100
@@ -250,8 +239,7 @@ class Needle(StreamTask):
         values = torch.randint(1, 128, (n, K), generator=generator, device=device)
         x = torch.stack([markers, values], 2).view(n, 2 * K)  # m1 c1 m2 c2 ...
         x = F.pad(torch.where(torch.arange(2 * K, device=device) < 2 * k[:, None], x, 0), (0, 1))  # + the query slot
-        rows = torch.arange(n, device=device)
-        queried = uniform_below(k, generator)
+        rows, queried = torch.arange(n, device=device), uniform_below(k, generator)
         x[rows, 2 * k] = markers[rows, queried] + self.MARKERS
         return Batch(x, (2 * k)[:, None], values[rows, queried][:, None])
 
@@ -273,7 +261,6 @@ class Addition(StreamTask):
     """
 
     digits: int = 10
-    test_size: int = 4000
     name = "addition"
     vocab_size = 31
     n_positions = 40
@@ -289,8 +276,8 @@ class Addition(StreamTask):
         lo, hi = 10 ** (d - 1), 10**d
         a, b = (torch.randint(lo, hi, (n,), generator=generator, device=device) for _ in range(2))
         s = a + b
-        place = 10 ** torch.arange(d + 2, device=device)
-        digits = lambda v, m: (v[:, None] // place[:m]) % 10  # noqa: E731  (n, m), least significant first
+        # (n, m): v's m lowest digits, least significant first
+        digits = lambda v, m: v[:, None] // 10 ** torch.arange(m, device=device) % 10  # noqa: E731
         sum_len = d + (s >= hi).long()  # d or d + 1 digits
         answer = torch.where(torch.arange(d + 2, device=device) < sum_len[:, None], SUM_DIGIT0 + digits(s, d + 2), ADD_PAD)
         answer[torch.arange(n, device=device), sum_len] = SUM_END
@@ -322,7 +309,6 @@ class Parens(StreamTask):
     """
 
     max_parens: int = 60
-    test_size: int = 4000
     name = "parens"
     vocab_size = 4
     n_positions = 80
@@ -353,10 +339,9 @@ class Parens(StreamTask):
             sp, sq = s[rows, p], s[rows, q]
             s[rows, p], s[rows, q] = torch.where(do, sq, sp), torch.where(do, sp, sq)
 
-        flips = torch.where(mutation & 2 == 2, geometric_count(n, generator), 0)
-        flips = flips * torch.where(randint(3, n) > 0, 2, 1)
-        most_flips = int(flips.max())
-        if most_flips:
+        flips = (torch.where(mutation & 2 == 2, geometric_count(n, generator), 0)
+                 * torch.where(randint(3, n) > 0, 2, 1))
+        if most_flips := int(flips.max()):
             # Flips at distinct indices commute and a double flip cancels, so only each index's parity matters.
             at = uniform_below(length[:, None].expand(-1, most_flips), generator)
             active = torch.arange(at.size(1), device=device) < flips[:, None]
@@ -424,8 +409,7 @@ class Memorization(FiniteTask):
     seq_len = 2
     width = 128
     batch_size = 2**15
-    lr = 5e-3  # the authors' script for this task; docs/protocol.md §3
-    weight_decay = 1e-4
+    lr, weight_decay = 5e-3, 1e-4  # the authors' script for this task; docs/protocol.md §3
     VALUES = 512  # z in [0, 512): log2(512) = 9 bits per pair
 
     def __post_init__(self):
@@ -482,7 +466,6 @@ class Imitation(StreamTask):
 
     target_width: int = 16
     target_seed: int = 0
-    test_size: int = 4000
     name = "imitate"
     vocab_size = 512
     n_positions = 40
@@ -538,8 +521,7 @@ class LanguageModeling(Task):
     epochs: int = 5
     name = "lm"
     batch_size = 20
-    lr = 6e-4
-    weight_decay = 0.1
+    lr, weight_decay = 6e-4, 0.1
     heads = 8
     eval_batch_size = 20  # the (B, context, vocab) logits dominate memory
     n_positions = seq_len = property(lambda self: self.context)
@@ -563,8 +545,7 @@ class LanguageModeling(Task):
 
     def windows(self, tokens, starts):
         rows = torch.from_numpy(tokens[starts[:, None] + np.arange(self.context + 1)].astype(np.int64))  # (B, C + 1)
-        pos = torch.arange(self.context).expand(len(starts), -1)
-        return Batch(rows[:, :-1], pos, rows[:, 1:])
+        return Batch(rows[:, :-1], torch.arange(self.context).expand(len(starts), -1), rows[:, 1:])
 
     def sample(self, batch_size, generator):
         starts = torch.randint(len(self.train_tokens) - self.context, (batch_size,), generator=generator, device=generator.device)
