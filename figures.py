@@ -134,10 +134,11 @@ def new_figure(panels: list, title: str):
 
 
 def save_with_legend(plt, fig, handles: list, path: str):
-    """Save the figure with a legend under its panels; a handle given as a dict is a Line2D's keywords."""
+    """Save the figure with a legend under its panels; a handle given as a dict is a Line2D's keywords, and a None
+    (a handle for something the figure does not draw) is left out."""
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], **h) if isinstance(h, dict) else h for h in handles]
+    handles = [Line2D([], [], **h) if isinstance(h, dict) else h for h in handles if h is not None]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     save_figure(plt, fig, path, bbox_inches="tight")
@@ -170,14 +171,13 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
         ax.grid(axis="y", alpha=0.3)
     boxes = any(len(values) >= 5 for values, _ in cells.values())
     narrower = table.name in ("table1", "table2", "table4", "parens") and any(cfg.width == 512 for cfg in table.configs.values())
-    handles = [dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
-               dict(color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
-               dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="",
-                    label="paper (width 1,024 where ours is 512)" if narrower else "paper")]
-    if any(line == "exact match" for _, line, _ in cells):
-        handles.insert(1, dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
-                               label="our seeds, whole sum exact (addition)"))
-    return handles
+    return [dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
+            dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
+                 label="our seeds, whole sum exact (addition)")
+            if any(line == "exact match" for _, line, _ in cells) else None,
+            dict(color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
+            dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="",
+                 label="paper (width 1,024 where ours is 512)" if narrower else "paper")]
 
 
 def plot_lines(table, cells: dict, axes: dict) -> list:
@@ -195,9 +195,8 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
             ax.plot(xs, [r[0] for r in ranges], marker="o", color=color, label=line)
             ax.fill_between(xs, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2, linewidth=0)
             ax.scatter([x for x, v in points for _ in v], [value for _, v in points for value in v], s=10, color=color, alpha=0.5, zorder=3)
-            for x, (_, paper) in line_cells.items():
-                if paper is not None:
-                    ax.scatter([x], [paper], **{**PAPER_STYLE, "color": color})
+            papers = {x: paper for x, (_, paper) in line_cells.items() if paper is not None}
+            ax.scatter(list(papers), list(papers.values()), **{**PAPER_STYLE, "color": color})
         for (row, col), paper in table.paper.items():  # a paper number at a width this scale does not train: a level line
             p, line, x = picture_key(table, row, col)
             if p == panel and (p, line, x) not in cells:
@@ -207,7 +206,6 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
                 ax.annotate(f"paper, {where}: {paper:g}", (0.02, paper), xycoords=("axes fraction", "data"),
                             xytext=(0, 3), textcoords="offset points", fontsize=7, color=COLORS.get(line))
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({x for p, _, x in cells if p == panel}))
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.minorticks_off()
         if table.metric == "accuracy":
@@ -215,17 +213,18 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
         if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
-        ax.set(xlabel="target transformer width" if table.name == "fig6" else "width", ylabel=y_label(table, panel))
+        ax.set(xticks=sorted({x for p, _, x in cells if p == panel}), ylabel=y_label(table, panel),
+               xlabel="target transformer width" if table.name == "fig6" else "width")
         ax.grid(alpha=0.3)
-    names = dict.fromkeys(line for _, line, _ in cells)
-    handles = [dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names]
-    handles.append(Patch(color="gray", alpha=0.5, label="min-max over seeds (band, thin where the seeds agree), each seed (dots)"))
-    if any(paper is not None for _, paper in cells.values()):
-        handles.append(dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
-    if any(picture_key(table, *cell) not in cells for cell in table.paper):
-        corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
-        handles.append(dict(color="gray", linestyle="--", label=f"paper{corpus}, at a width not trained here"))
-    return handles
+    corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
+    return [*(dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds")
+              for n in dict.fromkeys(line for _, line, _ in cells)),
+            Patch(color="gray", alpha=0.5,
+                  label="min-max over seeds (band, thin where the seeds agree), each seed (dots)"),
+            dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper")
+            if any(paper is not None for _, paper in cells.values()) else None,
+            dict(color="gray", linestyle="--", label=f"paper{corpus}, at a width not trained here")
+            if any(picture_key(table, *cell) not in cells for cell in table.paper) else None]
 
 
 def accuracy_curve(run_dir: str) -> list:
@@ -235,8 +234,8 @@ def accuracy_curve(run_dir: str) -> list:
 
 def plot_curves(table, runs: dict, title: str, path: str):
     """Each seed's test accuracy per step: why a cell falls short (a plateau it never leaves, a late start, a decline)."""
-    rows = [row for row in table.rows if not row.endswith("(train)")]  # the training split is scored once, at the end
-    plt, fig, axes = new_figure(rows, title)
+    # the training split is scored once, at the end: no curve
+    plt, fig, axes = new_figure([row for row in table.rows if not row.endswith("(train)")], title)
     colors = dict(zip(table.cols, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for row, ax in axes.items():
         for col in table.cols:
@@ -315,8 +314,8 @@ def plot_samples(table, runs: dict, title: str, path: str):
     for row in table.rows:
         texts = table.seed_values(row, "completion", runs[row, "completion"])
         losses = table.seed_values(row, "test loss", runs[row, "test loss"])
-        head = f"{row}" + (f" (test loss {losses[0]:.2f})" if losses else "")
-        blocks.append(head + "\n" + textwrap.fill(texts[0].replace("*", "") if texts else "not analysed", 100))
+        blocks.append(row + (f" (test loss {losses[0]:.2f})" if losses else "") + "\n"
+                      + textwrap.fill(texts[0].replace("*", "") if texts else "not analysed", 100))
     text = "\n\n".join(blocks)
     fig = plt.figure(figsize=(9, 1.0 + 0.16 * text.count("\n")))
     fig.text(0.02, 0.98, title + "\n\n" + text, va="top", family="monospace", fontsize=8)
@@ -341,8 +340,7 @@ def render_picture(table, scale: str, runs: dict, path: str):
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
         "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else "")
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
-    handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
-    save_with_legend(plt, fig, handles, path)
+    save_with_legend(plt, fig, (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes), path)
     if table.name in CURVE_TABLES:
         plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
                     path.removesuffix(".png") + "-curves.png")
@@ -355,16 +353,15 @@ def render_picture(table, scale: str, runs: dict, path: str):
 
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
-    tasks = dict.fromkeys(cfg.task for cfg in cfgs)
     full = dict.fromkeys(cfg.task for cfg in cfgs
                          if cfg.mode == "full" and (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task))
-    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"] + [f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items()) for task in tasks]
-    if full:
-        parts.append(f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
-                     + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full))
-    if any(cfg.arch == "lstm" for cfg in cfgs):
-        parts.append(f"the lstm keeps lr {LSTM_LR:g}")
-    return "; ".join(parts) + "."
+    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}",
+             *(f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items())
+               for task in dict.fromkeys(cfg.task for cfg in cfgs)),
+             (f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
+              + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full)) if full else None,
+             f"the lstm keeps lr {LSTM_LR:g}" if any(cfg.arch == "lstm" for cfg in cfgs) else None]
+    return "; ".join(part for part in parts if part) + "."
 
 
 def number(value) -> str:
@@ -395,26 +392,26 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
     finals = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
               for cfg in cfgs if run_state(cfg.out) == "finished"]
-    lines = [f"# {table.title}", "",
-             f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
-             f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over runs.",
-             f"Command: `{command}`", ""]
-    if scale == "cpu":
-        lines += [cpu_note(cfgs, seeds), ""]
-    if table.note:
-        lines += [table.note, ""]
-    lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
-              "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|"]
-    lines += [f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |" for row in table.rows]
-    lines += ["", f"![{table.title}]({table.name}-{scale}.png)"]
-    if table.name in CURVE_TABLES:
-        lines += ["", f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"]
-    lines += ["", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
-              "(and writes `<out>-seeds.json`, the cell's median, min and max):", ""]
     commands = {}  # command -> the first cell it trains
     for (row, col), cell in runs.items():
         commands.setdefault(train_command(cell[0], seeds), f"{row}, {col}")
-    lines += [f"- {where}: `{cmd}`" for cmd, where in commands.items()]
+    curves = (f"![{table.title.split(':')[0]}: test accuracy during training]"
+              f"({table.name}-{scale}-curves.png)")
+    lines = [f"# {table.title}", "",
+             f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
+             f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over runs.",
+             f"Command: `{command}`", "",
+             *([cpu_note(cfgs, seeds), ""] if scale == "cpu" else []),
+             *([table.note, ""] if table.note else []),
+             "Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it "
+             "gives one.", "",
+             "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|",
+             *(f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |" for row in table.rows),
+             "", f"![{table.title}]({table.name}-{scale}.png)",
+             *(["", curves] if table.name in CURVE_TABLES else []),
+             "", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
+             "(and writes `<out>-seeds.json`, the cell's median, min and max):", "",
+             *(f"- {where}: `{cmd}`" for cmd, where in commands.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -430,9 +427,10 @@ def results_text(table, scale: str, runs: dict, seeds: int, command: str, result
     else:
         with open(path) as f:
             old = f.read().split("\n")
-        kept = [line for line in old[4:5] if "this command trained" in line]
-        # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes
-        lines[2:4] = [old[2].partition(";")[0] + ";" + lines[2].partition(";")[2], old[3], *kept,
+        # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
+        # the line of the sweep that trained them
+        lines[2:4] = [old[2].partition(";")[0] + ";" + lines[2].partition(";")[2], old[3],
+                      *(line for line in old[4:5] if "this command trained" in line),
                       f"{date.today().isoformat()}: redrawn from the finished runs by "
                       f"`{command}`; nothing trained."]
     return "\n".join(lines)
@@ -574,8 +572,8 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             head, marker, rest = text.partition("<!-- claims:begin -->\n")
             if not marker or "<!-- claims:end -->" not in rest:
                 raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
-            text = head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):]
-            text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3], text)
+            text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3],
+                                    head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):])
         texts[path] = PROSE_CITATION.sub(
             lambda m: f"<!--{{{m[1]}}}-->{cited(claimed_cell, m[1], f'{path} cites {{{m[1]}}}')}<!--/-->", text)
     return texts
