@@ -54,30 +54,27 @@ def load(path) -> Run:
     final_path = os.path.join(path, "final.json")
     final = read_json(final_path, optional=FINAL_KEYS) if os.path.isfile(final_path) else None  # None: still training, or killed
     log = read_metrics(path)
-    unseen = {record["step"]: record for record in read_metrics(path, "unseen.jsonl")}  # analyze.py --watch's, where there is one
-    for record in log:
-        record.update({k: v for k, v in unseen.get(record["step"], {}).items() if k == "unseen"})
+    # analyze.py --watch's score of the unseen strings, where there is one, joins the evaluation at its step
+    unseen = {r["step"]: {"unseen": r["unseen"]} for r in read_metrics(path, "unseen.jsonl") if "unseen" in r}
     trainable = read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable")
-    return Run(path, settings, trainable, final, log)
+    return Run(path, settings, trainable, final, [r | unseen.get(r["step"], {}) for r in log])
 
 
 def seed_groups(runs) -> list:
     """Lists of runs, one per table row: finished runs that differ only in their seed share one."""
     groups = {}
     for run in runs:
-        same_but_seed = {k: v for k, v in run.settings.items() if k != "seed"}
-        key = (SEED_SUFFIX.sub("", run.path), json.dumps(same_but_seed)) if run.final else run.path
-        groups.setdefault(key, []).append(run)
+        same_but_seed = json.dumps({k: v for k, v in run.settings.items() if k != "seed"})
+        groups.setdefault((SEED_SUFFIX.sub("", run.path), same_but_seed) if run.final else run.path, []).append(run)
     return list(groups.values())
 
 
 def results(run) -> dict:
     """Final test metrics and minutes of training; for an unfinished run, those of its last evaluation."""
-    if run.final:
-        numbers = {k: v for k, v in run.final.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
-        return {**numbers, "minutes": run.final.get("elapsed", math.nan) / 60}
-    last = run.log[-1] if run.log else {}
-    numbers = {k.removeprefix("test_"): v for k, v in last.items() if k.startswith("test_") and type(v) in (int, float)}
+    # an unfinished run's last evaluation, its test_ metrics named as final.json names them
+    last = run.final or {k.removeprefix("test_"): v for k, v in (run.log[-1] if run.log else {}).items()
+                         if k.startswith("test_") or k == "elapsed"}
+    numbers = {k: v for k, v in last.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
     return {**numbers, "minutes": last.get("elapsed", math.nan) / 60}
 
 
@@ -86,33 +83,30 @@ def row_name(group) -> str:
     name = os.path.basename(os.path.normpath(run.path))
     if len(group) > 1:
         return f"{SEED_SUFFIX.sub('', name)} ({len(group)} seeds)"
-    if run.final is None:
-        return f"{name} (unfinished, " + (f"step {run.log[-1]['step']})" if run.log else "not yet evaluated)")
-    return name
+    return name if run.final is not None else f"{name} (unfinished, " + (
+        f"step {run.log[-1]['step']})" if run.log else "not yet evaluated)")
 
 
 def spread(values) -> str:
     """One run's value, or median [min, max] over a group's seeds."""
-    if not values:
-        return "-"
-    if any(math.isnan(v) for v in values):  # a diverged seed: an order statistic would hide it
-        return "nan"
-    if len(values) == 1:
-        return f"{values[0]:.4g}"
-    return "{:.4g} [{:.4g}, {:.4g}]".format(*median_range(values))
+    return ("-" if not values
+            else "nan" if any(math.isnan(v) for v in values)  # a diverged seed: an order statistic would hide it
+            else f"{values[0]:.4g}" if len(values) == 1
+            else "{:.4g} [{:.4g}, {:.4g}]".format(*median_range(values)))
 
 
 def table(groups) -> str:
     settings = [{**group[0].settings, "seed": ",".join(str(run.settings["seed"]) for run in group)} for group in groups]
-    names = dict.fromkeys(k for s in settings for k in s)  # a task's sizes are missing from other tasks' runs
-    differing = [k for k in names if len({json.dumps(s.get(k)) for s in settings}) > 1]
+    # every setting any row has: a task's sizes are missing from other tasks' runs
+    differing = [k for k in dict.fromkeys(k for s in settings for k in s)
+                 if len({json.dumps(s.get(k)) for s in settings}) > 1]
     scores = [[results(run) for run in group] for group in groups]
     metrics = list(dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")) + ["minutes"]
-    cells = [[cell(row_name(group)), *(cell(setting_text(setting.get(k))) for k in differing),
-              f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
-              *(spread([row[k] for row in rows if k in row]) for k in metrics)]
-             for group, setting, rows in zip(groups, settings, scores)]
-    return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], cells))
+    return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], [
+        [cell(row_name(group)), *(cell(setting_text(setting.get(k))) for k in differing),
+         f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
+         *(spread([row[k] for row in rows if k in row]) for k in metrics)]
+        for group, setting, rows in zip(groups, settings, scores)]))
 
 
 def cell(text: str) -> str:
@@ -136,21 +130,22 @@ def plot(groups, path, figure_title=None, labels=None):
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False)
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for i, group in enumerate(groups):
-            color, marker = None, MARKERS[i % len(MARKERS)]
+            color = None  # matplotlib's next colour for the row's line, then the same for its dashed one
             curves = ((key, "-"), ("test_exact_match", "--")) if key == "test_accuracy" else ((key, "-"),)
             for curve_key, style in curves:
                 steps, ranges = median_curve(group, curve_key)
                 if steps:
-                    line, = ax.plot(steps, [r[0] for r in ranges], style, color=color, marker=marker, markersize=4,
-                                    fillstyle="none", label=labels[i] if style == "-" else None)
+                    line, = ax.plot(steps, [r[0] for r in ranges], style, color=color, markersize=4,
+                                    marker=MARKERS[i % len(MARKERS)], fillstyle="none",
+                                    label=labels[i] if style == "-" else None)
                     color = line.get_color()
                     if len(group) > 1:
                         ax.fill_between(steps, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2)
-        if key == "test_accuracy" and "test_exact_match" in logged:
-            title += " (addition: per token; dashed: whole sums exact)"
-        if key == "test_accuracy" and "test_kl" in logged:
-            y_label += " (imitate: the student's top token is the target's)"
-        ax.set(title=title, xlabel="step", ylabel=y_label, yscale=scale)
+        accuracy = key == "test_accuracy"
+        ax.set(title=title + (" (addition: per token; dashed: whole sums exact)"
+                              if accuracy and "test_exact_match" in logged else ""), xlabel="step",
+               ylabel=y_label + (" (imitate: the student's top token is the target's)"
+                                 if accuracy and "test_kl" in logged else ""), yscale=scale)
         ax.title.set_fontsize(9)
         if key in PERCENT:
             ax.set_ylim(0, 102)  # the whole range: a truncated axis would exaggerate a gap

@@ -259,8 +259,9 @@ def plot_convergence(table, runs: dict, title: str, path: str):
         lr_ax.set_ylabel("learning rate", color="gray")
         ax.set(title=row, xlabel="step", ylabel="accuracy on the memorized map (%)", ylim=(0, 105))
         ax.grid(alpha=0.3)
-    handles = [dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
-    save_with_legend(plt, fig, handles + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
+    save_with_legend(plt, fig, [*(dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed")
+                                  for row in table.rows),
+                                dict(color="gray", linestyle="--", label="lr (right axis)")], path)
 
 
 def first_analysis(runs: list, name: str):
