@@ -366,9 +366,8 @@ def cpu_note(cfgs, seeds: int) -> str:
 
 
 def number(value) -> str:
-    if isinstance(value, int) or abs(value) >= 1000:  # counts (steps, bits) never show a decimal
-        return f"{value:,.0f}"
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0"
+    return (f"{value:,.0f}" if isinstance(value, int) or abs(value) >= 1000  # counts (steps, bits) never show a decimal
+            else f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0")
 
 
 def median_text(values: list) -> str:
@@ -386,9 +385,9 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     def cell_text(row, col):
         values = table.seed_values(row, col, runs[row, col])
         unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
-        text = (unread if not values else values[0] if isinstance(values[0], str)  # a text cell: the first seed's completion
-                else f"{median_text(values)} ({len(values)}/{seeds})")
-        return text + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else "")
+        return ((unread if not values else values[0] if isinstance(values[0], str)  # a text cell: the first seed's completion
+                 else f"{median_text(values)} ({len(values)}/{seeds})")
+                + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else ""))
 
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
     finals = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
