@@ -54,27 +54,33 @@ def load(path) -> Run:
     final_path = os.path.join(path, "final.json")
     final = read_json(final_path, optional=FINAL_KEYS) if os.path.isfile(final_path) else None  # None: still training, or killed
     log = read_metrics(path)
-    # analyze.py --watch's score of the unseen strings, where there is one, joins the evaluation at its step
-    unseen = {r["step"]: {"unseen": r["unseen"]} for r in read_metrics(path, "unseen.jsonl") if "unseen" in r}
-    trainable = read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable")
-    return Run(path, settings, trainable, final, [r | unseen.get(r["step"], {}) for r in log])
+    # analyze.py --watch's score of the unseen strings, where there is one, joins the evaluation
+    # at its step
+    unseen = {r["step"]: {"unseen": r["unseen"]}
+              for r in read_metrics(path, "unseen.jsonl") if "unseen" in r}
+    return Run(path, settings,
+               read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable"),
+               final, [r | unseen.get(r["step"], {}) for r in log])
 
 
 def seed_groups(runs) -> list:
     """Lists of runs, one per table row: finished runs that differ only in their seed share one."""
     groups = {}
     for run in runs:
-        same_but_seed = json.dumps({k: v for k, v in run.settings.items() if k != "seed"})
-        groups.setdefault((SEED_SUFFIX.sub("", run.path), same_but_seed) if run.final else run.path, []).append(run)
+        same_but_seed = {k: v for k, v in run.settings.items() if k != "seed"}
+        key = (SEED_SUFFIX.sub("", run.path), json.dumps(same_but_seed)) if run.final else run.path
+        groups.setdefault(key, []).append(run)
     return list(groups.values())
 
 
 def results(run) -> dict:
     """Final test metrics and minutes of training; for an unfinished run, those of its last evaluation."""
     # an unfinished run's last evaluation, its test_ metrics named as final.json names them
-    last = run.final or {k.removeprefix("test_"): v for k, v in (run.log[-1] if run.log else {}).items()
+    last = run.final or {k.removeprefix("test_"): v
+                         for k, v in (run.log[-1] if run.log else {}).items()
                          if k.startswith("test_") or k == "elapsed"}
-    numbers = {k: v for k, v in last.items() if k not in ("step", "elapsed") and type(v) in (int, float)}
+    numbers = {k: v for k, v in last.items()
+               if k not in ("step", "elapsed") and type(v) in (int, float)}
     return {**numbers, "minutes": last.get("elapsed", math.nan) / 60}
 
 
@@ -89,8 +95,9 @@ def row_name(group) -> str:
 
 def spread(values) -> str:
     """One run's value, or median [min, max] over a group's seeds."""
+    # a diverged seed shows nan: an order statistic would hide it
     return ("-" if not values
-            else "nan" if any(math.isnan(v) for v in values)  # a diverged seed: an order statistic would hide it
+            else "nan" if any(math.isnan(v) for v in values)
             else f"{values[0]:.4g}" if len(values) == 1
             else "{:.4g} [{:.4g}, {:.4g}]".format(*median_range(values)))
 
@@ -103,19 +110,17 @@ def table(groups) -> str:
     scores = [[results(run) for run in group] for group in groups]
     metrics = list(dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")) + ["minutes"]
     return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], [
-        [cell(row_name(group)), *(cell(setting_text(setting.get(k))) for k in differing),
+        [cell(row_name(group)), *(cell(setting.get(k)) for k in differing),
          f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
          *(spread([row[k] for row in rows if k in row]) for k in metrics)]
         for group, setting, rows in zip(groups, settings, scores)]))
 
 
-def cell(text: str) -> str:
-    """text as one markdown table cell: a | or a line break in a mask or a path would end it."""
+def cell(value) -> str:
+    """A name or a setting as one markdown table cell ("-" for none, a float in %g): a | or a line
+    break in a mask or a path would end it."""
+    text = "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
     return " ".join(text.splitlines()).replace("|", "\\|")
-
-
-def setting_text(value) -> str:
-    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def plot(groups, path, figure_title=None, labels=None):
@@ -130,7 +135,7 @@ def plot(groups, path, figure_title=None, labels=None):
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False)
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for i, group in enumerate(groups):
-            color = None  # matplotlib's next colour for the row's line, then the same for its dashed one
+            color = None  # matplotlib's next colour for the row's line, the same for its dashed one
             curves = ((key, "-"), ("test_exact_match", "--")) if key == "test_accuracy" else ((key, "-"),)
             for curve_key, style in curves:
                 steps, ranges = median_curve(group, curve_key)

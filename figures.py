@@ -134,8 +134,8 @@ def new_figure(panels: list, title: str):
 
 
 def save_with_legend(plt, fig, handles: list, path: str):
-    """Save the figure with a legend under its panels; a handle given as a dict is a Line2D's keywords, and a None
-    (a handle for something the figure does not draw) is left out."""
+    """Save the figure with a legend under its panels; a handle given as a dict is a Line2D's
+    keywords, and a None (a handle for something the figure does not draw) is left out."""
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], **h) if isinstance(h, dict) else h for h in handles if h is not None]
@@ -175,7 +175,8 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
             dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
                  label="our seeds, whole sum exact (addition)")
             if any(line == "exact match" for _, line, _ in cells) else None,
-            dict(color="black", linewidth=2, label="box: quartiles, median" if boxes else "median over seeds"),
+            dict(color="black", linewidth=2,
+                 label="box: quartiles, median" if boxes else "median over seeds"),
             dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="",
                  label="paper (width 1,024 where ours is 512)" if narrower else "paper")]
 
@@ -221,7 +222,8 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
               for n in dict.fromkeys(line for _, line, _ in cells)),
             Patch(color="gray", alpha=0.5,
                   label="min-max over seeds (band, thin where the seeds agree), each seed (dots)"),
-            dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper")
+            dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="",
+                 label="paper")
             if any(paper is not None for _, paper in cells.values()) else None,
             dict(color="gray", linestyle="--", label=f"paper{corpus}, at a width not trained here")
             if any(picture_key(table, *cell) not in cells for cell in table.paper) else None]
@@ -259,9 +261,8 @@ def plot_convergence(table, runs: dict, title: str, path: str):
         lr_ax.set_ylabel("learning rate", color="gray")
         ax.set(title=row, xlabel="step", ylabel="accuracy on the memorized map (%)", ylim=(0, 105))
         ax.grid(alpha=0.3)
-    save_with_legend(plt, fig, [*(dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed")
-                                  for row in table.rows),
-                                dict(color="gray", linestyle="--", label="lr (right axis)")], path)
+    handles = [dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
+    save_with_legend(plt, fig, handles + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
 
 
 def first_analysis(runs: list, name: str):
@@ -341,7 +342,8 @@ def render_picture(table, scale: str, runs: dict, path: str):
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
         "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else "")
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
-    save_with_legend(plt, fig, (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes), path)
+    handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
+    save_with_legend(plt, fig, handles, path)
     if table.name in CURVE_TABLES:
         plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
                     path.removesuffix(".png") + "-curves.png")
@@ -356,7 +358,8 @@ def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
     full = dict.fromkeys(cfg.task for cfg in cfgs
                          if cfg.mode == "full" and (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task))
-    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}",
+    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width "
+             f"{CPU_WIDTH}",
              *(f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items())
                for task in dict.fromkeys(cfg.task for cfg in cfgs)),
              (f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
@@ -366,7 +369,8 @@ def cpu_note(cfgs, seeds: int) -> str:
 
 
 def number(value) -> str:
-    return (f"{value:,.0f}" if isinstance(value, int) or abs(value) >= 1000  # counts (steps, bits) never show a decimal
+    # counts (steps, bits) never show a decimal
+    return (f"{value:,.0f}" if isinstance(value, int) or abs(value) >= 1000
             else f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0")
 
 
@@ -385,7 +389,8 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     def cell_text(row, col):
         values = table.seed_values(row, col, runs[row, col])
         unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
-        return ((unread if not values else values[0] if isinstance(values[0], str)  # a text cell: the first seed's completion
+        # a text cell shows the first seed's completion
+        return ((unread if not values else values[0] if isinstance(values[0], str)
                  else f"{median_text(values)} ({len(values)}/{seeds})")
                 + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else ""))
 
@@ -399,17 +404,20 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
               f"({table.name}-{scale}-curves.png)")
     lines = [f"# {table.title}", "",
              f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
-             f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over runs.",
+             f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over "
+             "runs.",
              f"Command: `{command}`", "",
              *([cpu_note(cfgs, seeds), ""] if scale == "cpu" else []),
              *([table.note, ""] if table.note else []),
-             "Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it "
-             "gives one.", "",
+             "Each cell: our median [min, max] over seeds (seeds finished), then the paper's "
+             "number where it gives one.", "",
              "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|",
-             *(f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |" for row in table.rows),
+             *(f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |"
+               for row in table.rows),
              "", f"![{table.title}]({table.name}-{scale}.png)",
              *(["", curves] if table.name in CURVE_TABLES else []),
-             "", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
+             "", "## Commands", "",
+             "One `train.py` call per cell trains its seeds into the same directories "
              "(and writes `<out>-seeds.json`, the cell's median, min and max):", "",
              *(f"- {where}: `{cmd}`" for cmd, where in commands.items())]
     return "\n".join(lines) + "\n"
@@ -573,7 +581,8 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             if not marker or "<!-- claims:end -->" not in rest:
                 raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
             text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3],
-                                    head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):])
+                                    head + marker + "\n".join(lines) + "\n"
+                                    + rest[rest.index("<!-- claims:end -->"):])
         texts[path] = PROSE_CITATION.sub(
             lambda m: f"<!--{{{m[1]}}}-->{cited(claimed_cell, m[1], f'{path} cites {{{m[1]}}}')}<!--/-->", text)
     return texts
