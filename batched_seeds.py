@@ -19,13 +19,13 @@ from functools import partial
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rundir import Run, check_run_dir, log_eval, print_eval, replace_old_run, run_record, save_final, start_or_resume, write_seed_summary
+from rundir import (Run, check_run_dir, first_line, log_eval, print_eval, replace_old_run, run_record, save_final,
+                    start_or_resume, write_seed_summary)
 from cli import parse_args, seed_configs
 from errors import UsageError, usage_errors
 from config import build_seeded
 from devices import Ranks, autocast, compile_model, pick_device
 from tasks import Batch, join_batches
-from rundir import first_line
 from train import evaluate, lr_at, make_optimizer, set_lr, spare_step
 
 

@@ -46,9 +46,7 @@ class Run:
 
 
 def load(path) -> Run:
-    cfg = saved_config(path)
-    if cfg is None:
-        raise UsageError(f"{path} is not a run directory (no config.json)")
+    cfg = saved_config(path, required=True)
     own_sizes = {f.name for f in fields(TASKS[cfg.task])} if cfg.task in TASKS else TASK_SIZES
     settings = {k: v for k, v in asdict(cfg).items() if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)}
     final_path = os.path.join(path, "final.json")

@@ -238,10 +238,13 @@ def new_model(cfg: TrainConfig, vocab_size, n_positions, width, layers, heads):
     return LSTM(shape) if cfg.arch == "lstm" else GPT(shape)
 
 
-def saved_config(run_dir: str):
-    """The TrainConfig run_dir/config.json holds, None without one, a UsageError if it is no run's config."""
+def saved_config(run_dir: str, required=False):
+    """The TrainConfig run_dir/config.json holds; without one, None (required: a UsageError); a
+    UsageError if it is no run's config."""
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
+        if required:
+            raise UsageError(f"{run_dir} is not a run directory (no config.json)")
         return None
     try:
         return config_from_dict(read_json(path))
@@ -249,12 +252,15 @@ def saved_config(run_dir: str):
         raise UsageError(f"{path} is not a run's config ({e})") from None
 
 
+# Settings that change nothing a run computes: where it ran (the device it resolved, compiled or not)
+# and was written (the directory's spelling, overwrite), and whose defaults filled in the others.
+NOT_COMPUTED = ("device", "compile", "out", "overwrite", "scale")
+
+
 def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
-    """The settings cfg sets that the run in run_dir (if any) was not trained with. The device (what the run
-    resolved), the directory's spelling, overwrite and the scale (whose defaults filled in what the other
-    settings say) do not count: they change nothing the run computes."""
-    saved, ignored = saved_config(run_dir), ("device", "overwrite", "out", "scale")
-    return [k for k, v in asdict(cfg).items() if saved and v is not None and k not in ignored and getattr(saved, k) != v]
+    """The settings cfg sets that the run in run_dir (if any) was not trained with, NOT_COMPUTED aside."""
+    saved = saved_config(run_dir)
+    return [k for k, v in asdict(cfg).items() if saved and v is not None and k not in NOT_COMPUTED and getattr(saved, k) != v]
 
 
 def load_run(run_dir):

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from cli import command_line
-from config import CPU_VARIANTS, TrainConfig, changed_settings, resolve, saved_config
+from config import CPU_VARIANTS, NOT_COMPUTED, TrainConfig, changed_settings, resolve, saved_config
 from errors import Diverged, UsageError
 from files import FINAL_KEYS, NUMBER, is_json_type, load_checkpoint, read_json, read_metrics, save_torch, write_atomic, write_json
 from devices import uses_bf16
@@ -146,14 +146,9 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     return start
 
 
-# Settings a resumed run may take from an edited config.json: where it runs and is written, not
-# what it computes.
-RESUME_MAY_CHANGE = ("device", "compile", "out", "overwrite", "scale")
-
-
 def restore(cfg, start: Start, model, optimizer, generator, lead):
     """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
-    file changes (its settings must be config.json's, RESUME_MAY_CHANGE aside); then roll the files
+    file changes (its settings must be config.json's, config.NOT_COMPUTED aside); then roll the files
     back to it (roll_back). No checkpoint yet: start over in place."""
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
@@ -168,7 +163,7 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
     if not isinstance(saved, dict):
         raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
     for name, value in asdict(cfg).items():
-        if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != value:
+        if name in saved and name not in NOT_COMPUTED and saved[name] != value:
             raise UsageError(f"{checkpoint_path} was saved with {name} {saved[name]!r}, but "
                              f"config.json says {value!r}; a run resumes with its checkpoint's "
                              "settings: put them back in config.json")
@@ -672,10 +667,7 @@ def resumed_config(run_dir):
     """The config of the interrupted run in run_dir, which --resume continues, after completing what
     a kill left of a swap there (finish_swap)."""
     finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completes first
-    saved = saved_config(run_dir)
-    if saved is None:
-        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    return replace(saved, out=run_dir)
+    return replace(saved_config(run_dir, required=True), out=run_dir)
 
 
 def seed_state(cfg, seeds: int) -> str:

@@ -19,7 +19,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 
@@ -28,7 +28,7 @@ import train
 from bench import useful_flops
 from cli import command_line
 from errors import UsageError
-from config import TrainConfig, build_task, load_run, resolve, saved_config, with_paper_defaults
+from config import TrainConfig, build_task, changed_settings, load_run, resolve, saved_config, with_paper_defaults
 from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
 from rundir import run_state
 from tasks import TASKS, StreamTask
@@ -41,15 +41,13 @@ from tasks import TASKS, StreamTask
 def check_same_config(cfg: TrainConfig):
     """A run directory made by another protocol must not pass as this one's: its saved settings must equal the
     cell's resolved ones, defaults filled in (one left to the scale counts too). UsageError naming the first that differs."""
-    saved = saved_config(cfg.out)
-    if saved is None:
-        return
-    resolved = asdict(resolve(cfg)[0])
-    for name, value in asdict(saved).items():
-        # not what a run computes: where it ran and was written, how its directory was made, whose defaults filled it in
-        if name not in ("device", "compile", "out", "overwrite", "scale") and value != resolved[name]:
-            raise UsageError(f"{cfg.out} was trained with other settings ({name} {value!r}, this cell's "
-                             f"{resolved[name]!r}); delete it to rerun")
+    resolved = resolve(cfg)[0]
+    changed = changed_settings(resolved, cfg.out)  # config.NOT_COMPUTED aside
+    if changed:
+        name = changed[0]
+        raise UsageError(f"{cfg.out} was trained with other settings ({name} "
+                         f"{getattr(saved_config(cfg.out), name)!r}, this cell's "
+                         f"{getattr(resolved, name)!r}); delete it to rerun")
 
 
 def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
