@@ -19,8 +19,7 @@ from functools import partial
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rundir import (Run, check_run_dir, first_line, log_eval, print_eval, replace_old_run, run_record, save_final,
-                    start_or_resume, write_seed_summary)
+from rundir import Run, first_line, log_eval, print_eval, replace_old_run, run_record, save_final, start_or_resume, write_seed_summary
 from cli import parse_args, seed_configs
 from errors import UsageError, usage_errors
 from config import build_seeded
@@ -49,7 +48,6 @@ def train_batched(cfg) -> list:
     built = []
     for run in seed_configs(cfg):
         run, task, model, n = build_seeded(run)
-        check_run_dir(run)
         built.append((run, model.to(device), n))
     seeds, models, counts = map(list, zip(*built))
     cfg = seeds[0]  # settings filled in by build, shared by every seed

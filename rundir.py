@@ -373,7 +373,7 @@ def lock_held(run_dir) -> bool:
         return False
 
 
-def check_run_dir(cfg, lead=True):
+def check_run_dir(cfg, lead):
     """UsageError unless cfg.out may become a new run: a path of its own, absent, empty, or (with --overwrite)
     an old run: a directory holding config.json and only files that this program writes."""
     out = cfg.out
