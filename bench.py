@@ -22,14 +22,13 @@ import argparse
 import random
 import time
 from dataclasses import replace
-from functools import partial
 
 import torch
 
 from cli import config_from_args, make_parser
 from errors import UsageError, usage_errors
 from config import build_seeded
-from devices import autocast, compile_model, deterministic_kernels, pick_device, uses_bf16
+from devices import Ranks, autocast, compile_model, deterministic_kernels, pick_device, uses_bf16
 from figures import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
@@ -93,7 +92,7 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 def ours(cfg, task, model, device):
     compile_model(model.to(device), device, cfg.compile)
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip = partial(torch.nn.utils.clip_grad_norm_, [p for p in model.parameters() if p.requires_grad], cfg.clip)
+    clip = Ranks().clipper(model.parameters(), cfg.clip)  # train.py's clipping, in one process
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     def make_data():

@@ -12,6 +12,7 @@ sizes hold whatever the number of GPUs).
 import os
 import sys
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -105,15 +106,17 @@ class Ranks:
         return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
 
     def clipper(self, params, max_norm: float):
-        """clip(): the ranks' gradients summed (each already a share of the global mean), then clipped."""
+        """clip(): the ranks' gradients summed (each already a share of the global mean), then clipped.
+        In one process, torch's clipping itself: a step calls nothing here."""
         params = [p for p in params if p.requires_grad]
+        clip = partial(torch.nn.utils.clip_grad_norm_, params, max_norm)
 
         def sum_then_clip():
             for p in params:
                 if p.grad is not None:  # None on every rank alike: the ranks run the same graph
                     self.sum(p.grad)
-            torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return sum_then_clip
+            clip()
+        return clip if self.world == 1 else sum_then_clip
 
     def sum(self, total: torch.Tensor) -> torch.Tensor:
         if self.world > 1:

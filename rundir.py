@@ -441,9 +441,10 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
         "elapsed": elapsed, "metrics": metrics, "losses": list(losses), "config": asdict(cfg)})
 
 
-def log_eval(out, step, loss, lr, metrics, elapsed, steps_per_s=None):
+def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix=""):
     """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill between the
-    two leaves a line newer than the checkpoint, which resuming drops (roll_back) before logging it again."""
+    two leaves a line newer than the checkpoint, which resuming drops (roll_back) before logging it again.
+    For a log file, also a line on stdout: the progress bar shows only on a terminal."""
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, "a") as f:
@@ -452,14 +453,11 @@ def log_eval(out, step, loss, lr, metrics, elapsed, steps_per_s=None):
                                 "elapsed": elapsed, "steps_per_s": steps_per_s}) + "\n")
     except OSError as e:  # a full disk fails in write or close, unnamed
         raise OSError(e.errno, e.strerror, path) from None
-
-
-def print_eval(step, steps, loss, metrics, steps_per_s, prefix=""):
-    """One line per evaluation on stdout, for a log file: the progress bar shows only on a terminal."""
-    parts = ([f"{prefix}step {step}/{steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
-             + [f"test {k} {v:.4f}" for k, v in metrics.items()]
-             + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else []))
-    print(", ".join(parts), flush=True)
+    if not sys.stderr.isatty():
+        parts = ([f"{prefix}step {step}/{steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
+                 + [f"test {k} {v:.4f}" for k, v in metrics.items()]
+                 + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else []))
+        print(", ".join(parts), flush=True)
 
 
 
@@ -609,10 +607,8 @@ class Run:
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
         if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
-            log_eval(self.cfg.out, step, loss, lr, metrics, elapsed, steps_per_s)
+            log_eval(self.cfg.out, step, self.cfg.steps, loss, lr, metrics, elapsed, steps_per_s)
             save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
-            if not sys.stderr.isatty():
-                print_eval(step, self.cfg.steps, loss, metrics, steps_per_s)
         # every headline metric (addition: exact sums beside per-token accuracy); the log line has them all
         self.bar.set_postfix(loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s)
 
