@@ -28,6 +28,9 @@ ARCHS = ("gpt", "lstm", "linear")
 SCALES = ("paper", "cpu")  # and "auto" on the command line: paper on a CUDA GPU, else cpu
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
+# Settings that change nothing a run computes: where it ran (the device it resolved, compiled or not)
+# and was written (the directory's spelling, overwrite), and whose defaults filled in the others.
+NOT_COMPUTED = ("device", "compile", "out", "overwrite", "scale")
 PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
 
 
@@ -127,7 +130,7 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
 
 
 # Shown in every run name, or not part of what a run computes.
-NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "out", "overwrite", "device", "compile", "deterministic", "scale")
+NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "deterministic", *NOT_COMPUTED)
 
 
 def run_name(given: TrainConfig, width: int) -> str:
@@ -250,11 +253,6 @@ def saved_config(run_dir: str, required=False):
         return config_from_dict(read_json(path))
     except ValueError as e:
         raise UsageError(f"{path} is not a run's config ({e})") from None
-
-
-# Settings that change nothing a run computes: where it ran (the device it resolved, compiled or not)
-# and was written (the directory's spelling, overwrite), and whose defaults filled in the others.
-NOT_COMPUTED = ("device", "compile", "out", "overwrite", "scale")
 
 
 def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
