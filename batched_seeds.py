@@ -18,7 +18,8 @@ from functools import partial
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rundir import Run, first_line, log_eval, replace_old_run, run_record, save_final, start_or_resume, write_seed_summary
+from rundir import (Run, first_line, log_eval, replace_old_run, run_record, save_final,
+                    start_or_resume, write_seed_summary)
 from cli import parse_args, seed_configs
 from errors import UsageError, usage_errors
 from config import build_seeded
@@ -149,8 +150,8 @@ class SeedRuns(Run):
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
         for run, seed_loss, seed_metrics in zip(self.seeds, loss or [None] * len(self.seeds), metrics):
-            log_eval(run.out, step, self.cfg.steps, seed_loss, lr, seed_metrics, elapsed, steps_per_s,
-                     prefix=f"seed {run.seed}: ")
+            log_eval(run.out, step, self.cfg.steps, seed_loss, lr, seed_metrics, elapsed,
+                     steps_per_s, prefix=f"seed {run.seed}: ")
 
     def close(self):
         for start in self.starts:

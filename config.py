@@ -28,8 +28,8 @@ ARCHS = ("gpt", "lstm", "linear")
 SCALES = ("paper", "cpu")  # and "auto" on the command line: paper on a CUDA GPU, else cpu
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
-# Settings that change nothing a run computes: where it ran (the device it resolved, compiled or not)
-# and was written (the directory's spelling, overwrite), and whose defaults filled in the others.
+# Settings that change nothing a run computes: where it ran (the device it resolved, compiled or
+# not) and was written (the directory's spelling, overwrite), whose defaults filled in the others.
 NOT_COMPUTED = ("device", "compile", "out", "overwrite", "scale")
 PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
 
@@ -130,7 +130,8 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
 
 
 # Shown in every run name, or not part of what a run computes.
-NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "deterministic", *NOT_COMPUTED)
+NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "deterministic",
+             *NOT_COMPUTED)
 
 
 def run_name(given: TrainConfig, width: int) -> str:
@@ -256,9 +257,11 @@ def saved_config(run_dir: str, required=False):
 
 
 def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
-    """The settings cfg sets that the run in run_dir (if any) was not trained with, NOT_COMPUTED aside."""
+    """The settings cfg sets that the run in run_dir (if any) was not trained with, NOT_COMPUTED
+    aside."""
     saved = saved_config(run_dir)
-    return [k for k, v in asdict(cfg).items() if saved and v is not None and k not in NOT_COMPUTED and getattr(saved, k) != v]
+    return [k for k, v in asdict(cfg).items()
+            if saved and v is not None and k not in NOT_COMPUTED and getattr(saved, k) != v]
 
 
 def load_run(run_dir):

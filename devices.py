@@ -106,8 +106,8 @@ class Ranks:
         return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
 
     def clipper(self, params, max_norm: float):
-        """clip(): the ranks' gradients summed (each already a share of the global mean), then clipped.
-        In one process, torch's clipping itself: a step calls nothing here."""
+        """clip(): the ranks' gradients summed (each already a share of the global mean), then
+        clipped. In one process, torch's clipping itself: a step calls nothing here."""
         params = [p for p in params if p.requires_grad]
         clip = partial(torch.nn.utils.clip_grad_norm_, params, max_norm)
 

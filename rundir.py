@@ -148,8 +148,8 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
 
 def restore(cfg, start: Start, model, optimizer, generator, lead):
     """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
-    file changes (its settings must be config.json's, config.NOT_COMPUTED aside); then roll the files
-    back to it (roll_back). No checkpoint yet: start over in place."""
+    file changes (its settings must be config.json's, config.NOT_COMPUTED aside); then roll the
+    files back to it (roll_back). No checkpoint yet: start over in place."""
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
         if lead:
@@ -442,9 +442,10 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
 
 
 def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix=""):
-    """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill between the
-    two leaves a line newer than the checkpoint, which resuming drops (roll_back) before logging it again.
-    For a log file, also a line on stdout: the progress bar shows only on a terminal."""
+    """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill
+    between the two leaves a line newer than the checkpoint, which resuming drops (roll_back) before
+    logging it again. For a log file, also a line on stdout: the progress bar shows only on a
+    terminal."""
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, "a") as f:
@@ -454,7 +455,8 @@ def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix="
     except OSError as e:  # a full disk fails in write or close, unnamed
         raise OSError(e.errno, e.strerror, path) from None
     if not sys.stderr.isatty():
-        parts = ([f"{prefix}step {step}/{steps}"] + ([f"loss {loss:.4f}"] if loss is not None else [])
+        parts = ([f"{prefix}step {step}/{steps}"]
+                 + ([f"loss {loss:.4f}"] if loss is not None else [])
                  + [f"test {k} {v:.4f}" for k, v in metrics.items()]
                  + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else []))
         print(", ".join(parts), flush=True)

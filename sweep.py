@@ -28,7 +28,8 @@ import train
 from bench import useful_flops
 from cli import command_line
 from errors import UsageError
-from config import TrainConfig, build_task, changed_settings, load_run, resolve, saved_config, with_paper_defaults
+from config import (TrainConfig, build_task, changed_settings, load_run, resolve, saved_config,
+                    with_paper_defaults)
 from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
 from rundir import run_state
 from tasks import TASKS, StreamTask
