@@ -1,8 +1,9 @@
 """Time one training step and print a figure table: steps/s, tokens/s, FLOP/s, MFU, data share.
 
     python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu
-    python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu --pipeline authors
-    python bench.py --task parens --frozen --scale cpu --device cpu   # a step of reproduce.py's cpu scale
+    python bench.py --task needle --frozen --width 256 --batch-size 256 --device cpu \
+        --pipeline authors
+    python bench.py --task parens --frozen --scale cpu --device cpu   # reproduce.py's cpu scale
 
 Takes train.py's flags (config.py), unset ones at the paper's settings for the task.
 

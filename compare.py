@@ -1,7 +1,8 @@
 """Put runs side by side: a Markdown table of the settings they differ in and their final test
 metrics, and one figure of their test accuracy and test loss against step.
 
-    python compare.py runs/reproduce/table1-cpu/needle-random-512-s* runs/reproduce/table1-cpu/needle-normal-512-s*
+    python compare.py runs/reproduce/table1-cpu/needle-random-512-s* \
+        runs/reproduce/table1-cpu/needle-normal-512-s*
     python compare.py runs/a runs/b --plot ab.png > ab.md
 
 Runs whose directory names differ only in a trailing -s<seed> and whose settings differ only in

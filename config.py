@@ -1,7 +1,8 @@
 """A run's settings: the TrainConfig dataclass, the paper's defaults, checks, and the cpu scale.
 
     from config import TrainConfig, build
-    cfg, task, model, counts = build(TrainConfig(task="needle", mode="frozen"))  # the paper's settings filled in
+    # the paper's settings filled in:
+    cfg, task, model, counts = build(TrainConfig(task="needle", mode="frozen"))
 
 Every command reads its settings here (cli.py turns them into flags). A setting
 is decided in one order: the flag given, then at the cpu scale the task's laptop

@@ -1,6 +1,6 @@
 """Where a run computes: the device, its matmul precision, torch.compile, and data parallelism.
 
-    torchrun --nproc_per_node=4 train.py --task needle --frozen   # one global batch over 4 processes
+    torchrun --nproc_per_node=4 train.py --task needle --frozen   # one batch over 4 processes
 
 Data parallelism here is plain: every rank draws the whole global batch from the
 shared seed, trains on its own contiguous slice, and the ranks' gradients are

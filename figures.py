@@ -1,6 +1,6 @@
 """The plotting helpers that compare.py, reproduce.py and analyze.py share, and reproduce.py's pictures and markdown.
 
-    python reproduce.py table1 --scale cpu   # draws results/table1-cpu.png (plot_seeds) and -curves.png (plot_curves)
+    python reproduce.py table1 --scale cpu   # results/table1-cpu.png (plot_seeds), -curves.png
     python compare.py runs/a runs/b          # draws runs/compare.png
 
 reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and RESULTS.md's claims

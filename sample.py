@@ -1,6 +1,6 @@
 """Sample text from a finished language-modeling run.
 
-    python train.py --task lm --frozen --width 128 --epochs 2          # writes runs/lm-frozen-w128-epochs2-s0
+    python train.py --task lm --frozen --width 128 --epochs 2   # runs/lm-frozen-w128-epochs2-s0
     python sample.py runs/lm-frozen-w128-epochs2-s0 --prompt "Once upon a time" --top-k 40
 
 Serves the paper's language-modeling experiment (section 5.2): a look at what a model with random,

@@ -1,7 +1,7 @@
 """Train a table's runs, or hand them to a scheduler, or price them: reproduce.py's sweep machinery.
 
-    OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2            # sweep: train what is not finished, then draw
-    python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
+    OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # train what is not finished, draw
+    python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a scheduler
 
 Serves every table and figure reproduce.py regenerates. sweep trains each unfinished run with train.train, in this
 process or in a pool of --jobs worker processes (one per GPU by default), longest first. --print-commands hands the
@@ -149,25 +149,29 @@ STEP_FLOOR = 0.005  # seconds
 RUN_START = 60  # seconds
 TINYSTORIES_TOKENS = 470_000_000
 
-PLAN_NOTE = f"""Predicted cost of the paper scale on one GPU a run: measured where a run record has the pace, else assumed.
+PLAN_NOTE = f"""Predicted cost of the paper scale on one GPU a run: measured where a run record has
+the pace, else assumed.
 
-- Pace: where a run record under runs/ trained on CUDA with a cell's settings (those that decide a step's cost:
-  task, mode, architecture, sizes, batch, dtype), the row takes that record's median steps/s (its metrics.jsonl,
-  training time alone), says "measured" and names the record, whose directory names its GPU; every other row
-  says "assumed" and takes the assumptions below, for an H100.
+- Pace: where a run record under runs/ trained on CUDA with a cell's settings (those that decide a
+  step's cost: task, mode, architecture, sizes, batch, dtype), the row takes that record's median
+  steps/s (its metrics.jsonl, training time alone), says "measured" and names the record, whose
+  directory names its GPU; every other row says "assumed" and takes the assumptions below, for an
+  H100.
 
-- Tokens: those through each row's last answer in one batch drawn at the run's batch size, times the steps. Model
-  FLOPs: bench.py's useful_flops of that batch (its docstring says what counts), times the steps: frozen blocks
-  still carry the embeddings' gradients, so a random transformer costs about 2x its forward, a fully trained one and
-  the LSTM 3x. Evaluation not counted.
-- Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the larger of FLOPs / ({ASSUMED_MFU:.0%} MFU x
-  {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense bf16 peak; runs use bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host
-  syncs, Python), which decides the long runs of small models (Table 3, Figure 4's narrow widths). Both are
-  assumptions: {ASSUMED_MFU:.0%} is within the 20-35% usually assumed for small models, towards its low end, for 2-4 layers of
-  width <= 1024 over short sequences whose step also makes its data and cuts 4 length chunks. On an H100,
-  `python bench.py --device cuda --task needle --frozen` measures a step's MFU.
-- Figure 4: TinyStories-train.txt taken as {TINYSTORIES_TOKENS / 1e6:.0f} million tokens (2.1 million stories, 1.9 GB at about 4
-  bytes a token of its 10,000-token BPE; the corpus is not read), 5 epochs of 20 windows of 512 tokens."""
+- Tokens: those through each row's last answer in one batch drawn at the run's batch size, times
+  the steps. Model FLOPs: bench.py's useful_flops of that batch (its docstring says what counts),
+  times the steps: frozen blocks still carry the embeddings' gradients, so a random transformer
+  costs about 2x its forward, a fully trained one and the LSTM 3x. Evaluation not counted.
+- Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the larger of
+  FLOPs / ({ASSUMED_MFU:.0%} MFU x {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense bf16 peak; runs use
+  bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host syncs, Python), which decides the
+  long runs of small models (Table 3, Figure 4's narrow widths). Both are assumptions:
+  {ASSUMED_MFU:.0%} is within the 20-35% usually assumed for small models, towards its low end, for 2-4
+  layers of width <= 1024 over short sequences whose step also makes its data and cuts 4 length
+  chunks. On an H100, `python bench.py --device cuda --task needle --frozen` measures a step's MFU.
+- Figure 4: TinyStories-train.txt taken as {TINYSTORIES_TOKENS / 1e6:.0f} million tokens (2.1 million
+  stories, 1.9 GB at about 4 bytes a token of its 10,000-token BPE; the corpus is not read), 5 epochs
+  of 20 windows of 512 tokens."""
 
 
 # The settings that decide what a training step costs: two runs equal in these take equal time a step on one GPU.
