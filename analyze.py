@@ -46,8 +46,7 @@ class Run:
         if os.path.isfile(checkpoint) and not os.path.isfile(os.path.join(path, "model.pt")):
             saved = load_checkpoint(checkpoint, ("model", "step", "metrics"))
             self.cfg, self.task, self.model, self.counts = seeded_build(saved_config(path))
-            self.model.load_state_dict(saved["model"], strict=False)  # over the frozen blocks its seed drew
-            self.model.eval()
+            self.model.eval().load_state_dict(saved["model"], strict=False)  # over the frozen blocks its seed drew
             self.final, stopped_at = saved["metrics"], saved["step"]
         else:
             self.cfg, self.task, self.model, self.counts = load_run(path)
@@ -66,8 +65,8 @@ class Run:
 def run_label(cfg, stopped_at=None) -> str:
     """How analysis.md and analysis.json name a run: task, the paper's model name (Random, Normal) or untrained for a
     0-step run, which is no model of the paper's, and width; a run stopped early says where."""
-    model = "untrained (0 steps)" if cfg.steps == 0 else PAPER_MODELS.get(cfg.mode, cfg.mode)
-    return f"{cfg.task} {model} w{cfg.width}" + (f", stopped at step {stopped_at}" if stopped_at is not None else "")
+    return (f"{cfg.task} {'untrained (0 steps)' if cfg.steps == 0 else PAPER_MODELS.get(cfg.mode, cfg.mode)} "
+            f"w{cfg.width}" + (f", stopped at step {stopped_at}" if stopped_at is not None else ""))
 
 
 def seeded_build(cfg):
@@ -85,8 +84,7 @@ def last_answer_position(batch: tasks.Batch):
 @torch.no_grad()
 def run_with_cache(model, x, names):
     """{name: activation} for the requested cache names, over x (B, T) in chunks of CHUNK_TOKENS tokens."""
-    rows = max(1, CHUNK_TOKENS // x.size(1))
-    chunks = []
+    rows, chunks = max(1, CHUNK_TOKENS // x.size(1)), []
     for start in range(0, len(x), rows):
         cache = {}
         model(x[start : start + rows], cache=cache)
@@ -115,10 +113,9 @@ def training_states(run: Run, examples: int) -> dict:
     batch = run.task.sample(examples, torch.Generator().manual_seed(0))
     batch = batch[: max(1, MAX_VECTORS // batch.x.size(1))]
     last = last_answer_position(batch)
-    x = batch.x[:, : int(last.max()) + 1]
-    keep = torch.arange(x.size(1)) <= last[:, None]  # (B, T): a row's positions up to its last scored one, so no padding
+    keep = torch.arange(int(last.max()) + 1) <= last[:, None]  # (B, T): a row's positions up to its last scored one
     layers = {"Emb": "embed", **{f"L{i + 1}": f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)}}
-    states = run_with_cache(run.model, x, list(layers.values()))
+    states = run_with_cache(run.model, batch.x[:, : keep.size(1)], list(layers.values()))
     return {layer: states[name][keep] for layer, name in layers.items()}
 
 
@@ -126,10 +123,10 @@ def explained_variance(run: Run, examples: int) -> dict:
     """Tables 4, 5, 7: each layer's top_k_variance_fractions on the training_states (docs/protocol.md §6)."""
     states = training_states(run, examples)
     fractions = [top_k_variance_fractions(X) for X in states.values()]  # (pc, neuron) per layer
-    paper = PAPER_VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width)) if run.cfg.layers == 2 else None
     return {"label": run.label, "layers": list(states),
             "pc_top10": [pc for pc, _ in fractions], "neuron_top10": [neuron for _, neuron in fractions],
-            "vectors": len(states["Emb"]), "width": run.cfg.width, "paper": paper}
+            "vectors": len(states["Emb"]), "width": run.cfg.width,
+            "paper": PAPER_VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width)) if run.cfg.layers == 2 else None}
 
 
 # The paper's numbers (%, PC Emb L1 L2 then neuron Emb L1 L2) by (task, model, width): Table 4 at 1024
@@ -165,9 +162,6 @@ def explained_variance_markdown(result):
 # Projection onto the top k directions: a causal test of subspace selection
 # ---------------------------------------------------------------------------
 
-PROJECTION_TASKS = ("modadd", "needle", "addition", "parens")  # the algorithmic tasks scored by test accuracy
-
-
 def projection_ks(width: int) -> list:
     """1, 2, 5, 10, 20, 50, ... below width, then width itself (every direction: no projection at all)."""
     return [k for e in range(len(str(width))) for k in (10**e, 2 * 10**e, 5 * 10**e) if k < width] + [width]
@@ -188,7 +182,7 @@ def projection(run: Run, examples: int) -> dict:
     explained_variance reads, for each k of projection_ks; the layers after it run as they are."""
     test, ks = run.task.test_set(), projection_ks(run.cfg.width)
     names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)]
-    tested = run_with_cache(run.model, test.x, names)  # each layer's hidden states on the test set
+    tested = list(run_with_cache(run.model, test.x, names).values())  # each layer's hidden states on the test set
 
     def accuracy(logits):
         return run.task.metrics(logits, test)["accuracy"].mean().item()
@@ -196,20 +190,20 @@ def projection(run: Run, examples: int) -> dict:
               "neuron": []}
     for i, (layer, X) in enumerate(training_states(run, examples).items()):
         mean, cov = X.mean(0), torch.cov(X.double().T, correction=0)
-        pcs = torch.linalg.eigh(cov).eigenvectors.flip(1).float()  # (C, C): by variance, largest first
-        result["layers"].append(layer)
-        for name, basis in (("pc", pcs), ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort(descending=True)])):
-            result[name].append([accuracy(logits_from(run.model, i, mean + (tested[names[i]] - mean) @ V @ V.T, test.pos))
+        result["layers"].append(layer)  # each basis (C, C): its directions by variance, largest first
+        for name, basis in (("pc", torch.linalg.eigh(cov).eigenvectors.flip(1).float()),
+                            ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort(descending=True)])):
+            result[name].append([accuracy(logits_from(run.model, i, mean + (tested[i] - mean) @ V @ V.T, test.pos))
                                  for V in (basis[:, :k] for k in ks)])  # V (C, k): the k directions kept
     plt = pyplot()
     fig, axes = plt.subplots(1, len(result["layers"]), figsize=(3.6 * len(result["layers"]) + 0.5, 3.6),
                              sharey=True, squeeze=False, layout="constrained")
     for ax, layer, pc, neuron in zip(axes[0], result["layers"], result["pc"], result["neuron"]):
-        ax.plot(ks, [100 * a for a in pc], marker="o", label="top k principal components")
-        ax.plot(ks, [100 * a for a in neuron], marker="s", label="top k neurons")
-        ax.axhline(100 * result["accuracy"], color="gray", linestyle="--", label="no projection")
-        ax.set(xscale="log", title=f"projected at {layer}", xlabel="k, directions kept")
-    axes[0, 0].set(ylabel="test accuracy (%)", ylim=(-5, 105))
+        for accuracies, label in ((pc, "top k principal components"), (neuron, "top k neurons"),
+                                  ([result["accuracy"]] * len(ks), "no projection")):
+            ax.plot(ks, [100 * a for a in accuracies], marker=".", label=label)
+        ax.set(xscale="log", title=f"projected at {layer}", xlabel="k, directions kept", ylabel="test accuracy (%)",
+               ylim=(-5, 105))
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(f"{run.label}: test accuracy with one layer's hidden states projected onto k directions")
     save_figure(plt, fig, os.path.join(run.path, "projection.png"))
@@ -217,19 +211,19 @@ def projection(run: Run, examples: int) -> dict:
 
 
 def projection_markdown(result):
-    i = result["k"].index(min(TOP_K, result["k"][-1]))  # Tables 4, 5 and 7 count the top 10
     rows = [[layer, name] + [f"{100 * a:.1f}" for a in accuracies] for layer, pc, neuron
             in zip(result["layers"], result["pc"], result["neuron"]) for name, accuracies in (("PCs", pc), ("neurons", neuron))]
-    shares = [" / ".join(f"{100 * row[i]:.1f}%" for row in result[name]) for name in ("pc", "neuron")]
+    # per basis and layer the fewest directions that keep 90% of the accuracy (k = the width keeps all of it)
+    fewest = [" / ".join(str(next(k for k, a in zip(result["k"], accuracies) if a >= 0.9 * result["accuracy"]))
+                         for accuracies in result[name]) for name in ("pc", "neuron")]
     return "\n".join([
         "Test accuracy (%) when the hidden states at one layer keep only their mean plus their projection onto the top "
         "k principal components (PCs) or the top k highest-variance neurons of the states the explained variance "
         "reads, the later layers unchanged; k = the width projects nothing.", "",
         *markdown_table(["layer", "directions"] + [f"k={k}" for k in result["k"]], rows), "",
-        f"Kept to the top {result['k'][i]} directions at {' / '.join(result['layers'])}, the principal components "
-        f"leave {shares[0]} test accuracy and the neurons {shares[1]}, against {100 * result['accuracy']:.1f}% "
-        "unprojected: a basis that keeps the accuracy with few directions holds what the later layers use.", "",
-        f"![accuracy with projected hidden states]({result['figure']})"])
+        f"To keep 90% of the unprojected {100 * result['accuracy']:.1f}% at {' / '.join(result['layers'])} takes "
+        f"{fewest[0]} principal components and {fewest[1]} neurons: the fewer directions a basis needs, the more the "
+        "task lives in a subspace of it.", "", f"![accuracy with projected hidden states]({result['figure']})"])
 
 
 # ---------------------------------------------------------------------------
@@ -250,8 +244,7 @@ def circularity(E, components=4):
     f = k^-1 mod p (reading tokens in the order t * f turns it into a single cycle); random directions about 2 ln(p) / p."""
     p = E.size(0)
     projections, _ = principal_components(E)
-    t = torch.arange(p)
-    f = torch.arange(1, p)
+    t, f = torch.arange(p), torch.arange(1, p)
     reorder = (t[None, :] * f[:, None]) % p  # (p-1, p): row f lists v[t f mod p] over t
     phase = torch.exp(2j * math.pi * t.double() / p)
     v = projections.T[:components]
@@ -342,19 +335,13 @@ def default_attention_input(run: Run):
 def needle_attention_scores(patterns, batch: tasks.Batch):
     """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps (ATTENTION_STEPS) on a needle batch,
     value_to_marker averaged over the row's pairs; patterns: (L, B, nh, T, T)."""
-    x = batch.x
-    by_row = patterns.permute(1, 3, 4, 0, 2)  # (B, T_query, T_key, L, nh)
-    rows = torch.arange(len(x))
-    query = batch.pos[:, 0]  # (B,)
-    marker = x[rows, query] - tasks.Needle.MARKERS
-    value = (x == marker[:, None]).long().argmax(1) + 1  # the marker's only occurrence, plus one
-    query_to_value = by_row[rows, query, value]  # (B, L, nh)
-    T = x.size(1)
-    is_value = (torch.arange(T) % 2 == 1) & (torch.arange(T) < query[:, None])  # (B, T)
-    value_rows, value_cols = is_value.nonzero(as_tuple=True)
-    to_marker = by_row[value_rows, value_cols, value_cols - 1]  # (values, L, nh)
-    per_row = torch.zeros_like(query_to_value).index_add_(0, value_rows, to_marker)
-    return {"query_to_value": query_to_value, "value_to_marker": per_row / is_value.sum(1)[:, None, None]}
+    x, T = batch.x, batch.x.size(1)
+    rows, query = torch.arange(len(x)), batch.pos[:, 0]  # (B,)
+    value = (x == (x[rows, query] - tasks.Needle.MARKERS)[:, None]).long().argmax(1) + 1  # after the queried marker
+    is_value = ((torch.arange(1, T) % 2 == 1) & (torch.arange(1, T) < query[:, None])).float()  # (B, T - 1): t + 1 a value
+    to_previous = patterns.diagonal(-1, -2, -1)  # (L, B, nh, T - 1): position t + 1's attention to position t
+    return {"query_to_value": patterns[:, rows, :, query, value],  # (B, L, nh)
+            "value_to_marker": ((to_previous * is_value[:, None]).sum(-1) / is_value.sum(1)[:, None]).transpose(0, 1)}
 
 
 def addition_attention_scores(patterns, batch: tasks.Batch):
@@ -363,8 +350,7 @@ def addition_attention_scores(patterns, batch: tasks.Batch):
     sum digit i is predicted at 2d + 1 + i."""
     d = batch.x.size(1) // 3 - 1  # x: d digits, +, d digits, =, d + 1 answer tokens
     place = torch.arange(d)
-    query = 2 * d + 1 + place
-    to_operands = patterns[..., query, place] + patterns[..., query, d + 1 + place]  # (L, B, nh, d)
+    to_operands = patterns[..., 2 * d + 1 + place, place] + patterns[..., 2 * d + 1 + place, d + 1 + place]  # (L, B, nh, d)
     return {"sum_to_operands": to_operands.mean(-1).transpose(0, 1)}
 
 
@@ -378,8 +364,7 @@ def head_scores(run: Run, names) -> dict:
     T = test.x.size(1)
     even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # row i: 1 / (i + 1) on positions 0..i
     uniform = score(even.expand(1, len(test), 1, T, T), test)  # expand: one (T, T) for every row
-    rows = max(1, CHUNK_TOKENS // T)
-    scores = []
+    rows, scores = max(1, CHUNK_TOKENS // T), []
     for start in range(0, len(test), rows):
         chunk = test[start : start + rows]
         patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))  # (L, B, nh, T, T)
@@ -396,8 +381,7 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[:, 0]  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)
     plt = pyplot()
-    n_layer, n_head = patterns.shape[:2]
-    size = 1.8 + 0.22 * len(labels)
+    (n_layer, n_head), size = patterns.shape[:2], 1.8 + 0.22 * len(labels)  # size: inches per panel
     fig, axes = plt.subplots(n_layer, n_head, figsize=(n_head * size + 1, n_layer * size), squeeze=False, layout="constrained")
     for layer in range(n_layer):
         for head, ax in enumerate(axes[layer]):  # row i of a panel: how position i spreads its attention over 0..i
@@ -416,17 +400,14 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     layer, head, key = (int(i) for i in torch.unravel_index(last.argmax(), last.shape))
     strongest = {"layer": layer + 1, "head": head + 1, "position": key, "token": labels[key],
                  "weight": last[layer, head, key].item(), "uniform": 1 / len(labels)}
-    result = {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest,
-              "patterns": patterns.mul(1e4).round().div(1e4).tolist()}  # (L, nh, T, T): the figure redrawn without weights
-    if run.cfg.task in ATTENTION_SCORES:
-        result.update(head_scores(run, names))
-    return result
+    return {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest,
+            "patterns": patterns.mul(1e4).round().div(1e4).tolist(),  # (L, nh, T, T): the figure redrawn without weights
+            **(head_scores(run, names) if run.cfg.task in ATTENTION_SCORES else {})}
 
 
 def attention_markdown(result):
     last = result["last_position"]
-    decoded = " ".join(result.get("labels", []))
-    lines = [f"Input: `{decoded}` (token ids {result['tokens']})", "", f"![attention patterns]({result['figure']})", "",
+    lines = [f"Input: `{' '.join(result.get('labels', []))}` (token ids {result['tokens']})", "", f"![attention patterns]({result['figure']})", "",
              "Each panel is one head: row i shows how position i splits its attention (summing to 1) over positions 0..i. "
              f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} head {last['head']} "
              f"on `{last['token']}` at position {last['position']} (attention spread evenly gives each position {last['uniform']:.2f})."]
@@ -435,16 +416,14 @@ def attention_markdown(result):
         scores = [(v, i + 1, h + 1) for i, heads in enumerate(result[name]) for h, v in enumerate(heads)]
         value, layer, head = max(scores)
         half = ", ".join(f"layer {i} head {h} ({v:.2f})" for v, i, h in scores if v >= 0.5) or "none"
+        rows = [[i + 1] + [f"{v:.3f}" for v in heads] for i, heads in enumerate(result[name])]
         lines += ["", f"{what} is largest in layer {layer} head {head}: {value:.2f} on average over the test set, "
                   f"against {result['uniform'][name]:.2f} for attention spread evenly. Heads with at least half their "
-                  f"attention there: {half}."]
+                  f"attention there: {half}. Each head's mean over the test set:", "",
+                  *markdown_table(["layer"] + [f"head {h + 1}" for h in range(len(result[name][0]))], rows)]
     if "query_to_value" in steps:
         lines += ["", "In the paper's Figure 2, values attend to their markers in layer 1 and the query to the "
                   "matching value in layer 2."]
-    for name, what in steps.items():
-        header = ["layer"] + [f"head {h + 1}" for h in range(len(result[name][0]))]
-        rows = [[i + 1] + [f"{v:.3f}" for v in heads] for i, heads in enumerate(result[name])]
-        lines += ["", f"{what}, mean over the test set:", "", *markdown_table(header, rows)]
     return "\n".join(lines)
 
 
@@ -494,9 +473,8 @@ def distance_irrelevance(model, p):
 
 
 def clock_pizza(run: Run) -> dict:
-    p = run.task.p
-    return {"gradient_symmetricity": gradient_symmetricity(run.model, p), "distance_irrelevance": distance_irrelevance(run.model, p),
-            "trained": run.paper_model is not None}
+    return {"gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
+            "distance_irrelevance": distance_irrelevance(run.model, run.task.p), "trained": run.paper_model is not None}
 
 
 def clock_pizza_markdown(result):
@@ -527,8 +505,8 @@ def memorization_markdown(result):
 def samples(run: Run) -> dict:
     """Continuations of a few fixed prompts (up to 100 tokens, seed 0, temperature 0.8, top-k 40)."""
     generator = torch.Generator().manual_seed(0)
-    texts = [sample.sample_text(run.model, run.task, prompt, 100, 0.8, 40, generator) for prompt in LM_PROMPTS]
-    return {"prompts": LM_PROMPTS, "continuations": texts}
+    return {"prompts": LM_PROMPTS,
+            "continuations": [sample.sample_text(run.model, run.task, prompt, 100, 0.8, 40, generator) for prompt in LM_PROMPTS]}
 
 
 def samples_markdown(result):
@@ -651,7 +629,7 @@ ANALYSES = {
     "variance": ("Explained variance (Tables 4, 5, 7)", lambda run: isinstance(run.model, GPT),
                  lambda run, args: explained_variance(run, args.examples), explained_variance_markdown),
     "projection": ("Accuracy in the top k directions (subspace selection, causally)",
-                   lambda run: isinstance(run.model, GPT) and run.cfg.task in PROJECTION_TASKS,
+                   lambda run: isinstance(run.model, GPT) and run.cfg.task in ("modadd", "needle", "addition", "parens"),
                    lambda run, args: projection(run, args.examples), projection_markdown),
     "embedding": ("Embedding geometry (Figure 3)", lambda run: run.cfg.task == "modadd",
                   lambda run, args: embedding_geometry(run), embedding_markdown),
@@ -672,8 +650,8 @@ def markdown(run: Run, results: dict) -> str:
     parts = [f"# Analysis of {run.label}", "", f"Run: `{run.path}`"]
     for name, (title, _, _, render) in ANALYSES.items():
         if name in results:
-            result = results[name]
-            parts += ["", f"## {title}", "", f"Skipped: {result['skipped']}." if "skipped" in result else render(result)]
+            parts += ["", f"## {title}", "", f"Skipped: {results[name]['skipped']}." if "skipped" in results[name]
+                      else render(results[name])]
     return "\n".join(parts) + "\n"
 
 
@@ -763,9 +741,8 @@ def score_checkpoints(run_dir, cfg, task, model, scored: set):
             scored.add(step)
             model.load_state_dict(saved["model"], strict=False)  # checkpoint.pt: the seed drew the frozen blocks
             result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
-            unseen, seen = result["unseen"], result["seen"]
-            record = {"step": step, "unseen": unseen["accuracy"], "n_unseen": unseen["test"],
-                      "seen": seen["accuracy"], "accuracy": result["accuracy"]}
+            record = {"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
+                      "seen": result["seen"]["accuracy"], "accuracy": result["accuracy"]}
             with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
 

@@ -184,7 +184,7 @@ def assert_figure(path):
 @pytest.mark.slow
 def test_modadd_run_gets_every_modadd_analysis(runs):
     result = analyzed(runs / "modadd")
-    assert set(result) == {"curves", "variance", "embedding", "clock_pizza", "attention"}
+    assert set(result) == {"curves", "variance", "projection", "embedding", "clock_pizza", "attention"}
     variance = result["variance"]
     assert variance["layers"] == ["Emb", "L1", "L2"]
     assert all(0 <= v <= 1 + 1e-9 for v in variance["pc_top10"] + variance["neuron_top10"])
@@ -206,7 +206,7 @@ def test_modadd_run_gets_every_modadd_analysis(runs):
 @pytest.mark.slow
 def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
     result = analyzed(runs / "needle")
-    assert set(result) == {"curves", "variance", "attention"}
+    assert set(result) == {"curves", "variance", "projection", "attention"}
     attention = result["attention"]
     assert attention["tokens"] == analyze.NEEDLE_EXAMPLE
     for key in ("query_to_value", "value_to_marker"):
@@ -245,7 +245,7 @@ def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
     (runs / "parens" / "attention.png").unlink()
     result = analyzed(runs / "parens", "--only", "attention", "--tokens", "1", "2", "1", "3")
     assert result["attention"]["tokens"] == [1, 2, 1, 3]
-    assert set(result) == {"curves", "variance", "attention", "lengths"}
+    assert set(result) == {"curves", "variance", "projection", "attention", "lengths"}
     assert_figure(runs / "parens" / "attention.png")
 
 
