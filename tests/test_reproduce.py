@@ -177,7 +177,8 @@ def fake_analysis(cfg, value):
             "embedding": {"circles": {"pcs_1_3": value, "best": {"pcs": [1, 3], "score": value}},
                           "projections": [[math.cos(2 * math.pi * t / p), 0.0, math.sin(2 * math.pi * t / p), 0.0] for t in range(p)]},
             "clock_pizza": {"gradient_symmetricity": value, "distance_irrelevance": 1 - value},
-            "projection": {"k": [1, 2, 5, 10, 20, 50, 100, 200, 500, 512], "pc": [[value] * 10] * (layers + 1),
+            "projection": {"k": [1, 2, 5, 10, 20, 50, 100, 200, 500, 512],
+                           "pc": [[value] * 10] * (layers + 1),
                            "neuron": [[value / 2] * 10] * (layers + 1)},
             "samples": {"prompts": ["Once upon a time"], "continuations": [f"Once upon a time there was a cat {value}."]}}
 
@@ -217,7 +218,8 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
     reproduce.main(["all", "--scale", "cpu", "--runs", str(tmp_path / "runs"), "--results", str(results)])
     assert visited == ["table1", "table2", "table9", "table3", "fig4", "fig6", "fig7", "fig8", "fig2", "fig3", "table7", "table4",
                        "table5", "fig5", "parens", "projection"]
-    analysed = ["fig2", "fig3", "table7", "table4", "table5", "fig5", "projection"]  # fig8 reads logs, which fake runs lack
+    # fig8 reads logs, which the fake runs lack
+    analysed = ["fig2", "fig3", "table7", "table4", "table5", "fig5", "projection"]
     assert "not analysed" not in "".join((results / f"{name}-cpu.md").read_text() for name in analysed)
     assert "| Random | " in (results / "table5-cpu.md").read_text() and "PC L4" in (results / "table5-cpu.md").read_text()
     assert "*Once upon a time* there was a cat" in (results / "fig5-cpu.md").read_text()
