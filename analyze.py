@@ -210,7 +210,7 @@ def projection(run: Run, examples: int) -> dict:
         result["layers"].append(layer)
         # each basis (C, C): its directions by variance, largest first; V (C, k): the k kept
         for name, basis in (("pc", torch.linalg.eigh(cov).eigenvectors.flip(1).float()),
-                            ("neuron", torch.eye(len(cov))[:, cov.diag().argsort(descending=True)])):
+                            ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort().flip(0)])):
             result[name].append([
                 accuracy(logits_from(run.model, i, mean + (tested[i] - mean) @ V @ V.T, test.pos))
                 for V in (basis[:, :k] for k in ks)])
