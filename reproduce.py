@@ -373,14 +373,18 @@ def slug(text: str) -> str:
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3 and 5 share one
     run per row, Table 2's modadd (train) shares the modadd runs, and a cell that trains exactly a
-    Table 1, 2, 3, 5 or 7 cell (Figure 7's width 16 and widest, the explanation's tables) shares
-    its runs."""
+    Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's tables), or for the
+    projection table a Table 7 cell, shares its runs."""
+    # Table 7's runs, where not Table 1's, are the projection table's (at 0 steps; at paper scale
+    # all), and no other table's
     owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale),
                                                 table5(scale), table7(scale))
-              for key, other in owner.configs.items()]
+              for key, other in owner.configs.items()
+              if owner.name != "table7" or table.name == "projection"]
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners if other == cfg and o.name != table.name),
+        owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners
+                                              if other == cfg and o.name != table.name),
                                              (table, (row, col)))
         # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names its runs by row
         out = os.path.join(root, f"{owner.name}-{scale}", slug(owner_row)
