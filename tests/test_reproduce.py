@@ -442,3 +442,19 @@ def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(tmp_p
     # 10,000 steps at the median 45 steps/s, plus the assumed minute to start
     assert rows["| needle, Random 1024"].endswith(f"| {(60 + 10_000 / 45) / 60:.1f} | measured, 45.0 steps/s (runs/probes/gpu-run) |")
     assert rows["| needle, Normal 1024"].endswith("| assumed |")
+
+
+def test_variance_tables_gain_an_untrained_row_that_the_projection_table_shares():
+    for table in (reproduce.table7("cpu"), reproduce.table4("cpu"), reproduce.table5("cpu")):
+        untrained = [row for row in table.rows if "Untrained" in row]
+        assert untrained and all(row.replace("Untrained", "Random") in table.rows for row in untrained)
+        for row in untrained:  # the Random row's config at 0 steps, and no paper number beside it
+            random = table.configs[row.replace("Untrained", "Random"), table.cols[0]]
+            assert table.configs[row, table.cols[0]] == dataclasses.replace(random, steps=0)
+            assert not any(key[0] == row for key in table.paper)
+    table7 = reproduce.cell_runs(reproduce.table7("cpu"), "cpu", "runs", 3)
+    projection = reproduce.cell_runs(reproduce.projection("cpu"), "cpu", "runs", 3)
+    assert projection["Untrained L1 PCs", "k=10"] == table7["addition Untrained", "PC L1"]
+    assert projection["Random L1 PCs", "k=10"] == table7["addition Random", "PC L1"]
+    assert table7["addition Untrained", "PC L1"][0].out == "runs/table7-cpu/addition-untrained-s0"
+    assert table7["addition Random", "PC L1"][0].out == "runs/table1-cpu/addition-random-512-s0"
