@@ -35,13 +35,16 @@ class Table:
     configs: dict
     paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
     note: str = ""
-    read: dict = None  # col -> (run directory -> its number or None): the explanation tables, read from analyses or logs
+    # col, or (row, col) where rows read different numbers of the same runs, -> (run directory ->
+    # its number or None): the explanation tables, read from analyses or logs
+    read: dict = None
     analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
 
     def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
         """The cell's metric (the table's unless named; accuracies in %) per finished seed, or its column's `read`."""
         if self.read:
-            return [v for cfg in cell if run_state(cfg.out) == "finished" and (v := self.read[col](cfg.out)) is not None]
+            return [v for cfg in cell if run_state(cfg.out) == "finished"
+                    and (v := self.read.get((row, col), self.read.get(col))(cfg.out)) is not None]
         source = "train_split.json" if row.endswith("(train)") else "final.json"
         own = col if self.metric == "column" else self.metric
         metric = metric or own
@@ -78,12 +81,16 @@ def pyplot():
 # reproduce.py's pictures
 # ---------------------------------------------------------------------------
 
-LINE_FIGURES = ("fig4", "fig6", "fig7")  # drawn as lines over width; the tables as seeds per column
+# drawn as lines over width (or k); the tables as seeds per column
+LINE_FIGURES = ("fig4", "fig6", "fig7", "projection")
 CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
-COLORS = {"Random": "tab:red", "Normal": "tab:blue"}
+COLORS = {"Random": "tab:red", "Normal": "tab:blue",  # and the projection table's lines:
+          "Random, top k PCs": "tab:red", "Random, top k neurons": "tab:orange",
+          "Untrained, top k PCs": "tab:gray", "Untrained, top k neurons": "tab:olive"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
 READ_UNITS = {"table7": "% of variance in the top 10", "table4": "% of variance in the top 10",
-              "table5": "% of variance in the top 10", "parens": "accuracy (%)"}  # the explanation's tables: one unit per table
+              "table5": "% of variance in the top 10", "parens": "accuracy (%)",
+              "projection": "test accuracy (%)"}  # the explanation's tables: one unit per table
 METRIC_UNITS = {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
@@ -112,6 +119,9 @@ def picture_key(table, row: str, col: str):
         return col.split(", width ")[0], row, int(col.split()[-1])
     if table.name == "fig6":
         return "3-layer students", row, int(col.split()[1])
+    if table.name == "projection":  # "Random L1 PCs": a panel per layer, a line per model and basis
+        return (f"projected at {row.split()[1]}", "{}, top k {}".format(*row.split()[::2]),
+                int(col.removeprefix("k=")))
     return row, None, col
 
 
@@ -215,7 +225,8 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
         ax.set(xticks=sorted({x for p, _, x in cells if p == panel}), ylabel=y_label(table, panel),
-               xlabel="target transformer width" if table.name == "fig6" else "width")
+               xlabel={"fig6": "target transformer width",
+                       "projection": "k, directions kept"}.get(table.name, "width"))
         ax.grid(alpha=0.3)
     corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
     return [*(dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds")
@@ -261,8 +272,9 @@ def plot_convergence(table, runs: dict, title: str, path: str):
         lr_ax.set_ylabel("learning rate", color="gray")
         ax.set(title=row, xlabel="step", ylabel="accuracy on the memorized map (%)", ylim=(0, 105))
         ax.grid(alpha=0.3)
-    handles = [dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
-    save_with_legend(plt, fig, handles + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
+    save_with_legend(plt, fig, [dict(color=COLORS.get(row), marker=".",
+                                     label=f"{row}: a line per seed") for row in table.rows]
+                     + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
 
 
 def first_analysis(runs: list, name: str):

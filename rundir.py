@@ -687,7 +687,8 @@ def result_line(cfg, metrics) -> str:
     scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its own settings")
     model = "LSTM" if cfg.arch == "lstm" else model_name(cfg.mode).lower()
     what = f"{cfg.task}, {'linearized ' if cfg.arch == 'linear' else ''}{model} {cfg.width} ({scale})"
-    published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width)
+    # an untrained (0-step) run stands for no model of the paper's: they all train
+    published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width) if cfg.steps else None
     if published is None or published[1] not in metrics:
         return f"{what}: " + ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items()) + "; the paper has no comparable number"
     name, metric, value, table = published
