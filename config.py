@@ -53,7 +53,7 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seeds the model init and the training data"})
     eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
-    compile: bool = field(default=None, metadata={"help": "torch.compile the training step (default: on CUDA only; RESULTS.md has the CPU's timings)"})
+    compile: bool = field(default=None, metadata={"help": "torch.compile the training step (default: on CUDA only, where it pays)"})
     deterministic: bool = field(default=False, metadata={"help": "CUDA: deterministic kernels (float sums in a fixed order), so a seed's weights, "
                                                      "resumed or not, come out equal bit for bit; without it they agree to rounding"})
     dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})

@@ -143,7 +143,7 @@ def print_commands(cfgs: list, command: str):
           f"`{command.replace(' --print-commands', '')}` draws the tables without training them again", file=sys.stderr)
 
 
-# What --plan assumes (PLAN_NOTE says why); RESULTS.md sets three runs timed on an H200 beside it.
+# What --plan assumes where no run record gives a measured pace (PLAN_NOTE says why).
 H100_PEAK = 989e12  # FLOP/s, the H100 SXM's dense bf16 tensor-core peak (NVIDIA's datasheet)
 ASSUMED_MFU = 0.25
 STEP_FLOOR = 0.005  # seconds
