@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from cli import OneLineParser, UsageError, usage_errors
-from analyze import PAPER_MODELS, PAPER_VARIANCE, flat_from
+from analyze import PAPER_VARIANCE, flat_from, projection_ks, run_label
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from corpus import validation_path
 from figures import Table, claims, number, write_results
@@ -144,11 +144,12 @@ def paper_comparison(cfg: TrainConfig, final: dict):
     for table in (build("paper") for build in (table1, table2, table3, table9)):
         for (row, col), cell in table.configs.items():
             metric = col if table.metric == "column" else table.metric
-            if ((cell.task, cell.mode, cell.arch, cell.width == 16) == (cfg.task, cfg.mode, cfg.arch, cfg.width == 16)
+            if (cfg.steps != 0  # an untrained run stands for no cell: the paper's models are trained
+                    and (cell.task, cell.mode, cell.arch, cell.width == 16) == (cfg.task, cfg.mode, cfg.arch, cfg.width == 16)
                     and (row, col) in table.paper and not row.endswith("(train)") and metric in final):
                 ours, unit = (100 * final[metric], "%") if metric in ("accuracy", "exact_match") else (final[metric], "")
-                model = col.lower() if table.metric != "column" else row.lower()
-                return (f"{number(ours)}{unit} test {metric.replace('_', ' ')}; the paper's {model}: "
+                return (f"{number(ours)}{unit} test {metric.replace('_', ' ')}; the paper's "
+                        f"{col.lower() if table.metric != 'column' else row.lower()}: "
                         f"{number(table.paper[row, col])} ({table.title.split(':')[0]})")
     return None
 
@@ -171,9 +172,8 @@ def analysis_reader(name: str, value, kind=NUMBER):
         except (LookupError, TypeError, ValueError, AttributeError):
             read = None
         if not (is_json_type(read, kind) and (kind is str or math.isfinite(read))):
-            what = "text" if kind is str else "finite number"
             raise UsageError(f"{os.path.join(run_dir, 'analysis.json')}: its {name} result lacks "
-                             f"the {what} a table reads from it")
+                             f"the {'text' if kind is str else 'finite number'} a table reads from it")
         return read
     return read
 
@@ -210,12 +210,21 @@ def wide_models(scale, task: str, models=("Random", "Normal")) -> dict:
     return {model: table1(scale).configs[task, f"{model} {WIDE[scale]}"] for model in models}
 
 
+def untrained(models: dict) -> dict:
+    """models with, after each Random row, its model at initialization: the same config trained for 0 steps (random
+    and normal are then the same model: the seed draws every weight, whatever would train)."""
+    return {row: cfg for random_row, random_cfg in models.items() for row, cfg in [(random_row, random_cfg)]
+            + [(random_row.replace("Random", "Untrained"), replace(random_cfg, steps=0))] * ("Random" in random_row)}
+
+
 def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
-    """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the embedding and each layer."""
+    """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the embedding and each layer;
+    each Random row followed by its untrained one."""
     cols = {f"{kind} {name}": analysis_reader("variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i])
             for kind in ("PC", "Neuron") for i, name in enumerate(["Emb"] + [f"L{n}" for n in range(1, layers + 1)])}
     cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
-    return read_table(name, title, models, cols, cells, note, ("variance",))
+    return read_table(name, title, untrained(models), cols, cells, note + " Untrained: the Random row's runs trained "
+                      "for 0 steps (`--steps 0`), the model at initialization.", ("variance",))
 
 
 TABLE4_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 128 if task == "memorize" else 1024]
@@ -267,6 +276,24 @@ def fig5(scale):
                       "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
                       "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
                       "shows samples and calls them largely grammatical.", ("samples",))
+
+
+def projection(scale):
+    """Addition's Table 7 runs at random and at initialization: test accuracy with the hidden states at one layer
+    projected onto their top k principal components or neurons (analyze.projection)."""
+    models = untrained({"Random": table7(scale).configs["addition Random", "PC Emb"]})
+    read = {(f"{model} {layer} {name}", f"k={k}"): analysis_reader(
+                "projection", lambda r, key=key, i=i, k=k: 100 * r[key][i][r["k"].index(k)])
+            for model in models for i, layer in enumerate(["Emb", "L1", "L2"])
+            for key, name in (("pc", "PCs"), ("neuron", "neurons")) for k in projection_ks(models["Random"].width)}
+    return Table("projection", "Addition's random transformer: test accuracy (%) with one layer's hidden states "
+                 "projected onto their top k principal components (PCs) or top k neurons", "column",
+                 list(dict.fromkeys(row for row, _ in read)), list(dict.fromkeys(col for _, col in read)),
+                 {(row, col): models[row.split()[0]] for row, col in read}, {},
+                 "Table 7's addition Random runs and their untrained (0-step) ones, each analysed by `python analyze.py "
+                 "RUN --only projection` (docs/protocol.md §6): the states at that layer become their mean plus their "
+                 "projection onto k directions found on the explained variance's inputs, the later layers unchanged; "
+                 "k = the width projects nothing.", read, ("projection",))
 
 
 def fig2(scale):
@@ -322,7 +349,7 @@ def fig8(scale):
 
 # In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling, imitation, widths.
 TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7, fig8, fig2, fig3, table7, table4,
-                                     table5, fig5, parens)}
+                                     table5, fig5, parens, projection)}
 
 
 # ---------------------------------------------------------------------------
@@ -336,17 +363,17 @@ def slug(text: str) -> str:
 
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3 and 5 share one
-    run per row, Table 2's modadd (train) shares the modadd runs, and a cell that trains exactly a Table 1, 2, 3 or 5
+    run per row, Table 2's modadd (train) shares the modadd runs, and a cell that trains exactly a Table 1, 2, 3, 5 or 7
     cell (Figure 7's width 16 and widest, the explanation's tables) shares its runs."""
-    owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale), table5(scale))
+    owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale), table5(scale), table7(scale))
               for key, other in owner.configs.items()]
     runs = {}
     for (row, col), cfg in table.configs.items():
         owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners if other == cfg and o.name != table.name),
                                              (table, (row, col)))
         # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names its runs by row
-        name = slug(owner_row) if owner.metric == "column" else slug(owner_row.split()[0]) + "-" + slug(owner_col)
-        out = os.path.join(root, f"{owner.name}-{scale}", name)
+        out = os.path.join(root, f"{owner.name}-{scale}", slug(owner_row) if owner.metric == "column"
+                           else slug(owner_row.split()[0]) + "-" + slug(owner_col))
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
 
@@ -387,18 +414,14 @@ def check_records(runs: dict):
         for name in ("final.json", "train_split.json"):
             path = os.path.join(cfg.out, name)
             if os.path.exists(path):
-                record = read_json(path)
-                numbers = {k: v for k, v in record.items() if k != "parameters"}
-                check_numbers(numbers, path, nullable=False)
+                check_numbers({k: v for k, v in read_json(path).items() if k != "parameters"}, path, nullable=False)
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
-        # analyze.Run's label
-        label = f"{saved.task} {PAPER_MODELS.get(saved.mode, saved.mode)} w{saved.width}"
         variance = read_analysis(cfg.out, "variance")
-        made_for = {"width": saved.width, "label": label}  # of its run, it records (earlier: less)
+        made_for = {"width": saved.width, "label": run_label(saved)}  # of its run, it records (earlier: less)
         if isinstance(variance, dict) and any(variance.get(k, v) != v for k, v in made_for.items()):
             raise UsageError(f"{os.path.join(cfg.out, 'analysis.json')} was made for "
-                             f"{variance.get('label')!r}, not this run ({label}); analyze it again")
+                             f"{variance.get('label')!r}, not this run ({made_for['label']}); analyze it again")
 
 
 def check_numbers(record: dict, where: str, nullable=True):
