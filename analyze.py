@@ -24,7 +24,8 @@ from model import GPT, at
 from cli import OneLineParser, UsageError, usage_errors
 from config import build, load_run, saved_config
 from figures import markdown_table, pyplot, save_figure
-from runs import FINAL_KEYS, beside, load_checkpoint, lock_held, read_json, read_metrics, write_atomic, write_json
+from runs import (FINAL_KEYS, beside, load_checkpoint, lock_held, read_json, read_metrics,
+                  write_atomic, write_json)
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -36,8 +37,9 @@ PAPER_MODELS = {"frozen": "Random", "full": "Normal"}  # the paper's row names: 
 
 
 class Run:
-    """A loaded run: its directory, config, rebuilt task, model (CPU, eval mode) and its label; a run stopped before
-    model.pt (by a signal or a kill) is loaded at its checkpoint, whose last test metrics stand for final.json."""
+    """A loaded run: its directory, config, rebuilt task, model (CPU, eval mode) and its label; a
+    run stopped before model.pt (by a signal or a kill) is loaded at its checkpoint, whose last
+    test metrics stand for final.json."""
 
     def __init__(self, path):
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -46,32 +48,37 @@ class Run:
         if os.path.isfile(checkpoint) and not os.path.isfile(os.path.join(path, "model.pt")):
             saved = load_checkpoint(checkpoint, ("model", "step", "metrics"))
             self.cfg, self.task, self.model, self.counts = seeded_build(saved_config(path))
-            self.model.eval().load_state_dict(saved["model"], strict=False)  # over the frozen blocks its seed drew
+            # over the frozen blocks its seed drew
+            self.model.eval().load_state_dict(saved["model"], strict=False)
             self.final, stopped_at = saved["metrics"], saved["step"]
         else:
             self.cfg, self.task, self.model, self.counts = load_run(path)
-            if not os.path.isfile(os.path.join(path, "final.json")):  # train.py writes model.pt, then final.json
+            # train.py writes model.pt, then final.json: a kill between the two
+            if not os.path.isfile(os.path.join(path, "final.json")):
                 raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
                                  f"finish it with: python train.py --resume {path}")
             self.final = read_json(os.path.join(path, "final.json"), optional=FINAL_KEYS)
         self.label = run_label(self.cfg, stopped_at)
-        # the paper's model (Random, Normal) this run stands for: none for a 0-step or a stopped run, whose numbers
-        # are never set beside the paper's trained ones
-        self.paper_model = PAPER_MODELS.get(self.cfg.mode) if self.cfg.steps and stopped_at is None else None
+        # the paper's model (Random, Normal) this run stands for: none for a 0-step or a stopped
+        # run, whose numbers are never set beside the paper's trained ones
+        self.paper_model = (PAPER_MODELS.get(self.cfg.mode)
+                            if self.cfg.steps and stopped_at is None else None)
         if not all(t.isfinite().all() for t in self.model.state_dict().values() if t.is_floating_point()):
             raise UsageError(f"{path}/model.pt has NaN or infinite weights (the run diverged); there is nothing to analyze")
 
 
 def run_label(cfg, stopped_at=None) -> str:
-    """How analysis.md and analysis.json name a run: task, the paper's model name (Random, Normal) or untrained for a
-    0-step run, which is no model of the paper's, and width; a run stopped early says where."""
-    return (f"{cfg.task} {'untrained (0 steps)' if cfg.steps == 0 else PAPER_MODELS.get(cfg.mode, cfg.mode)} "
+    """How analysis.md and analysis.json name a run: task, the paper's model name (Random,
+    Normal) or untrained for a 0-step run, which is no model of the paper's, and width; a run
+    stopped early says where."""
+    return (f"{cfg.task} "
+            f"{'untrained (0 steps)' if cfg.steps == 0 else PAPER_MODELS.get(cfg.mode, cfg.mode)} "
             f"w{cfg.width}" + (f", stopped at step {stopped_at}" if stopped_at is not None else ""))
 
 
 def seeded_build(cfg):
-    """(cfg, task, model, counts) of a run as train.py builds them from its seed: a checkpoint holds only the weights
-    that train, so the frozen ones must be drawn again before it loads."""
+    """(cfg, task, model, counts) of a run as train.py builds them from its seed: a checkpoint
+    holds only the weights that train, so the frozen ones must be drawn again before it loads."""
     torch.manual_seed(cfg.seed)
     return build(cfg)
 
@@ -108,25 +115,30 @@ def top_k_variance_fractions(X, k=TOP_K):
 
 
 def training_states(run: Run, examples: int) -> dict:
-    """{layer: (n, C) hidden states} after the embedding ("Emb") and each block ("L1", ...) on seeded
-    training-distribution inputs, every position up to a row's last scored one (docs/protocol.md §6)."""
+    """{layer: (n, C) hidden states} after the embedding ("Emb") and each block ("L1", ...) on
+    seeded training-distribution inputs, every position up to a row's last scored one
+    (docs/protocol.md §6)."""
     batch = run.task.sample(examples, torch.Generator().manual_seed(0))
     batch = batch[: max(1, MAX_VECTORS // batch.x.size(1))]
     last = last_answer_position(batch)
-    keep = torch.arange(int(last.max()) + 1) <= last[:, None]  # (B, T): a row's positions up to its last scored one
-    layers = {"Emb": "embed", **{f"L{i + 1}": f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)}}
+    # (B, T): a row's positions up to its last scored one, so no padding
+    keep = torch.arange(int(last.max()) + 1) <= last[:, None]
+    layers = {"Emb": "embed",
+              **{f"L{i + 1}": f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)}}
     states = run_with_cache(run.model, batch.x[:, : keep.size(1)], list(layers.values()))
     return {layer: states[name][keep] for layer, name in layers.items()}
 
 
 def explained_variance(run: Run, examples: int) -> dict:
-    """Tables 4, 5, 7: each layer's top_k_variance_fractions on the training_states (docs/protocol.md §6)."""
+    """Tables 4, 5, 7: each layer's top_k_variance_fractions on the training_states
+    (docs/protocol.md §6)."""
     states = training_states(run, examples)
     fractions = [top_k_variance_fractions(X) for X in states.values()]  # (pc, neuron) per layer
     return {"label": run.label, "layers": list(states),
             "pc_top10": [pc for pc, _ in fractions], "neuron_top10": [neuron for _, neuron in fractions],
             "vectors": len(states["Emb"]), "width": run.cfg.width,
-            "paper": PAPER_VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width)) if run.cfg.layers == 2 else None}
+            "paper": PAPER_VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width))
+            if run.cfg.layers == 2 else None}
 
 
 # The paper's numbers (%, PC Emb L1 L2 then neuron Emb L1 L2) by (task, model, width): Table 4 at 1024
@@ -163,13 +175,16 @@ def explained_variance_markdown(result):
 # ---------------------------------------------------------------------------
 
 def projection_ks(width: int) -> list:
-    """1, 2, 5, 10, 20, 50, ... below width, then width itself (every direction: no projection at all)."""
-    return [k for e in range(len(str(width))) for k in (10**e, 2 * 10**e, 5 * 10**e) if k < width] + [width]
+    """1, 2, 5, 10, 20, 50, ... below width, then width itself (every direction: nothing
+    projected)."""
+    return [k for e in range(len(str(width))) for k in (10**e, 2 * 10**e, 5 * 10**e)
+            if k < width] + [width]
 
 
 def logits_from(model, layer: int, x, pos):
-    """The model's logits at positions pos (B, A) from x (B, T, C), the hidden states after its first `layer` blocks
-    (0: the embedding), computed by the blocks after them as GPT.forward computes them."""
+    """The model's logits at positions pos (B, A) from x (B, T, C), the hidden states after its
+    first `layer` blocks (0: the embedding), computed by the blocks after them as GPT.forward
+    computes them."""
     for block in model.h[layer:]:
         x = block(x)
     return model.lm_head(model.ln_f(at(x, pos)))
@@ -177,53 +192,62 @@ def logits_from(model, layer: int, x, pos):
 
 @torch.no_grad()
 def projection(run: Run, examples: int) -> dict:
-    """Test accuracy when one layer's hidden states h are replaced by m + P(h - m), m their mean and P the projection
-    onto k directions: the top k principal components or the top k highest-variance neurons of the hidden states
-    explained_variance reads, for each k of projection_ks; the layers after it run as they are."""
+    """Test accuracy when one layer's hidden states h are replaced by m + P(h - m), m their mean
+    and P the projection onto k directions: the top k principal components or the top k
+    highest-variance neurons of the hidden states explained_variance reads, for each k of
+    projection_ks; the layers after it run as they are."""
     test, ks = run.task.test_set(), projection_ks(run.cfg.width)
-    names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)]
-    tested = list(run_with_cache(run.model, test.x, names).values())  # each layer's hidden states on the test set
+    # each layer's hidden states on the test set
+    tested = list(run_with_cache(run.model, test.x, [
+        "embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))]).values())
 
     def accuracy(logits):
         return run.task.metrics(logits, test)["accuracy"].mean().item()
-    result = {"label": run.label, "k": ks, "accuracy": accuracy(run.model(test.x, test.pos)), "layers": [], "pc": [],
-              "neuron": []}
+    result = {"label": run.label, "k": ks, "accuracy": accuracy(run.model(test.x, test.pos)),
+              "layers": [], "pc": [], "neuron": []}
     for i, (layer, X) in enumerate(training_states(run, examples).items()):
         mean, cov = X.mean(0), torch.cov(X.double().T, correction=0)
-        result["layers"].append(layer)  # each basis (C, C): its directions by variance, largest first
+        result["layers"].append(layer)
+        # each basis (C, C): its directions by variance, largest first; V (C, k): the k kept
         for name, basis in (("pc", torch.linalg.eigh(cov).eigenvectors.flip(1).float()),
-                            ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort(descending=True)])):
-            result[name].append([accuracy(logits_from(run.model, i, mean + (tested[i] - mean) @ V @ V.T, test.pos))
-                                 for V in (basis[:, :k] for k in ks)])  # V (C, k): the k directions kept
+                            ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort().flip(0)])):
+            result[name].append([
+                accuracy(logits_from(run.model, i, mean + (tested[i] - mean) @ V @ V.T, test.pos))
+                for V in (basis[:, :k] for k in ks)])
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(result["layers"]), figsize=(3.6 * len(result["layers"]) + 0.5, 3.6),
-                             sharey=True, squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, len(tested), figsize=(3.6 * len(tested) + 0.5, 3.6), sharey=True,
+                             squeeze=False, layout="constrained")
     for ax, layer, pc, neuron in zip(axes[0], result["layers"], result["pc"], result["neuron"]):
         for accuracies, label in ((pc, "top k principal components"), (neuron, "top k neurons"),
                                   ([result["accuracy"]] * len(ks), "no projection")):
             ax.plot(ks, [100 * a for a in accuracies], marker=".", label=label)
-        ax.set(xscale="log", title=f"projected at {layer}", xlabel="k, directions kept", ylabel="test accuracy (%)",
-               ylim=(-5, 105))
+        ax.set(xscale="log", title=f"projected at {layer}", xlabel="k, directions kept",
+               ylabel="test accuracy (%)", ylim=(-5, 105))
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"{run.label}: test accuracy with one layer's hidden states projected onto k directions")
+    fig.suptitle(f"{run.label}: test accuracy with one layer's hidden states projected onto k "
+                 "directions")
     save_figure(plt, fig, os.path.join(run.path, "projection.png"))
     return {**result, "figure": "projection.png"}
 
 
 def projection_markdown(result):
-    rows = [[layer, name] + [f"{100 * a:.1f}" for a in accuracies] for layer, pc, neuron
-            in zip(result["layers"], result["pc"], result["neuron"]) for name, accuracies in (("PCs", pc), ("neurons", neuron))]
-    # per basis and layer the fewest directions that keep 90% of the accuracy (k = the width keeps all of it)
-    fewest = [" / ".join(str(next(k for k, a in zip(result["k"], accuracies) if a >= 0.9 * result["accuracy"]))
+    rows = [[layer, name] + [f"{100 * a:.1f}" for a in accuracies]
+            for layer, pc, neuron in zip(result["layers"], result["pc"], result["neuron"])
+            for name, accuracies in (("PCs", pc), ("neurons", neuron))]
+    # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps all)
+    fewest = [" / ".join(str(next(k for k, a in zip(result["k"], accuracies)
+                                  if a >= 0.9 * result["accuracy"]))
                          for accuracies in result[name]) for name in ("pc", "neuron")]
     return "\n".join([
-        "Test accuracy (%) when the hidden states at one layer keep only their mean plus their projection onto the top "
-        "k principal components (PCs) or the top k highest-variance neurons of the states the explained variance "
-        "reads, the later layers unchanged; k = the width projects nothing.", "",
+        "Test accuracy (%) when the hidden states at one layer keep only their mean plus their "
+        "projection onto the top k principal components (PCs) or the top k highest-variance "
+        "neurons of the states the explained variance reads, the later layers unchanged; k = the "
+        "width projects nothing.", "",
         *markdown_table(["layer", "directions"] + [f"k={k}" for k in result["k"]], rows), "",
-        f"To keep 90% of the unprojected {100 * result['accuracy']:.1f}% at {' / '.join(result['layers'])} takes "
-        f"{fewest[0]} principal components and {fewest[1]} neurons: the fewer directions a basis needs, the more the "
-        "task lives in a subspace of it.", "", f"![accuracy with projected hidden states]({result['figure']})"])
+        f"To keep 90% of the unprojected {100 * result['accuracy']:.1f}% at "
+        f"{' / '.join(result['layers'])} takes {fewest[0]} principal components and {fewest[1]} "
+        "neurons: the fewer directions a basis needs, the more the task lives in a subspace of it.",
+        "", f"![accuracy with projected hidden states]({result['figure']})"])
 
 
 # ---------------------------------------------------------------------------
@@ -304,12 +328,15 @@ NEEDLE_NAMES = {0: "_", **{128 + i: c for i, c in enumerate(NEEDLE_LETTERS)},
                 **{128 + tasks.Needle.MARKERS + i: c + "?" for i, c in enumerate(NEEDLE_LETTERS)}}
 ADDITION_NAMES = {**{d: str(d) for d in range(10)}, tasks.PLUS: "+", tasks.EQUALS: "=", tasks.ADD_PAD: "_",
                   **{tasks.SUM_DIGIT0 + d: str(d) for d in range(10)}, tasks.SUM_END: "end"}
-# The steps a head is scored on over the test set, in order: name in the results -> what it measures. Needle: Figure
-# 2's two; addition: where a head looks for the digits a sum digit is the sum of (its place in either operand).
-ATTENTION_STEPS = {"value_to_marker": "Each value's attention to the marker just before it",
-                   "query_to_value": "The query's attention to the value after the marker it asks for",
-                   "sum_to_operands": "The attention of the position that predicts each sum digit to the two operand "
-                                      "digits of its place, summed (mean over the places both operands have)"}
+# The steps a head is scored on over the test set, in order: name in the results -> what it
+# measures. Needle: Figure 2's two; addition: where a head looks for the two digits a sum digit
+# adds (its place in either operand).
+ATTENTION_STEPS = {
+    "value_to_marker": "Each value's attention to the marker just before it",
+    "query_to_value": "The query's attention to the value after the marker it asks for",
+    "sum_to_operands": "The attention of the position that predicts each sum digit to the two "
+                       "operand digits of its place, summed (mean over the places both operands "
+                       "have)"}
 
 
 def token_labels(task, tokens):
@@ -333,24 +360,26 @@ def default_attention_input(run: Run):
 
 
 def needle_attention_scores(patterns, batch: tasks.Batch):
-    """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps (ATTENTION_STEPS) on a needle batch,
-    value_to_marker averaged over the row's pairs; patterns: (L, B, nh, T, T)."""
-    x, T = batch.x, batch.x.size(1)
+    """Per row, layer and head (B, L, nh), the attention of Figure 2's two steps (ATTENTION_STEPS)
+    on a needle batch, value_to_marker averaged over the row's pairs; patterns: (L, B, nh, T, T)."""
+    x, t = batch.x, torch.arange(1, batch.x.size(1))  # t: every position but the first
     rows, query = torch.arange(len(x)), batch.pos[:, 0]  # (B,)
-    value = (x == (x[rows, query] - tasks.Needle.MARKERS)[:, None]).long().argmax(1) + 1  # after the queried marker
-    is_value = ((torch.arange(1, T) % 2 == 1) & (torch.arange(1, T) < query[:, None])).float()  # (B, T - 1): t + 1 a value
-    to_previous = patterns.diagonal(-1, -2, -1)  # (L, B, nh, T - 1): position t + 1's attention to position t
+    # the queried marker's only occurrence, plus one
+    value = (x == (x[rows, query] - tasks.Needle.MARKERS)[:, None]).long().argmax(1) + 1
+    is_value = ((t % 2 == 1) & (t < query[:, None])).float()  # (B, T - 1): is position t a value
+    to_previous = patterns.diagonal(-1, -2, -1)  # (L, B, nh, T - 1): t's attention to t - 1
+    per_row = (to_previous * is_value[:, None]).sum(-1) / is_value.sum(1)[:, None]  # (L, B, nh)
     return {"query_to_value": patterns[:, rows, :, query, value],  # (B, L, nh)
-            "value_to_marker": ((to_previous * is_value[:, None]).sum(-1) / is_value.sum(1)[:, None]).transpose(0, 1)}
+            "value_to_marker": per_row.transpose(0, 1)}
 
 
 def addition_attention_scores(patterns, batch: tasks.Batch):
-    """Per row, layer and head (B, L, nh), sum_to_operands (ATTENTION_STEPS) on an addition batch; patterns:
-    (L, B, nh, T, T). The digits are least significant first: place i of a at position i, of b at d + 1 + i, and
-    sum digit i is predicted at 2d + 1 + i."""
+    """Per row, layer and head (B, L, nh), sum_to_operands (ATTENTION_STEPS) on an addition
+    batch; patterns: (L, B, nh, T, T). The digits are least significant first: place i of a at
+    position i, of b at d + 1 + i, and sum digit i is predicted at 2d + 1 + i."""
     d = batch.x.size(1) // 3 - 1  # x: d digits, +, d digits, =, d + 1 answer tokens
-    place = torch.arange(d)
-    to_operands = patterns[..., 2 * d + 1 + place, place] + patterns[..., 2 * d + 1 + place, d + 1 + place]  # (L, B, nh, d)
+    place, query = torch.arange(d), 2 * d + 1 + torch.arange(d)
+    to_operands = patterns[..., query, place] + patterns[..., query, d + 1 + place]  # (L, B, nh, d)
     return {"sum_to_operands": to_operands.mean(-1).transpose(0, 1)}
 
 
@@ -358,8 +387,8 @@ ATTENTION_SCORES = {"needle": needle_attention_scores, "addition": addition_atte
 
 
 def head_scores(run: Run, names) -> dict:
-    """The task's ATTENTION_SCORES per layer and head, test-set means; "uniform": a head attending evenly to what it
-    sees."""
+    """The task's ATTENTION_SCORES per layer and head, test-set means; "uniform": a head attending
+    evenly to what it sees."""
     test, score = run.task.test_set(), ATTENTION_SCORES[run.cfg.task]
     T = test.x.size(1)
     even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # row i: 1 / (i + 1) on positions 0..i
@@ -400,30 +429,36 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     layer, head, key = (int(i) for i in torch.unravel_index(last.argmax(), last.shape))
     strongest = {"layer": layer + 1, "head": head + 1, "position": key, "token": labels[key],
                  "weight": last[layer, head, key].item(), "uniform": 1 / len(labels)}
-    return {"tokens": tokens, "labels": labels, "figure": "attention.png", "last_position": strongest,
-            "patterns": patterns.mul(1e4).round().div(1e4).tolist(),  # (L, nh, T, T): the figure redrawn without weights
+    # patterns (L, nh, T, T): the figure redrawn without weights
+    return {"tokens": tokens, "labels": labels, "figure": "attention.png",
+            "last_position": strongest, "patterns": patterns.mul(1e4).round().div(1e4).tolist(),
             **(head_scores(run, names) if run.cfg.task in ATTENTION_SCORES else {})}
 
 
 def attention_markdown(result):
     last = result["last_position"]
-    lines = [f"Input: `{' '.join(result.get('labels', []))}` (token ids {result['tokens']})", "", f"![attention patterns]({result['figure']})", "",
+    lines = [f"Input: `{' '.join(result.get('labels', []))}` (token ids {result['tokens']})", "",
+             f"![attention patterns]({result['figure']})", "",
              "Each panel is one head: row i shows how position i splits its attention (summing to 1) over positions 0..i. "
              f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} head {last['head']} "
              f"on `{last['token']}` at position {last['position']} (attention spread evenly gives each position {last['uniform']:.2f})."]
     steps = {name: what for name, what in ATTENTION_STEPS.items() if name in result}
-    for name, what in steps.items():  # a sentence per step: its strongest head, beside a head that spreads attention evenly
-        scores = [(v, i + 1, h + 1) for i, heads in enumerate(result[name]) for h, v in enumerate(heads)]
+    # a sentence per step: its strongest head, beside a head that spreads attention evenly
+    for name, what in steps.items():
+        scores = [(v, i + 1, h + 1) for i, heads in enumerate(result[name])
+                  for h, v in enumerate(heads)]
         value, layer, head = max(scores)
-        half = ", ".join(f"layer {i} head {h} ({v:.2f})" for v, i, h in scores if v >= 0.5) or "none"
+        half = ", ".join(f"layer {i} head {h} ({v:.2f})" for v, i, h in scores if v >= 0.5)
         rows = [[i + 1] + [f"{v:.3f}" for v in heads] for i, heads in enumerate(result[name])]
-        lines += ["", f"{what} is largest in layer {layer} head {head}: {value:.2f} on average over the test set, "
-                  f"against {result['uniform'][name]:.2f} for attention spread evenly. Heads with at least half their "
-                  f"attention there: {half}. Each head's mean over the test set:", "",
-                  *markdown_table(["layer"] + [f"head {h + 1}" for h in range(len(result[name][0]))], rows)]
+        lines += ["", f"{what} is largest in layer {layer} head {head}: {value:.2f} on average "
+                  f"over the test set, against {result['uniform'][name]:.2f} for attention spread "
+                  f"evenly. Heads with at least half their attention there: {half or 'none'}. "
+                  "Each head's mean over the test set:", "",
+                  *markdown_table(["layer"] + [f"head {h + 1}" for h in range(len(rows[0]) - 1)],
+                                  rows)]
     if "query_to_value" in steps:
-        lines += ["", "In the paper's Figure 2, values attend to their markers in layer 1 and the query to the "
-                  "matching value in layer 2."]
+        lines += ["", "In the paper's Figure 2, values attend to their markers in layer 1 and the "
+                  "query to the matching value in layer 2."]
     return "\n".join(lines)
 
 
@@ -474,13 +509,15 @@ def distance_irrelevance(model, p):
 
 def clock_pizza(run: Run) -> dict:
     return {"gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
-            "distance_irrelevance": distance_irrelevance(run.model, run.task.p), "trained": run.paper_model is not None}
+            "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
+            "trained": run.paper_model is not None}
 
 
 def clock_pizza_markdown(result):
     return (f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock ~0.33); "
             f"distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, Pizza ~0.17)."
-            + (" The paper: 0.88 and 0.88 for a random 1024-wide model." if result.get("trained", True) else ""))
+            + (" The paper: 0.88 and 0.88 for a random 1024-wide model."
+               if result.get("trained", True) else ""))
 
 
 # ---------------------------------------------------------------------------
@@ -491,8 +528,10 @@ def clock_pizza_markdown(result):
 def memorization(run: Run) -> dict:
     """Accuracy, memorized bits and bits per trainable parameter, by the task's own formula. The memorize task has
     no held-out split, so the run's final accuracy and loss are exact match and cross-entropy on the training set."""
-    return {**tasks.memorization_capacity(run.final["accuracy"], run.final["loss"], len(run.task.train_set),
-                                          run.task.VALUES, run.counts["trainable"]), "trained": run.paper_model is not None}
+    return {**tasks.memorization_capacity(run.final["accuracy"], run.final["loss"],
+                                          len(run.task.train_set), run.task.VALUES,
+                                          run.counts["trainable"]),
+            "trained": run.paper_model is not None}
 
 
 def memorization_markdown(result):
@@ -506,7 +545,8 @@ def samples(run: Run) -> dict:
     """Continuations of a few fixed prompts (up to 100 tokens, seed 0, temperature 0.8, top-k 40)."""
     generator = torch.Generator().manual_seed(0)
     return {"prompts": LM_PROMPTS,
-            "continuations": [sample.sample_text(run.model, run.task, prompt, 100, 0.8, 40, generator) for prompt in LM_PROMPTS]}
+            "continuations": [sample.sample_text(run.model, run.task, prompt, 100, 0.8, 40,
+                                                 generator) for prompt in LM_PROMPTS]}
 
 
 def samples_markdown(result):
@@ -629,13 +669,15 @@ ANALYSES = {
     "variance": ("Explained variance (Tables 4, 5, 7)", lambda run: isinstance(run.model, GPT),
                  lambda run, args: explained_variance(run, args.examples), explained_variance_markdown),
     "projection": ("Accuracy in the top k directions (subspace selection, causally)",
-                   lambda run: isinstance(run.model, GPT) and run.cfg.task in ("modadd", "needle", "addition", "parens"),
+                   lambda run: isinstance(run.model, GPT)
+                   and run.cfg.task in ("modadd", "needle", "addition", "parens"),
                    lambda run, args: projection(run, args.examples), projection_markdown),
     "embedding": ("Embedding geometry (Figure 3)", lambda run: run.cfg.task == "modadd",
                   lambda run, args: embedding_geometry(run), embedding_markdown),
     "clock_pizza": ("Clock vs Pizza", lambda run: run.cfg.task == "modadd",
                     lambda run, args: clock_pizza(run), clock_pizza_markdown),
-    "attention": ("Attention patterns, and each head's scores (Figure 2 for needle)", lambda run: isinstance(run.model, GPT),
+    "attention": ("Attention patterns, and each head's scores (Figure 2 for needle)",
+                  lambda run: isinstance(run.model, GPT),
                   lambda run, args: attention_patterns(run, args.tokens), attention_markdown),
     "memorization": ("Memorization capacity (Table 3)", lambda run: run.cfg.task == "memorize",
                      lambda run, args: memorization(run), memorization_markdown),
@@ -650,8 +692,8 @@ def markdown(run: Run, results: dict) -> str:
     parts = [f"# Analysis of {run.label}", "", f"Run: `{run.path}`"]
     for name, (title, _, _, render) in ANALYSES.items():
         if name in results:
-            parts += ["", f"## {title}", "", f"Skipped: {results[name]['skipped']}." if "skipped" in results[name]
-                      else render(results[name])]
+            parts += ["", f"## {title}", "", f"Skipped: {results[name]['skipped']}."
+                      if "skipped" in results[name] else render(results[name])]
     return "\n".join(parts) + "\n"
 
 
@@ -741,8 +783,9 @@ def score_checkpoints(run_dir, cfg, task, model, scored: set):
             scored.add(step)
             model.load_state_dict(saved["model"], strict=False)  # checkpoint.pt: the seed drew the frozen blocks
             result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
-            record = {"step": step, "unseen": result["unseen"]["accuracy"], "n_unseen": result["unseen"]["test"],
-                      "seen": result["seen"]["accuracy"], "accuracy": result["accuracy"]}
+            record = {"step": step, "unseen": result["unseen"]["accuracy"],
+                      "n_unseen": result["unseen"]["test"], "seen": result["seen"]["accuracy"],
+                      "accuracy": result["accuracy"]}
             with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
 

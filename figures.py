@@ -33,15 +33,16 @@ class Table:
     configs: dict
     paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
     note: str = ""
-    # col, or (row, col) where rows read different numbers of the same runs, -> (run directory -> its number or None):
-    # the explanation tables, read from analyses or logs
+    # col, or (row, col) where rows read different numbers of the same runs, -> (run directory ->
+    # its number or None): the explanation tables, read from analyses or logs
     read: dict = None
     analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
 
     def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
         """The cell's metric (the table's unless named; accuracies in %) per finished seed, or its column's `read`."""
         if self.read:
-            return [v for cfg in cell if run_state(cfg.out) == "finished" and (v := self.read.get((row, col), self.read.get(col))(cfg.out)) is not None]
+            return [v for cfg in cell if run_state(cfg.out) == "finished"
+                    and (v := self.read.get((row, col), self.read.get(col))(cfg.out)) is not None]
         source = "train_split.json" if row.endswith("(train)") else "final.json"
         own = col if self.metric == "column" else self.metric
         metric = metric or own
@@ -78,13 +79,16 @@ def pyplot():
 # reproduce.py's pictures
 # ---------------------------------------------------------------------------
 
-LINE_FIGURES = ("fig4", "fig6", "fig7", "projection")  # drawn as lines over width (or k); the tables as seeds per column
+# drawn as lines over width (or k); the tables as seeds per column
+LINE_FIGURES = ("fig4", "fig6", "fig7", "projection")
 CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
-COLORS = {"Random": "tab:red", "Normal": "tab:blue", "Random, top k PCs": "tab:red", "Random, top k neurons": "tab:orange",
-          "Untrained, top k PCs": "tab:gray", "Untrained, top k neurons": "tab:olive"}  # projection's lines too
+COLORS = {"Random": "tab:red", "Normal": "tab:blue",  # and the projection table's lines:
+          "Random, top k PCs": "tab:red", "Random, top k neurons": "tab:orange",
+          "Untrained, top k PCs": "tab:gray", "Untrained, top k neurons": "tab:olive"}
 TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
 READ_UNITS = {"table7": "% of variance in the top 10", "table4": "% of variance in the top 10",
-              "table5": "% of variance in the top 10", "parens": "accuracy (%)", "projection": "test accuracy (%)"}  # the explanation's tables: one unit per table
+              "table5": "% of variance in the top 10", "parens": "accuracy (%)",
+              "projection": "test accuracy (%)"}  # the explanation's tables: one unit per table
 METRIC_UNITS = {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
@@ -115,8 +119,9 @@ def picture_key(table, row: str, col: str):
         return layers, row, int(width)
     if table.name == "fig6":
         return "3-layer students", row, int(col.split()[1])
-    if table.name == "projection":  # row "Random L1 PCs": a panel per layer, a line per model and basis
-        return f"projected at {row.split()[1]}", "{}, top k {}".format(*row.split()[::2]), int(col.removeprefix("k="))
+    if table.name == "projection":  # "Random L1 PCs": a panel per layer, a line per model and basis
+        return (f"projected at {row.split()[1]}", "{}, top k {}".format(*row.split()[::2]),
+                int(col.removeprefix("k=")))
     return row, None, col
 
 
@@ -220,12 +225,15 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
         if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
-        ax.set(xlabel={"fig6": "target transformer width", "projection": "k, directions kept"}.get(table.name, "width"),
+        ax.set(xlabel={"fig6": "target transformer width",
+                       "projection": "k, directions kept"}.get(table.name, "width"),
                ylabel=y_label(table, panel))
         ax.grid(alpha=0.3)
     names = dict.fromkeys(line for _, line, _ in cells)
-    handles = [dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds") for n in names] + [
-        Patch(color="gray", alpha=0.5, label="min-max over seeds (band, thin where the seeds agree), each seed (dots)")]
+    handles = [dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds")
+               for n in names] + [
+        Patch(color="gray", alpha=0.5,
+              label="min-max over seeds (band, thin where the seeds agree), each seed (dots)")]
     if any(paper is not None for _, paper in cells.values()):
         handles.append(dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="", label="paper"))
     if any(picture_key(table, *cell) not in cells for cell in table.paper):
@@ -266,7 +274,8 @@ def plot_convergence(table, runs: dict, title: str, path: str):
         lr_ax.set_ylabel("learning rate", color="gray")
         ax.set(title=row, xlabel="step", ylabel="accuracy on the memorized map (%)", ylim=(0, 105))
         ax.grid(alpha=0.3)
-    save_with_legend(plt, fig, [dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed") for row in table.rows]
+    save_with_legend(plt, fig, [dict(color=COLORS.get(row), marker=".",
+                                     label=f"{row}: a line per seed") for row in table.rows]
                      + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
 
 
@@ -411,13 +420,16 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     commands = {}  # command -> the first cell it trains
     for (row, col), cell in runs.items():
         commands.setdefault(train_command(cell[0], seeds), f"{row}, {col}")
-    curves = f"![{table.title.split(':')[0]}: test accuracy during training]({table.name}-{scale}-curves.png)"
-    lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's number where it gives one.", "",
+    lines += ["Each cell: our median [min, max] over seeds (seeds finished), then the paper's "
+              "number where it gives one.", "",
               "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|",
-              *(f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |" for row in table.rows),
-              "", f"![{table.title}]({table.name}-{scale}.png)", *["", curves] * (table.name in CURVE_TABLES),
-              "", "## Commands", "", "One `train.py` call per cell trains its seeds into the same directories "
-              "(and writes `<out>-seeds.json`, the cell's median, min and max):", "",
+              *(f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |"
+                for row in table.rows),
+              "", f"![{table.title}]({table.name}-{scale}.png)",
+              *["", f"![{table.title.split(':')[0]}: test accuracy during training]"
+                    f"({table.name}-{scale}-curves.png)"] * (table.name in CURVE_TABLES),
+              "", "## Commands", "", "One `train.py` call per cell trains its seeds into the same "
+              "directories (and writes `<out>-seeds.json`, the cell's median, min and max):", "",
               *(f"- {where}: `{cmd}`" for cmd, where in commands.items())]
     return "\n".join(lines) + "\n"
 
@@ -553,7 +565,8 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             if not marker or "<!-- claims:end -->" not in rest:
                 raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
             text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3],
-                                    head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->"):])
+                                    head + marker + "\n".join(lines) + "\n"
+                                    + rest[rest.index("<!-- claims:end -->"):])
         texts[path] = PROSE_CITATION.sub(
             lambda m: f"<!--{{{m[1]}}}-->{cited(claimed_cell, m[1], f'{path} cites {{{m[1]}}}')}<!--/-->", text)
     return texts

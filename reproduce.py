@@ -144,8 +144,9 @@ def paper_comparison(cfg: TrainConfig, final: dict):
     for table in (build("paper") for build in (table1, table2, table3, table9)):
         for (row, col), cell in table.configs.items():
             metric = col if table.metric == "column" else table.metric
-            if (cfg.steps != 0  # an untrained run stands for no cell: the paper's models are trained
-                    and (cell.task, cell.mode, cell.arch, cell.width == 16) == (cfg.task, cfg.mode, cfg.arch, cfg.width == 16)
+            if (cfg.steps != 0  # an untrained run stands for no cell: the paper's models train
+                    and (cell.task, cell.mode, cell.arch, cell.width == 16)
+                    == (cfg.task, cfg.mode, cfg.arch, cfg.width == 16)
                     and (row, col) in table.paper and not row.endswith("(train)") and metric in final):
                 ours, unit = (100 * final[metric], "%") if metric in ("accuracy", "exact_match") else (final[metric], "")
                 return (f"{number(ours)}{unit} test {metric.replace('_', ' ')}; the paper's "
@@ -173,7 +174,8 @@ def analysis_reader(name: str, value, kind=NUMBER):
             read = None
         if not (is_json_type(read, kind) and (kind is str or math.isfinite(read))):
             raise UsageError(f"{os.path.join(run_dir, 'analysis.json')}: its {name} result lacks "
-                             f"the {'text' if kind is str else 'finite number'} a table reads from it")
+                             f"the {'text' if kind is str else 'finite number'} a table reads "
+                             "from it")
         return read
     return read
 
@@ -211,20 +213,23 @@ def wide_models(scale, task: str, models=("Random", "Normal")) -> dict:
 
 
 def untrained(models: dict) -> dict:
-    """models with, after each Random row, its model at initialization: the same config trained for 0 steps (random
-    and normal are then the same model: the seed draws every weight, whatever would train)."""
-    return {row: cfg for random_row, random_cfg in models.items() for row, cfg in [(random_row, random_cfg)]
-            + [(random_row.replace("Random", "Untrained"), replace(random_cfg, steps=0))] * ("Random" in random_row)}
+    """models with, after each Random row, its model at initialization: the same config trained for
+    0 steps (random and normal are then the same model: the seed draws every weight, whatever would
+    train)."""
+    return {row: cfg for model, model_cfg in models.items() for row, cfg in (
+        [(model, model_cfg), (model.replace("Random", "Untrained"), replace(model_cfg, steps=0))]
+        if "Random" in model else [(model, model_cfg)])}
 
 
 def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
-    """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the embedding and each layer;
-    each Random row followed by its untrained one."""
+    """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the
+    embedding and each layer; each Random row followed by its untrained one."""
     cols = {f"{kind} {name}": analysis_reader("variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i])
             for kind in ("PC", "Neuron") for i, name in enumerate(["Emb"] + [f"L{n}" for n in range(1, layers + 1)])}
     cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
-    return read_table(name, title, untrained(models), cols, cells, note + " Untrained: the Random row's runs trained "
-                      "for 0 steps (`--steps 0`), the model at initialization.", ("variance",))
+    return read_table(name, title, untrained(models), cols, cells,
+                      note + " Untrained: the Random row's runs trained for 0 steps (`--steps 0`), "
+                      "the model at initialization.", ("variance",))
 
 
 TABLE4_PAPER = {f"{task} {model}": PAPER_VARIANCE[task, model, 128 if task == "memorize" else 1024]
@@ -279,21 +284,25 @@ def fig5(scale):
 
 
 def projection(scale):
-    """Addition's Table 7 runs at random and at initialization: test accuracy with the hidden states at one layer
-    projected onto their top k principal components or neurons (analyze.projection)."""
+    """Addition's Table 7 runs at random and at initialization: test accuracy with the hidden
+    states at one layer projected onto their top k principal components or neurons
+    (analyze.projection)."""
     models = untrained({"Random": table7(scale).configs["addition Random", "PC Emb"]})
     read = {(f"{model} {layer} {name}", f"k={k}"): analysis_reader(
                 "projection", lambda r, key=key, i=i, k=k: 100 * r[key][i][r["k"].index(k)])
             for model in models for i, layer in enumerate(["Emb", "L1", "L2"])
-            for key, name in (("pc", "PCs"), ("neuron", "neurons")) for k in projection_ks(models["Random"].width)}
-    return Table("projection", "Addition's random transformer: test accuracy (%) with one layer's hidden states "
-                 "projected onto their top k principal components (PCs) or top k neurons", "column",
-                 list(dict.fromkeys(row for row, _ in read)), list(dict.fromkeys(col for _, col in read)),
+            for key, name in (("pc", "PCs"), ("neuron", "neurons"))
+            for k in projection_ks(models["Random"].width)}
+    return Table("projection", "Addition's random transformer: test accuracy (%) with one layer's "
+                 "hidden states projected onto their top k principal components (PCs) or top k "
+                 "neurons", "column", list(dict.fromkeys(row for row, _ in read)),
+                 list(dict.fromkeys(col for _, col in read)),
                  {(row, col): models[row.split()[0]] for row, col in read}, {},
-                 "Table 7's addition Random runs and their untrained (0-step) ones, each analysed by `python analyze.py "
-                 "RUN --only projection` (docs/protocol.md §6): the states at that layer become their mean plus their "
-                 "projection onto k directions found on the explained variance's inputs, the later layers unchanged; "
-                 "k = the width projects nothing.", read, ("projection",))
+                 "Table 7's addition Random runs and their untrained (0-step) ones, each analysed "
+                 "by `python analyze.py RUN --only projection` (docs/protocol.md §6): the states "
+                 "at that layer become their mean plus their projection onto k directions found on "
+                 "the explained variance's inputs, the later layers unchanged; k = the width "
+                 "projects nothing.", read, ("projection",))
 
 
 def fig2(scale):
@@ -363,16 +372,23 @@ def slug(text: str) -> str:
 
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3 and 5 share one
-    run per row, Table 2's modadd (train) shares the modadd runs, and a cell that trains exactly a Table 1, 2, 3, 5 or 7
-    cell (Figure 7's width 16 and widest, the explanation's tables) shares its runs."""
-    owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale), table5(scale), table7(scale))
-              for key, other in owner.configs.items()]
+    run per row, Table 2's modadd (train) shares the modadd runs, and a cell that trains exactly a
+    Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's tables), or for the
+    projection table a Table 7 cell, shares its runs."""
+    # Table 7's runs, where not Table 1's, are the projection table's (at 0 steps; at paper scale
+    # all), and no other table's
+    owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale),
+                                                table5(scale), table7(scale))
+              for key, other in owner.configs.items()
+              if owner.name != "table7" or table.name == "projection"]
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners if other == cfg and o.name != table.name),
+        owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners
+                                              if other == cfg and o.name != table.name),
                                              (table, (row, col)))
         # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names its runs by row
-        out = os.path.join(root, f"{owner.name}-{scale}", slug(owner_row) if owner.metric == "column"
+        out = os.path.join(root, f"{owner.name}-{scale}", slug(owner_row)
+                           if owner.metric == "column"
                            else slug(owner_row.split()[0]) + "-" + slug(owner_col))
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
@@ -414,14 +430,17 @@ def check_records(runs: dict):
         for name in ("final.json", "train_split.json"):
             path = os.path.join(cfg.out, name)
             if os.path.exists(path):
-                check_numbers({k: v for k, v in read_json(path).items() if k != "parameters"}, path, nullable=False)
+                check_numbers({k: v for k, v in read_json(path).items() if k != "parameters"}, path,
+                              nullable=False)
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
         variance = read_analysis(cfg.out, "variance")
-        made_for = {"width": saved.width, "label": run_label(saved)}  # of its run, it records (earlier: less)
+        # of its run, it records (earlier: less)
+        made_for = {"width": saved.width, "label": run_label(saved)}
         if isinstance(variance, dict) and any(variance.get(k, v) != v for k, v in made_for.items()):
             raise UsageError(f"{os.path.join(cfg.out, 'analysis.json')} was made for "
-                             f"{variance.get('label')!r}, not this run ({made_for['label']}); analyze it again")
+                             f"{variance.get('label')!r}, not this run ({made_for['label']}); "
+                             "analyze it again")
 
 
 def check_numbers(record: dict, where: str, nullable=True):

@@ -72,7 +72,8 @@ def run_cost(cfg: TrainConfig) -> float:
     """A run's training time relative to others': the longest start first, so --jobs workers finish together."""
     tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
     body = 1.5 if cfg.mode == "full" else 1.0
-    return (10_000 if cfg.steps is None else cfg.steps) * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body
+    return ((10_000 if cfg.steps is None else cfg.steps)  # 0: an untrained run, nearly free
+            * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2 * body)
 
 
 def sweep(table, runs: dict, jobs: int) -> int:
