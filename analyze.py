@@ -1,13 +1,15 @@
 """The paper's analyses of a trained model, read from a saved run directory.
 
-    python analyze.py runs/modadd31-frozen                  # every analysis that applies to the run's task
-    python analyze.py runs/needle-frozen-w1024-s0 --only attention --tokens 128 1 129 2 130 3 131 4 159
+    python analyze.py runs/modadd31-frozen   # every analysis that applies to the run's task
+    python analyze.py runs/needle-frozen-w1024-s0 --only attention \
+        --tokens 128 1 129 2 130 3 131 4 159
 
-Serves section 4.2 (Figure 2: attention patterns, Figure 3: circular embeddings and the Clock/Pizza metrics),
-section 5 (memorization capacity, language-model samples) and section 6 (Tables 4, 5, 7: explained variance) of the
-paper, and splits parentheses accuracy by string length (what the test-set exclusion rule keeps out of training);
-docs/protocol.md §6 defines each. Numbers go to <run>/analysis.json and a readable <run>/analysis.md, figures to
-<run>/*.png; --only keeps the other results already in analysis.json. Everything runs on the CPU; nothing here trains.
+Serves section 4.2 (Figure 2: attention patterns, Figure 3: circular embeddings and the Clock/Pizza
+metrics), section 5 (memorization capacity, language-model samples) and section 6 (Tables 4, 5, 7:
+explained variance) of the paper, and splits parentheses accuracy by string length (what the
+test-set exclusion rule keeps out of training); docs/protocol.md §6 defines each. Numbers go to
+<run>/analysis.json and a readable <run>/analysis.md, figures to <run>/*.png; --only keeps the other
+results already in analysis.json. Everything runs on the CPU; nothing here trains.
 """
 
 import json
@@ -18,9 +20,9 @@ from types import SimpleNamespace
 
 import torch
 
+import paper
 import sample
 import tasks
-import paper
 from config import build_seeded, load_run, saved_config
 from errors import OneLineParser, UsageError, usage_errors
 from figures import markdown_table, pyplot, save_figure
@@ -29,7 +31,8 @@ from model import GPT, at, model_name
 from rundir import beside, lock_held
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
-MAX_VECTORS = 32_768  # hidden states per layer: many times the widest model, so the spectrum is well estimated
+# hidden states per layer: many times the widest model, so the spectrum is well estimated
+MAX_VECTORS = 32_768
 CHUNK_TOKENS = 16_384  # tokens per forward pass, so attention patterns of long inputs fit in memory
 ATTENTION_MAX_TOKENS = 64  # a heatmap wider than this is unreadable, so longer inputs are cut
 NEEDLE_EXAMPLE = [128, 1, 129, 2, 130, 3, 131, 4, 159]  # Figure 2's input: a 1 b 2 c 3 d 4 b
@@ -55,25 +58,35 @@ class Run:
             self.cfg, self.task, self.model, self.counts = load_run(path)
             # train.py writes model.pt, then final.json: a kill between the two
             if not os.path.isfile(os.path.join(path, "final.json")):
-                raise UsageError(f"{path} has model.pt but no final.json (killed while finishing); "
-                                 f"finish it with: python train.py --resume {path}")
+                raise UsageError(
+                    f"{path} has model.pt but no final.json (killed while finishing); "
+                    f"finish it with: python train.py --resume {path}"
+                )
             self.final = read_json(os.path.join(path, "final.json"), optional=FINAL_KEYS)
         self.label = run_label(self.cfg, stopped_at)
         # the paper's model (Random, Normal) this run stands for: none for a 0-step or a stopped
         # run, whose numbers are never set beside the paper's trained ones
-        self.paper_model = (model_name(self.cfg.mode)
-                            if self.cfg.steps and stopped_at is None else None)
-        if not all(t.isfinite().all() for t in self.model.state_dict().values() if t.is_floating_point()):
-            raise UsageError(f"{path}/model.pt has NaN or infinite weights (the run diverged); there is nothing to analyze")
+        self.paper_model = (
+            model_name(self.cfg.mode) if self.cfg.steps and stopped_at is None else None
+        )
+        if not all(
+            t.isfinite().all() for t in self.model.state_dict().values() if t.is_floating_point()
+        ):
+            raise UsageError(
+                f"{path}/model.pt has NaN or infinite weights (the run diverged); there is nothing "
+                "to analyze"
+            )
 
 
 def run_label(cfg, stopped_at=None) -> str:
     """How analysis.md and analysis.json name a run: task, the paper's model name (Random,
     Normal) or untrained for a 0-step run, which is no model of the paper's, and width; a run
     stopped early says where."""
-    return (f"{cfg.task} "
-            f"{'untrained (0 steps)' if cfg.steps == 0 else model_name(cfg.mode)} "
-            f"w{cfg.width}" + (f", stopped at step {stopped_at}" if stopped_at is not None else ""))
+    return (
+        f"{cfg.task} "
+        f"{'untrained (0 steps)' if cfg.steps == 0 else model_name(cfg.mode)} "
+        f"w{cfg.width}" + (f", stopped at step {stopped_at}" if stopped_at is not None else "")
+    )
 
 
 def last_answer_position(batch: tasks.Batch):
@@ -83,7 +96,8 @@ def last_answer_position(batch: tasks.Batch):
 
 @torch.no_grad()
 def run_with_cache(model, x, names):
-    """{name: activation} for the requested cache names, over x (B, T) in chunks of CHUNK_TOKENS tokens."""
+    """{name: activation} for the requested cache names, over x (B, T) in chunks of CHUNK_TOKENS
+    tokens."""
     rows, chunks = max(1, CHUNK_TOKENS // x.size(1)), []
     for start in range(0, len(x), rows):
         cache = {}
@@ -98,7 +112,8 @@ def run_with_cache(model, x, names):
 
 
 def top_k_variance_fractions(X, k=TOP_K):
-    """Fractions of the total variance of X (n, d), centred, in its top k principal components and its top k coordinates."""
+    """Fractions of the total variance of X (n, d), centred, in its top k principal components and
+    its top k coordinates."""
     X = X.double() - X.double().mean(0)
     cov = X.T @ X / len(X)  # (d, d)
     trace = cov.trace()
@@ -116,8 +131,10 @@ def training_states(run: Run, examples: int) -> dict:
     last = last_answer_position(batch)
     # (B, T): a row's positions up to its last scored one, so no padding
     keep = torch.arange(int(last.max()) + 1) <= last[:, None]
-    layers = {"Emb": "embed",
-              **{f"L{i + 1}": f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)}}
+    layers = {
+        "Emb": "embed",
+        **{f"L{i + 1}": f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)},
+    }
     states = run_with_cache(run.model, batch.x[:, : keep.size(1)], list(layers.values()))
     return {layer: states[name][keep] for layer, name in layers.items()}
 
@@ -127,26 +144,49 @@ def explained_variance(run: Run, examples: int) -> dict:
     (docs/protocol.md §6)."""
     states = training_states(run, examples)
     fractions = [top_k_variance_fractions(X) for X in states.values()]  # (pc, neuron) per layer
-    return {"label": run.label, "layers": list(states),
-            "pc_top10": [pc for pc, _ in fractions], "neuron_top10": [neuron for _, neuron in fractions],
-            "vectors": len(states["Emb"]), "width": run.cfg.width,
-            "paper": paper.VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width))
-            if run.cfg.layers == 2 else None}
-
+    return {
+        "label": run.label,
+        "layers": list(states),
+        "pc_top10": [pc for pc, _ in fractions],
+        "neuron_top10": [neuron for _, neuron in fractions],
+        "vectors": len(states["Emb"]),
+        "width": run.cfg.width,
+        "paper": paper.VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width))
+        if run.cfg.layers == 2
+        else None,
+    }
 
 
 def explained_variance_markdown(result):
     layers = result["layers"]
-    rows = [[result["label"]] + [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]]
+    rows = [
+        [result["label"]] + [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]
+    ]
     if result.get("paper"):
-        rows.append([f"the paper, same task, model and width (Table {4 if result['width'] != 512 else 7})"]
-                    + [f"{v:.1f}%" for v in result["paper"]])
-    lines = [f"Fraction of variance explained by the top {TOP_K} directions in the principal component basis (PC) "
-             f"and the neuron basis, over {result['vectors']:,} hidden states (layout of the paper's Table 4).",
-             "", *markdown_table(["Task and model"] + [f"PC {l}" for l in layers] + [f"Neuron {l}" for l in layers], rows)]
+        rows.append(
+            [f"the paper, same task, model and width (Table {4 if result['width'] != 512 else 7})"]
+            + [f"{v:.1f}%" for v in result["paper"]]
+        )
+    lines = [
+        f"Fraction of variance explained by the top {TOP_K} directions in the principal component "
+        "basis (PC) "
+        f"and the neuron basis, over {result['vectors']:,} hidden states (layout of the paper's "
+        "Table 4).",
+        "",
+        *markdown_table(
+            ["Task and model"]
+            + [f"PC {layer}" for layer in layers]
+            + [f"Neuron {layer}" for layer in layers],
+            rows,
+        ),
+    ]
     if result.get("width", 10**9) <= 4 * TOP_K:
-        lines += ["", f"At width {result['width']} the top {TOP_K} directions are {TOP_K / result['width']:.0%} of all "
-                  "the dimensions, so large fractions here say little about a subspace."]
+        lines += [
+            "",
+            f"At width {result['width']} the top {TOP_K} directions are "
+            f"{TOP_K / result['width']:.0%} of all "
+            "the dimensions, so large fractions here say little about a subspace.",
+        ]
     return "\n".join(lines)
 
 
@@ -154,11 +194,13 @@ def explained_variance_markdown(result):
 # Projection onto the top k directions: a causal test of subspace selection
 # ---------------------------------------------------------------------------
 
+
 def projection_ks(width: int) -> list:
     """1, 2, 5, 10, 20, 50, ... below width, then width itself (every direction: nothing
     projected)."""
-    return [k for e in range(len(str(width))) for k in (10**e, 2 * 10**e, 5 * 10**e)
-            if k < width] + [width]
+    return [
+        k for e in range(len(str(width))) for k in (10**e, 2 * 10**e, 5 * 10**e) if k < width
+    ] + [width]
 
 
 def logits_from(model, layer: int, x, pos):
@@ -178,56 +220,105 @@ def projection(run: Run, examples: int) -> dict:
     projection_ks; the layers after it run as they are."""
     test, ks = run.task.test_set(), projection_ks(run.cfg.width)
     # each layer's hidden states on the test set
-    tested = list(run_with_cache(run.model, test.x, [
-        "embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))]).values())
+    tested = list(
+        run_with_cache(
+            run.model,
+            test.x,
+            ["embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))],
+        ).values()
+    )
 
     def accuracy(logits):
         return run.task.metrics(logits, test)["accuracy"].mean().item()
-    result = {"label": run.label, "k": ks, "accuracy": accuracy(run.model(test.x, test.pos)),
-              "layers": [], "pc": [], "neuron": []}
+
+    result = {
+        "label": run.label,
+        "k": ks,
+        "accuracy": accuracy(run.model(test.x, test.pos)),
+        "layers": [],
+        "pc": [],
+        "neuron": [],
+    }
     for i, (layer, X) in enumerate(training_states(run, examples).items()):
         mean, cov = X.mean(0), torch.cov(X.double().T, correction=0)
         result["layers"].append(layer)
         # each basis (C, C): its directions by variance, largest first; V (C, k): the k kept
-        for name, basis in (("pc", torch.linalg.eigh(cov).eigenvectors.flip(1).float()),
-                            ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort().flip(0)])):
-            result[name].append([
-                accuracy(logits_from(run.model, i, mean + (tested[i] - mean) @ V @ V.T, test.pos))
-                for V in (basis[:, :k] for k in ks)])
+        for name, basis in (
+            ("pc", torch.linalg.eigh(cov).eigenvectors.flip(1).float()),
+            ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort().flip(0)]),
+        ):
+            result[name].append(
+                [
+                    accuracy(
+                        logits_from(run.model, i, mean + (tested[i] - mean) @ V @ V.T, test.pos)
+                    )
+                    for V in (basis[:, :k] for k in ks)
+                ]
+            )
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(tested), figsize=(3.6 * len(tested) + 0.5, 3.6), sharey=True,
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        1,
+        len(tested),
+        figsize=(3.6 * len(tested) + 0.5, 3.6),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
     for ax, layer, pc, neuron in zip(axes[0], result["layers"], result["pc"], result["neuron"]):
-        for accuracies, label in ((pc, "top k principal components"), (neuron, "top k neurons"),
-                                  ([result["accuracy"]] * len(ks), "no projection")):
+        for accuracies, label in (
+            (pc, "top k principal components"),
+            (neuron, "top k neurons"),
+            ([result["accuracy"]] * len(ks), "no projection"),
+        ):
             ax.plot(ks, [100 * a for a in accuracies], marker=".", label=label)
-        ax.set(xscale="log", title=f"projected at {layer}", xlabel="k, directions kept",
-               ylabel="test accuracy (%)", ylim=(-5, 105))
+        ax.set(
+            xscale="log",
+            title=f"projected at {layer}",
+            xlabel="k, directions kept",
+            ylabel="test accuracy (%)",
+            ylim=(-5, 105),
+        )
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"{run.label}: test accuracy with one layer's hidden states projected onto k "
-                 "directions")
+    fig.suptitle(
+        f"{run.label}: test accuracy with one layer's hidden states projected onto k directions"
+    )
     save_figure(plt, fig, os.path.join(run.path, "projection.png"))
     return {**result, "figure": "projection.png"}
 
 
 def projection_markdown(result):
-    rows = [[layer, name] + [f"{100 * a:.1f}" for a in accuracies]
-            for layer, pc, neuron in zip(result["layers"], result["pc"], result["neuron"])
-            for name, accuracies in (("PCs", pc), ("neurons", neuron))]
+    rows = [
+        [layer, name] + [f"{100 * a:.1f}" for a in accuracies]
+        for layer, pc, neuron in zip(result["layers"], result["pc"], result["neuron"])
+        for name, accuracies in (("PCs", pc), ("neurons", neuron))
+    ]
     # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps all)
-    fewest = [" / ".join(str(next(k for k, a in zip(result["k"], accuracies)
-                                  if a >= 0.9 * result["accuracy"]))
-                         for accuracies in result[name]) for name in ("pc", "neuron")]
-    return "\n".join([
-        "Test accuracy (%) when the hidden states at one layer keep only their mean plus their "
-        "projection onto the top k principal components (PCs) or the top k highest-variance "
-        "neurons of the states the explained variance reads, the later layers unchanged; k = the "
-        "width projects nothing.", "",
-        *markdown_table(["layer", "directions"] + [f"k={k}" for k in result["k"]], rows), "",
-        f"To keep 90% of the unprojected {100 * result['accuracy']:.1f}% at "
-        f"{' / '.join(result['layers'])} takes {fewest[0]} principal components and {fewest[1]} "
-        "neurons: the fewer directions a basis needs, the more the task lives in a subspace of it.",
-        "", f"![accuracy with projected hidden states]({result['figure']})"])
+    fewest = [
+        " / ".join(
+            str(next(k for k, a in zip(result["k"], accuracies) if a >= 0.9 * result["accuracy"]))
+            for accuracies in result[name]
+        )
+        for name in ("pc", "neuron")
+    ]
+    return "\n".join(
+        [
+            "Test accuracy (%) when the hidden states at one layer keep only their mean plus their "
+            "projection onto the top k principal components (PCs) or the top k highest-variance "
+            "neurons of the states the explained variance reads, the later layers unchanged; k "
+            "= the "
+            "width projects nothing.",
+            "",
+            *markdown_table(["layer", "directions"] + [f"k={k}" for k in result["k"]], rows),
+            "",
+            f"To keep 90% of the unprojected {100 * result['accuracy']:.1f}% at "
+            f"{' / '.join(result['layers'])} takes {fewest[0]} principal components and "
+            f"{fewest[1]} "
+            "neurons: the fewer directions a basis needs, the more the task lives in a subspace "
+            "of it.",
+            "",
+            f"![accuracy with projected hidden states]({result['figure']})",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -236,16 +327,18 @@ def projection_markdown(result):
 
 
 def principal_components(E):
-    """Projections of the rows of E (n, d) onto its principal components (n, r), and each one's variance fraction."""
+    """Projections of the rows of E (n, d) onto its principal components (n, r), and each one's
+    variance fraction."""
     E = E.double() - E.double().mean(0)
     U, S, _ = torch.linalg.svd(E, full_matrices=False)
     return U * S, S**2 / (S**2).sum()
 
 
 def circularity(E, components=4):
-    """How circular the token embeddings E (p, d) of a modular-addition model are: the score c of docs/protocol.md §6
-    for each of the first `components` principal components. A pure cosine of frequency k over the tokens scores 1 at
-    f = k^-1 mod p (reading tokens in the order t * f turns it into a single cycle); random directions about 2 ln(p) / p."""
+    """How circular the token embeddings E (p, d) of a modular-addition model are: the score c of
+    docs/protocol.md §6 for each of the first `components` principal components. A pure cosine of
+    frequency k over the tokens scores 1 at f = k^-1 mod p (reading tokens in the order t * f turns
+    it into a single cycle); random directions about 2 ln(p) / p."""
     p = E.size(0)
     projections, _ = principal_components(E)
     t, f = torch.arange(p), torch.arange(1, p)
@@ -255,20 +348,26 @@ def circularity(E, components=4):
     v = v / (v.norm(dim=1, keepdim=True) * math.sqrt(p))  # (components, p)
     power = 2 * (v[:, reorder] * phase).sum(-1).abs() ** 2  # (components, p-1)
     scores = power.amax(1).clamp(max=1.0).tolist()
-    return {"components": scores, "frequencies": f[power.argmax(1)].tolist(), "mean": sum(scores) / len(scores)}
+    return {
+        "components": scores,
+        "frequencies": f[power.argmax(1)].tolist(),
+        "mean": sum(scores) / len(scores),
+    }
 
 
 def circle_score(x, y) -> float:
-    """How much the residues' points (x[t], y[t]) on two principal components form one circle (docs/protocol.md §6):
-    a circle traversed k times scores 1; two cosines of different frequencies 0.25."""
+    """How much the residues' points (x[t], y[t]) on two principal components form one circle
+    (docs/protocol.md §6): a circle traversed k times scores 1; two cosines of different frequencies
+    0.25."""
     z = torch.complex(x / x.std(), y / y.std())
     power = torch.fft.fft(z).abs() ** 2
     return (power[1:].max() / power.sum()).item()
 
 
 def embedding_geometry(run: Run) -> dict:
-    """Figure 3: PCA of the token embedding, drawn as PCs 1 vs 3 (the paper's panel) and 1 vs 2, tokens coloured on a
-    cyclic map since values wrap mod p; with the circularity and circle scores of its first 4 components."""
+    """Figure 3: PCA of the token embedding, drawn as PCs 1 vs 3 (the paper's panel) and 1 vs 2,
+    tokens coloured on a cyclic map since values wrap mod p; with the circularity and circle scores
+    of its first 4 components."""
     E = run.model.wte.weight.detach()
     projections, fractions = principal_components(E)
     plt = pyplot()
@@ -281,20 +380,36 @@ def embedding_geometry(run: Run) -> dict:
     fig.colorbar(dots, ax=axes, label="token value")
     fig.suptitle(f"{run.label}: token embedding")
     save_figure(plt, fig, os.path.join(run.path, "embedding.png"))
-    scores = {(i, j): circle_score(projections[:, i], projections[:, j]) for i in range(4) for j in range(i + 1, 4)}
+    scores = {
+        (i, j): circle_score(projections[:, i], projections[:, j])
+        for i in range(4)
+        for j in range(i + 1, 4)
+    }
     best = max(scores, key=scores.get)
-    return {"variance_fractions": fractions[:4].tolist(), "circularity": circularity(E), "figure": "embedding.png",
-            "circles": {"pcs_1_3": scores[0, 2], "best": {"pcs": [best[0] + 1, best[1] + 1], "score": scores[best]}},
-            "projections": projections[:, :4].mul(1e4).round().div(1e4).tolist()}  # (p, 4): Figure 3 redrawn without weights
+    return {
+        "variance_fractions": fractions[:4].tolist(),
+        "circularity": circularity(E),
+        "figure": "embedding.png",
+        "circles": {
+            "pcs_1_3": scores[0, 2],
+            "best": {"pcs": [best[0] + 1, best[1] + 1], "score": scores[best]},
+        },
+        "projections": projections[:, :4].mul(1e4).round().div(1e4).tolist(),
+    }  # (p, 4): Figure 3 redrawn without weights
 
 
 def embedding_markdown(result):
     c = result["circularity"]
-    per_component = ", ".join(f"PC{i + 1} {s:.2f} (f={f})" for i, (s, f) in enumerate(zip(c["components"], c["frequencies"])))
+    per_component = ", ".join(
+        f"PC{i + 1} {s:.2f} (f={f})"
+        for i, (s, f) in enumerate(zip(c["components"], c["frequencies"]))
+    )
     fractions = ", ".join(f"{100 * v:.1f}%" for v in result["variance_fractions"])
-    return (f"Variance of the token embedding in PCs 1-4: {fractions}.\n"
-            f"Circularity (1 = a perfect circle) {c['mean']:.2f}; per component {per_component}.\n\n"
-            f"![token embedding]({result['figure']})")
+    return (
+        f"Variance of the token embedding in PCs 1-4: {fractions}.\n"
+        f"Circularity (1 = a perfect circle) {c['mean']:.2f}; per component {per_component}.\n\n"
+        f"![token embedding]({result['figure']})"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -302,12 +417,24 @@ def embedding_markdown(result):
 # ---------------------------------------------------------------------------
 
 
-NEEDLE_LETTERS = "abcdefghijklmnopqrstuvwxyzABCD"  # one per needle marker, as in Figure 2's "a 1 b 2 c 3 d 4 b"
-# Needle: a marker shows as its letter, a query as its letter and "?"; addition: input and sum digit tokens as the digit.
-NEEDLE_NAMES = {0: "_", **{128 + i: c for i, c in enumerate(NEEDLE_LETTERS)},
-                **{128 + tasks.Needle.MARKERS + i: c + "?" for i, c in enumerate(NEEDLE_LETTERS)}}
-ADDITION_NAMES = {**{d: str(d) for d in range(10)}, tasks.PLUS: "+", tasks.EQUALS: "=", tasks.ADD_PAD: "_",
-                  **{tasks.SUM_DIGIT0 + d: str(d) for d in range(10)}, tasks.SUM_END: "end"}
+NEEDLE_LETTERS = (
+    "abcdefghijklmnopqrstuvwxyzABCD"  # one per needle marker, as in Figure 2's "a 1 b 2 c 3 d 4 b"
+)
+# Needle: a marker shows as its letter, a query as its letter and "?"; addition: input and sum digit
+# tokens as the digit.
+NEEDLE_NAMES = {
+    0: "_",
+    **{128 + i: c for i, c in enumerate(NEEDLE_LETTERS)},
+    **{128 + tasks.Needle.MARKERS + i: c + "?" for i, c in enumerate(NEEDLE_LETTERS)},
+}
+ADDITION_NAMES = {
+    **{d: str(d) for d in range(10)},
+    tasks.PLUS: "+",
+    tasks.EQUALS: "=",
+    tasks.ADD_PAD: "_",
+    **{tasks.SUM_DIGIT0 + d: str(d) for d in range(10)},
+    tasks.SUM_END: "end",
+}
 # The steps a head is scored on over the test set, in order: name in the results -> what it
 # measures. Needle: Figure 2's two; addition: where a head looks for the two digits a sum digit
 # adds (its place in either operand).
@@ -315,24 +442,30 @@ ATTENTION_STEPS = {
     "value_to_marker": "Each value's attention to the marker just before it",
     "query_to_value": "The query's attention to the value after the marker it asks for",
     "sum_to_operands": "The attention of the position that predicts each sum digit to the two "
-                       "operand digits of its place, summed (mean over the places both operands "
-                       "have)"}
+    "operand digits of its place, summed (mean over the places both operands "
+    "have)",
+}
 
 
 def token_labels(task, tokens):
     """What each token id stands for in its task, for the heatmap axes (_ is padding)."""
     if task.name == "parens":
         return ["_()?"[t] for t in tokens]
-    if task.name == "memorize":  # a pair's first key x is a token below 512, its second key y is token 512 + y
+    if (
+        task.name == "memorize"
+    ):  # a pair's first key x is a token below 512, its second key y is token 512 + y
         return [f"x{t}" if t < 512 else f"y{t - 512}" for t in tokens]
     if task.name == "lm":
         return [task.tokenizer.decode([t]).replace(" ", "␣").replace("\n", "↵") for t in tokens]
-    names = {"needle": NEEDLE_NAMES, "addition": ADDITION_NAMES}.get(task.name, {})  # modadd, imitate: a token is its number
+    names = {"needle": NEEDLE_NAMES, "addition": ADDITION_NAMES}.get(
+        task.name, {}
+    )  # modadd, imitate: a token is its number
     return [names.get(t, str(t)) for t in tokens]
 
 
 def default_attention_input(run: Run):
-    """Figure 2's sequence for needle; otherwise the first test example up to its last scored position."""
+    """Figure 2's sequence for needle; otherwise the first test example up to its last scored
+    position."""
     if run.cfg.task == "needle":
         return NEEDLE_EXAMPLE
     test = run.task.test_set()[:1]
@@ -349,8 +482,10 @@ def needle_attention_scores(patterns, batch: tasks.Batch):
     is_value = ((t % 2 == 1) & (t < query[:, None])).float()  # (B, T - 1): is position t a value
     to_previous = patterns.diagonal(-1, -2, -1)  # (L, B, nh, T - 1): t's attention to t - 1
     per_row = (to_previous * is_value[:, None]).sum(-1) / is_value.sum(1)[:, None]  # (L, B, nh)
-    return {"query_to_value": patterns[:, rows, :, query, value],  # (B, L, nh)
-            "value_to_marker": per_row.transpose(0, 1)}
+    return {
+        "query_to_value": patterns[:, rows, :, query, value],  # (B, L, nh)
+        "value_to_marker": per_row.transpose(0, 1),
+    }
 
 
 def addition_attention_scores(patterns, batch: tasks.Batch):
@@ -371,29 +506,45 @@ def head_scores(run: Run, names) -> dict:
     evenly to what it sees."""
     test, score = run.task.test_set(), ATTENTION_SCORES[run.cfg.task]
     T = test.x.size(1)
-    even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # row i: 1 / (i + 1) on positions 0..i
+    even = (
+        torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+    )  # row i: 1 / (i + 1) on positions 0..i
     uniform = score(even.expand(1, len(test), 1, T, T), test)  # expand: one (T, T) for every row
     rows, scores = max(1, CHUNK_TOKENS // T), []
     for start in range(0, len(test), rows):
         chunk = test[start : start + rows]
-        patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))  # (L, B, nh, T, T)
+        patterns = torch.stack(
+            list(run_with_cache(run.model, chunk.x, names).values())
+        )  # (L, B, nh, T, T)
         scores.append(score(patterns, chunk))
-    return {**{key: torch.cat([part[key] for part in scores]).mean(0).tolist() for key in uniform},
-            "uniform": {key: value.mean().item() for key, value in uniform.items()}}
+    return {
+        **{key: torch.cat([part[key] for part in scores]).mean(0).tolist() for key in uniform},
+        "uniform": {key: value.mean().item() for key, value in uniform.items()},
+    }
 
 
 def attention_patterns(run: Run, input_tokens=None) -> dict:
-    """Heatmaps of every layer's and head's attention on one input and where its last position looks most;
-    for needle and addition, also each head's ATTENTION_STEPS scores over the test set."""
+    """Heatmaps of every layer's and head's attention on one input and where its last position looks
+    most; for needle and addition, also each head's ATTENTION_STEPS scores over the test set."""
     tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
     names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
-    patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[:, 0]  # (L, nh, T, T)
+    patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[
+        :, 0
+    ]  # (L, nh, T, T)
     labels = token_labels(run.task, tokens)
     plt = pyplot()
     (n_layer, n_head), size = patterns.shape[:2], 1.8 + 0.22 * len(labels)  # size: inches per panel
-    fig, axes = plt.subplots(n_layer, n_head, figsize=(n_head * size + 1, n_layer * size), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        n_layer,
+        n_head,
+        figsize=(n_head * size + 1, n_layer * size),
+        squeeze=False,
+        layout="constrained",
+    )
     for layer in range(n_layer):
-        for head, ax in enumerate(axes[layer]):  # row i of a panel: how position i spreads its attention over 0..i
+        for head, ax in enumerate(
+            axes[layer]
+        ):  # row i of a panel: how position i spreads its attention over 0..i
             image = ax.imshow(patterns[layer, head].numpy(), cmap="Blues", vmin=0, vmax=1)
             ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=9)
             ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90)
@@ -407,38 +558,63 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     save_figure(plt, fig, os.path.join(run.path, "attention.png"))
     last = patterns[:, :, -1]  # (L, nh, T): the last position's weights over the keys
     layer, head, key = (int(i) for i in torch.unravel_index(last.argmax(), last.shape))
-    strongest = {"layer": layer + 1, "head": head + 1, "position": key, "token": labels[key],
-                 "weight": last[layer, head, key].item(), "uniform": 1 / len(labels)}
+    strongest = {
+        "layer": layer + 1,
+        "head": head + 1,
+        "position": key,
+        "token": labels[key],
+        "weight": last[layer, head, key].item(),
+        "uniform": 1 / len(labels),
+    }
     # patterns (L, nh, T, T): the figure redrawn without weights
-    return {"tokens": tokens, "labels": labels, "figure": "attention.png",
-            "last_position": strongest, "patterns": patterns.mul(1e4).round().div(1e4).tolist(),
-            **(head_scores(run, names) if run.cfg.task in ATTENTION_SCORES else {})}
+    return {
+        "tokens": tokens,
+        "labels": labels,
+        "figure": "attention.png",
+        "last_position": strongest,
+        "patterns": patterns.mul(1e4).round().div(1e4).tolist(),
+        **(head_scores(run, names) if run.cfg.task in ATTENTION_SCORES else {}),
+    }
 
 
 def attention_markdown(result):
     last = result["last_position"]
-    lines = [f"Input: `{' '.join(result.get('labels', []))}` (token ids {result['tokens']})", "",
-             f"![attention patterns]({result['figure']})", "",
-             "Each panel is one head: row i shows how position i splits its attention (summing to 1) over positions 0..i. "
-             f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} head {last['head']} "
-             f"on `{last['token']}` at position {last['position']} (attention spread evenly gives each position {last['uniform']:.2f})."]
+    lines = [
+        f"Input: `{' '.join(result.get('labels', []))}` (token ids {result['tokens']})",
+        "",
+        f"![attention patterns]({result['figure']})",
+        "",
+        "Each panel is one head: row i shows how position i splits its attention (summing to 1) "
+        "over positions 0..i. "
+        f"The last position's largest weight is {last['weight']:.2f}, in layer {last['layer']} "
+        f"head {last['head']} "
+        f"on `{last['token']}` at position {last['position']} (attention spread evenly gives each "
+        f"position {last['uniform']:.2f}).",
+    ]
     steps = {name: what for name, what in ATTENTION_STEPS.items() if name in result}
     # a sentence per step: its strongest head, beside a head that spreads attention evenly
     for name, what in steps.items():
-        scores = [(v, i + 1, h + 1) for i, heads in enumerate(result[name])
-                  for h, v in enumerate(heads)]
+        scores = [
+            (v, i + 1, h + 1) for i, heads in enumerate(result[name]) for h, v in enumerate(heads)
+        ]
         value, layer, head = max(scores)
         half = ", ".join(f"layer {i} head {h} ({v:.2f})" for v, i, h in scores if v >= 0.5)
         rows = [[i + 1] + [f"{v:.3f}" for v in heads] for i, heads in enumerate(result[name])]
-        lines += ["", f"{what} is largest in layer {layer} head {head}: {value:.2f} on average "
-                  f"over the test set, against {result['uniform'][name]:.2f} for attention spread "
-                  f"evenly. Heads with at least half their attention there: {half or 'none'}. "
-                  "Each head's mean over the test set:", "",
-                  *markdown_table(["layer"] + [f"head {h + 1}" for h in range(len(rows[0]) - 1)],
-                                  rows)]
+        lines += [
+            "",
+            f"{what} is largest in layer {layer} head {head}: {value:.2f} on average "
+            f"over the test set, against {result['uniform'][name]:.2f} for attention spread "
+            f"evenly. Heads with at least half their attention there: {half or 'none'}. "
+            "Each head's mean over the test set:",
+            "",
+            *markdown_table(["layer"] + [f"head {h + 1}" for h in range(len(rows[0]) - 1)], rows),
+        ]
     if "query_to_value" in steps:
-        lines += ["", "In the paper's Figure 2, values attend to their markers in layer 1 and the "
-                  "query to the matching value in layer 2."]
+        lines += [
+            "",
+            "In the paper's Figure 2, values attend to their markers in layer 1 and the "
+            "query to the matching value in layer 2.",
+        ]
     return "\n".join(lines)
 
 
@@ -448,8 +624,9 @@ def attention_markdown(result):
 
 
 def gradient_symmetricity(model, p, triples=100):
-    """Mean cos(dQ_c/de_a, dQ_c/de_b) over `triples` (a, b, c) drawn uniformly from all p^3 (seed 0; docs/protocol.md §6).
-    A Pizza network's logits depend on e_a + e_b, so both gradients agree (~0.99); a Clock's are ~0.33."""
+    """Mean cos(dQ_c/de_a, dQ_c/de_b) over `triples` (a, b, c) drawn uniformly from all p^3 (seed 0;
+    docs/protocol.md §6). A Pizza network's logits depend on e_a + e_b, so both gradients agree
+    (~0.99); a Clock's are ~0.33."""
     a, b, c = torch.randint(p, (3, triples), generator=torch.Generator().manual_seed(0))
     embedded = []
 
@@ -460,18 +637,23 @@ def gradient_symmetricity(model, p, triples=100):
 
     hook = model.wte.register_forward_hook(as_leaf)
     try:
-        logits = model(torch.stack([a, b], 1), torch.ones(triples, 1, dtype=torch.long))  # (n, 1, p)
+        logits = model(
+            torch.stack([a, b], 1), torch.ones(triples, 1, dtype=torch.long)
+        )  # (n, 1, p)
     finally:
         hook.remove()
-    logits[:, 0].gather(1, c[:, None]).sum().backward()  # rows are independent, so one backward gives every row's gradient
+    logits[:, 0].gather(
+        1, c[:, None]
+    ).sum().backward()  # rows are independent, so one backward gives every row's gradient
     grad = embedded[0].grad  # (n, 2, C): position 0 is e_a, position 1 is e_b
     return torch.cosine_similarity(grad[:, 0], grad[:, 1], dim=1).mean().item()
 
 
 def distance_irrelevance_from_logits(correct_logit):
-    """q of docs/protocol.md §6 for L = correct_logit (p, p) indexed [a, b]: a Clock network's logit ignores the
-    distance d = (a - b) mod p (q ~0.85); a Pizza's depends on it (~0.17). The std over the p pairs of one difference
-    is the std over their sums s: for odd p they have every s once; for even p they share d's parity, each twice."""
+    """q of docs/protocol.md §6 for L = correct_logit (p, p) indexed [a, b]: a Clock network's logit
+    ignores the distance d = (a - b) mod p (q ~0.85); a Pizza's depends on it (~0.17). The std over
+    the p pairs of one difference is the std over their sums s: for odd p they have every s once;
+    for even p they share d's parity, each twice."""
     p = correct_logit.size(0)
     d, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
     by_difference = correct_logit[(b + d) % p, b]  # row d: L at the pairs (a, b) = (b + d, b)
@@ -481,23 +663,32 @@ def distance_irrelevance_from_logits(correct_logit):
 @torch.no_grad()
 def distance_irrelevance(model, p):
     """Distance irrelevance over all p^2 pairs; see distance_irrelevance_from_logits."""
-    x = torch.cartesian_prod(torch.arange(p), torch.arange(p))  # (p^2, 2): the pairs (a, b), a major
+    x = torch.cartesian_prod(
+        torch.arange(p), torch.arange(p)
+    )  # (p^2, 2): the pairs (a, b), a major
     logits = model(x, torch.ones(p * p, 1, dtype=torch.long))[:, 0]  # (p^2, p)
     correct = logits.gather(1, (x.sum(1) % p)[:, None])
     return distance_irrelevance_from_logits(correct.view(p, p))
 
 
 def clock_pizza(run: Run) -> dict:
-    return {"gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
-            "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
-            "trained": run.paper_model is not None}
+    return {
+        "gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
+        "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
+        "trained": run.paper_model is not None,
+    }
 
 
 def clock_pizza_markdown(result):
-    return (f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock ~0.33); "
-            f"distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, Pizza ~0.17)."
-            + (" The paper: 0.88 and 0.88 for a random 1024-wide model."
-               if result.get("trained", True) else ""))
+    return (
+        f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock ~0.33); "
+        f"distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, Pizza ~0.17)."
+        + (
+            " The paper: 0.88 and 0.88 for a random 1024-wide model."
+            if result.get("trained", True)
+            else ""
+        )
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -506,40 +697,65 @@ def clock_pizza_markdown(result):
 
 
 def memorization(run: Run) -> dict:
-    """Accuracy, memorized bits and bits per trainable parameter, by the task's own formula. The memorize task has
-    no held-out split, so the run's final accuracy and loss are exact match and cross-entropy on the training set."""
-    return {**tasks.memorization_capacity(run.final["accuracy"], run.final["loss"],
-                                          len(run.task.train_set), run.task.VALUES,
-                                          run.counts["trainable"]),
-            "trained": run.paper_model is not None}
+    """Accuracy, memorized bits and bits per trainable parameter, by the task's own formula. The
+    memorize task has no held-out split, so the run's final accuracy and loss are exact match and
+    cross-entropy on the training set."""
+    return {
+        **tasks.memorization_capacity(
+            run.final["accuracy"],
+            run.final["loss"],
+            len(run.task.train_set),
+            run.task.VALUES,
+            run.counts["trainable"],
+        ),
+        "trained": run.paper_model is not None,
+    }
 
 
 def memorization_markdown(result):
-    return (f"Exact-match accuracy {100 * result['accuracy']:.2f}%, {result['bits']:,.0f} bits memorized, "
-            f"{result['bits_per_parameter']:.2f} bits per trainable parameter "
-            f"(loss-based estimate {result['loss_bits']:,.0f} bits)."
-            + (f" Paper Table 3: Random {paper.TABLE3['Random', 'bits_per_parameter']}, "
-               f"Normal {paper.TABLE3['Normal', 'bits_per_parameter']}." if result.get("trained", True) else ""))
+    return (
+        f"Exact-match accuracy {100 * result['accuracy']:.2f}%, {result['bits']:,.0f} bits "
+        "memorized, "
+        f"{result['bits_per_parameter']:.2f} bits per trainable parameter "
+        f"(loss-based estimate {result['loss_bits']:,.0f} bits)."
+        + (
+            f" Paper Table 3: Random {paper.TABLE3['Random', 'bits_per_parameter']}, "
+            f"Normal {paper.TABLE3['Normal', 'bits_per_parameter']}."
+            if result.get("trained", True)
+            else ""
+        )
+    )
 
 
 def samples(run: Run) -> dict:
-    """Continuations of a few fixed prompts (up to 100 tokens, seed 0, temperature 0.8, top-k 40)."""
+    """Continuations of a few fixed prompts (up to 100 tokens, seed 0, temperature 0.8, top-k
+    40)."""
     generator = torch.Generator().manual_seed(0)
-    return {"prompts": LM_PROMPTS,
-            "continuations": [sample.sample_text(run.model, run.task, prompt, 100, 0.8, 40,
-                                                 generator) for prompt in LM_PROMPTS]}
+    return {
+        "prompts": LM_PROMPTS,
+        "continuations": [
+            sample.sample_text(run.model, run.task, prompt, 100, 0.8, 40, generator)
+            for prompt in LM_PROMPTS
+        ],
+    }
 
 
 def samples_markdown(result):
-    return "\n\n".join(f"**{prompt}** ... {text}" for prompt, text in zip(result["prompts"], result["continuations"]))
+    return "\n\n".join(
+        f"**{prompt}** ... {text}"
+        for prompt, text in zip(result["prompts"], result["continuations"])
+    )
 
 
 # ---------------------------------------------------------------------------
 # Parentheses: accuracy by string length
 # ---------------------------------------------------------------------------
 
-STREAM_SAMPLE = 20_000  # training strings drawn to see which (length, answer) pairs training ever shows
-SHORT_LENGTHS = 12  # lengths listed one by one; longer ones are pooled (misses, if any, cluster at the short end)
+STREAM_SAMPLE = (
+    20_000  # training strings drawn to see which (length, answer) pairs training ever shows
+)
+# lengths listed one by one; longer ones are pooled (misses, if any, cluster at the short end)
+SHORT_LENGTHS = 12
 
 
 def pooled(rows) -> dict:
@@ -550,43 +766,92 @@ def pooled(rows) -> dict:
 
 @torch.no_grad()
 def parens_lengths(run: Run) -> dict:
-    """Test accuracy per string length and answer, beside whether training shows that pair. The exclusion rule drops
-    every training string that is also a test string, and a test set of this size holds every short balanced string, so
-    at some lengths training never asks for the answer "balanced": this tells misses there apart from misses of the rule."""
+    """Test accuracy per string length and answer, beside whether training shows that pair. The
+    exclusion rule drops every training string that is also a test string, and a test set of this
+    size holds every short balanced string, so at some lengths training never asks for the answer
+    "balanced": this tells misses there apart from misses of the rule."""
     task, test = run.task, run.task.test_set()
     logits = run.model(test.x, test.pos)
     correct = task.metrics(logits, test)["accuracy"]
     predicted = logits[:, 0, [tasks.CLOSE, tasks.OPEN]].argmax(-1)  # 0: balanced, 1: unbalanced
     stream = task.sample(STREAM_SAMPLE, torch.Generator().manual_seed(0))
     trained = set(zip(stream.pos[:, 0].tolist(), stream.y[:, 0].tolist()))
-    test_pairs = list(zip(test.pos[:, 0].tolist(), test.y[:, 0].tolist()))  # (length, answer) of each test string
+    test_pairs = list(
+        zip(test.pos[:, 0].tolist(), test.y[:, 0].tolist())
+    )  # (length, answer) of each test string
     rows, unseen_strings = [], []
     for length in range(1, task.max_parens + 1):
         for answer, name in {tasks.CLOSE: "balanced", tasks.OPEN: "unbalanced"}.items():
             picked = [i for i, pair in enumerate(test_pairs) if pair == (length, answer)]
             if picked:
-                rows.append({"length": length, "answer": name, "test": len(picked),
-                             "accuracy": correct[picked].mean().item(), "in_training": (length, answer) in trained})
-            if picked and (length, answer) not in trained:  # each string and what the model answered
-                unseen_strings += [{"string": "".join("()"[t - tasks.OPEN] for t in test.x[i, :length].tolist()), "answer": name,
-                                    "predicted": ("balanced", "unbalanced")[predicted[i]]} for i in picked]
-    return {"rows": rows, "accuracy": correct.mean().item(), "stream_sample": STREAM_SAMPLE, "unseen_strings": unseen_strings,
-            "unseen": pooled([r for r in rows if not r["in_training"]]), "seen": pooled([r for r in rows if r["in_training"]])}
+                rows.append(
+                    {
+                        "length": length,
+                        "answer": name,
+                        "test": len(picked),
+                        "accuracy": correct[picked].mean().item(),
+                        "in_training": (length, answer) in trained,
+                    }
+                )
+            if (
+                picked and (length, answer) not in trained
+            ):  # each string and what the model answered
+                unseen_strings += [
+                    {
+                        "string": "".join(
+                            "()"[t - tasks.OPEN] for t in test.x[i, :length].tolist()
+                        ),
+                        "answer": name,
+                        "predicted": ("balanced", "unbalanced")[predicted[i]],
+                    }
+                    for i in picked
+                ]
+    return {
+        "rows": rows,
+        "accuracy": correct.mean().item(),
+        "stream_sample": STREAM_SAMPLE,
+        "unseen_strings": unseen_strings,
+        "unseen": pooled([r for r in rows if not r["in_training"]]),
+        "seen": pooled([r for r in rows if r["in_training"]]),
+    }
 
 
 def parens_lengths_markdown(result):
     unseen, seen = result["unseen"], result["seen"]
-    rows = [[r["length"], r["answer"], r["test"], f"{100 * r['accuracy']:.1f}%", "yes" if r["in_training"] else "never"]
-            for r in result["rows"] if r["length"] <= SHORT_LENGTHS]
+    rows = [
+        [
+            r["length"],
+            r["answer"],
+            r["test"],
+            f"{100 * r['accuracy']:.1f}%",
+            "yes" if r["in_training"] else "never",
+        ]
+        for r in result["rows"]
+        if r["length"] <= SHORT_LENGTHS
+    ]
     longer = [r for r in result["rows"] if r["length"] > SHORT_LENGTHS]
     if longer:
         group = pooled(longer)
-        rows.append([f"{SHORT_LENGTHS + 1}+", "both", group["test"], f"{100 * group['accuracy']:.1f}%",
-                     "yes" if all(r["in_training"] for r in longer) else "not all"])
-    return "\n".join([f"Test accuracy {100 * result['accuracy']:.1f}%. Test strings whose length and answer never occur in "
-                      f"{result['stream_sample']:,} training strings: {unseen['test']}, {100 * unseen['accuracy']:.1f}% correct; "
-                      f"the other {seen['test']}: {100 * seen['accuracy']:.1f}%.", "",
-                      *markdown_table(["length", "answer", "test strings", "accuracy", "in training"], rows)])
+        rows.append(
+            [
+                f"{SHORT_LENGTHS + 1}+",
+                "both",
+                group["test"],
+                f"{100 * group['accuracy']:.1f}%",
+                "yes" if all(r["in_training"] for r in longer) else "not all",
+            ]
+        )
+    return "\n".join(
+        [
+            f"Test accuracy {100 * result['accuracy']:.1f}%. Test strings whose length and answer "
+            "never occur in "
+            f"{result['stream_sample']:,} training strings: {unseen['test']}, "
+            f"{100 * unseen['accuracy']:.1f}% correct; "
+            f"the other {seen['test']}: {100 * seen['accuracy']:.1f}%.",
+            "",
+            *markdown_table(["length", "answer", "test strings", "accuracy", "in training"], rows),
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -607,7 +872,9 @@ def training_curves(run: Run) -> dict:
     plt = pyplot()
     fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
     test_metrics = [k for k in log[-1] if k.startswith("test_") and k != "test_loss"]
-    for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [(k, metric_ax) for k in test_metrics]:
+    for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [
+        (k, metric_ax) for k in test_metrics
+    ]:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points), label=CURVE_LABELS.get(key, key.replace("_", " ")), marker=".")
@@ -622,50 +889,101 @@ def training_curves(run: Run) -> dict:
 
 
 def flat_from(log: list):
-    """Figure 8's test of convergence (docs/protocol.md §6): (the first evaluation step from which test accuracy stays
-    within half a point of its last value, the lr there as % of its peak), or None for a log without accuracies and an lr."""
+    """Figure 8's test of convergence (docs/protocol.md §6): (the first evaluation step from which
+    test accuracy stays within half a point of its last value, the lr there as % of its peak), or
+    None for a log without accuracies and an lr."""
     log = [r for r in log if r.get("test_accuracy") is not None and r.get("lr") is not None]
     peak = max((r["lr"] for r in log), default=0)
     if not peak:
         return None
-    step = next(r for i, r in enumerate(log) if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:]))
+    step = next(
+        r
+        for i, r in enumerate(log)
+        if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:])
+    )
     return step["step"], 100 * step["lr"] / peak
 
 
 def training_curves_markdown(result):
-    final = ", ".join(f"{k} {v:.4g}" for k, v in result["final"].items() if k != "step" and v is not None)
+    final = ", ".join(
+        f"{k} {v:.4g}" for k, v in result["final"].items() if k != "step" and v is not None
+    )
     flat = result.get("flat_from")
-    flat = f" Test accuracy is flat from step {flat[0]:,}, where the lr is {flat[1]:.0f}% of its peak." if flat else ""
-    return f"At step {result['final']['step']}: {final}.{flat}\n\n![training curves]({result['figure']})"
+    flat = (
+        f" Test accuracy is flat from step {flat[0]:,}, where the lr is {flat[1]:.0f}% of its peak."
+        if flat
+        else ""
+    )
+    return (
+        f"At step {result['final']['step']}: {final}.{flat}\n\n![training "
+        f"curves]({result['figure']})"
+    )
 
 
 # ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
 
-# name -> (title, applies to this run?, compute(run, args) -> numbers, render(numbers) -> markdown); the report's order.
+# name -> (title, applies to this run?, compute(run, args) -> numbers, render(numbers) -> markdown);
+# the report's order.
 ANALYSES = {
-    "curves": ("Training curves", lambda run: True,
-               lambda run, args: training_curves(run), training_curves_markdown),
-    "variance": ("Explained variance (Tables 4, 5, 7)", lambda run: isinstance(run.model, GPT),
-                 lambda run, args: explained_variance(run, args.examples), explained_variance_markdown),
-    "projection": ("Accuracy in the top k directions (subspace selection, causally)",
-                   lambda run: isinstance(run.model, GPT)
-                   and run.cfg.task in ("modadd", "needle", "addition", "parens"),
-                   lambda run, args: projection(run, args.examples), projection_markdown),
-    "embedding": ("Embedding geometry (Figure 3)", lambda run: run.cfg.task == "modadd",
-                  lambda run, args: embedding_geometry(run), embedding_markdown),
-    "clock_pizza": ("Clock vs Pizza", lambda run: run.cfg.task == "modadd",
-                    lambda run, args: clock_pizza(run), clock_pizza_markdown),
-    "attention": ("Attention patterns, and each head's scores (Figure 2 for needle)",
-                  lambda run: isinstance(run.model, GPT),
-                  lambda run, args: attention_patterns(run, args.tokens), attention_markdown),
-    "memorization": ("Memorization capacity (Table 3)", lambda run: run.cfg.task == "memorize",
-                     lambda run, args: memorization(run), memorization_markdown),
-    "lengths": ("Accuracy by string length (parentheses)", lambda run: run.cfg.task == "parens",
-                lambda run, args: parens_lengths(run), parens_lengths_markdown),
-    "samples": ("Samples (Figure 5)", lambda run: run.cfg.task == "lm",
-                lambda run, args: samples(run), samples_markdown),
+    "curves": (
+        "Training curves",
+        lambda run: True,
+        lambda run, args: training_curves(run),
+        training_curves_markdown,
+    ),
+    "variance": (
+        "Explained variance (Tables 4, 5, 7)",
+        lambda run: isinstance(run.model, GPT),
+        lambda run, args: explained_variance(run, args.examples),
+        explained_variance_markdown,
+    ),
+    "projection": (
+        "Accuracy in the top k directions (subspace selection, causally)",
+        lambda run: (
+            isinstance(run.model, GPT)
+            and run.cfg.task in ("modadd", "needle", "addition", "parens")
+        ),
+        lambda run, args: projection(run, args.examples),
+        projection_markdown,
+    ),
+    "embedding": (
+        "Embedding geometry (Figure 3)",
+        lambda run: run.cfg.task == "modadd",
+        lambda run, args: embedding_geometry(run),
+        embedding_markdown,
+    ),
+    "clock_pizza": (
+        "Clock vs Pizza",
+        lambda run: run.cfg.task == "modadd",
+        lambda run, args: clock_pizza(run),
+        clock_pizza_markdown,
+    ),
+    "attention": (
+        "Attention patterns, and each head's scores (Figure 2 for needle)",
+        lambda run: isinstance(run.model, GPT),
+        lambda run, args: attention_patterns(run, args.tokens),
+        attention_markdown,
+    ),
+    "memorization": (
+        "Memorization capacity (Table 3)",
+        lambda run: run.cfg.task == "memorize",
+        lambda run, args: memorization(run),
+        memorization_markdown,
+    ),
+    "lengths": (
+        "Accuracy by string length (parentheses)",
+        lambda run: run.cfg.task == "parens",
+        lambda run, args: parens_lengths(run),
+        parens_lengths_markdown,
+    ),
+    "samples": (
+        "Samples (Figure 5)",
+        lambda run: run.cfg.task == "lm",
+        lambda run, args: samples(run),
+        samples_markdown,
+    ),
 }
 
 
@@ -673,26 +991,44 @@ def markdown(run: Run, results: dict) -> str:
     parts = [f"# Analysis of {run.label}", "", f"Run: `{run.path}`"]
     for name, (title, _, _, render) in ANALYSES.items():
         if name in results:
-            parts += ["", f"## {title}", "", f"Skipped: {results[name]['skipped']}."
-                      if "skipped" in results[name] else render(results[name])]
+            parts += [
+                "",
+                f"## {title}",
+                "",
+                f"Skipped: {results[name]['skipped']}."
+                if "skipped" in results[name]
+                else render(results[name]),
+            ]
     return "\n".join(parts) + "\n"
 
 
 def checked_results(run: Run, args) -> dict:
-    """UsageError, before anything is computed or written, for a request the run cannot meet; else the results to
-    update: for --only, analysis.json of an earlier call ({} if none). It may come from another version of analyze.py
-    or another program, so analysis.md must render from it before any figure is written."""
+    """UsageError, before anything is computed or written, for a request the run cannot meet; else
+    the results to update: for --only, analysis.json of an earlier call ({} if none). It may come
+    from another version of analyze.py or another program, so analysis.md must render from it before
+    any figure is written."""
     if args.only and not ANALYSES[args.only][1](run):
-        raise UsageError(f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model")
+        raise UsageError(
+            f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model"
+        )
     cfg = run.model.cfg
-    if args.tokens and (not all(0 <= t < cfg.vocab_size for t in args.tokens) or len(args.tokens) > cfg.n_positions):
-        raise UsageError(f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for {run.path}")
-    read_metrics(run.path)  # a corrupt log fails here, not after other analyses have written their files
+    if args.tokens and (
+        not all(0 <= t < cfg.vocab_size for t in args.tokens) or len(args.tokens) > cfg.n_positions
+    ):
+        raise UsageError(
+            f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for "
+            f"{run.path}"
+        )
+    read_metrics(
+        run.path
+    )  # a corrupt log fails here, not after other analyses have written their files
     path = os.path.join(run.path, "analysis.json")
     if not args.only or not os.path.isfile(path):
         return {}
     try:
-        results = read_json(path, expect=None)  # any JSON: whether it renders below says whether it is results
+        results = read_json(
+            path, expect=None
+        )  # any JSON: whether it renders below says whether it is results
     except UsageError as e:
         raise UsageError(f"{e}; delete it or run analyze.py without --only") from None
     if isinstance(results, dict):
@@ -701,20 +1037,29 @@ def checked_results(run: Run, args) -> dict:
             return results
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
             pass
-    raise UsageError(f"{path} is not results this analyze.py can read; delete it or run analyze.py without --only")
+    raise UsageError(
+        f"{path} is not results this analyze.py can read; delete it or run analyze.py without "
+        "--only"
+    )
 
 
 def analyze(run: Run, results: dict, args):
-    """Run the selected analyses on one loaded run, into results; write analysis.json, analysis.md and figures."""
+    """Run the selected analyses on one loaded run, into results; write analysis.json, analysis.md
+    and figures."""
     torch.manual_seed(0)
     for name, (title, applies, compute, _) in ANALYSES.items():
         if args.only in (None, name) and applies(run):
             results[name] = compute(run, args)
-            print(f"{run.path}: {title}" + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else ""))
+            print(
+                f"{run.path}: {title}"
+                + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else "")
+            )
             if name == "variance":
                 print(explained_variance_markdown(results[name]))
     write_json(os.path.join(run.path, "analysis.json"), results)
-    write_atomic(os.path.join(run.path, "analysis.md"), lambda f: f.write(markdown(run, results).encode()))
+    write_atomic(
+        os.path.join(run.path, "analysis.md"), lambda f: f.write(markdown(run, results).encode())
+    )
 
 
 # --watch: seconds between looks at the run; how long a run no process holds may stay unchanged
@@ -729,26 +1074,33 @@ def watch(run_dir):
     staged, model, files, changed = beside(run_dir, "new"), None, None, time.time()
     while True:
         if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
-            cfg, task, model, _ = build_seeded(saved_config(run_dir))  # a checkpoint holds only the weights that train
+            cfg, task, model, _ = build_seeded(
+                saved_config(run_dir)
+            )  # a checkpoint holds only the weights that train
             if cfg.task != "parens":
                 raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
             scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
         elif model is None and not os.path.isfile(os.path.join(staged, "config.json")):
-            raise UsageError(f"{run_dir} is not a run directory (no config.json), "
-                             "nor a run starting")
+            raise UsageError(
+                f"{run_dir} is not a run directory (no config.json), nor a run starting"
+            )
         if model is not None:
             finished = os.path.exists(os.path.join(run_dir, "final.json"))
             score_checkpoints(run_dir, cfg, task, model, scored)
             if finished:
                 return
-        now = [os.path.getmtime(p) if os.path.exists(p) else None
-               for p in (os.path.join(d, "metrics.jsonl") for d in (run_dir, staged))]
+        now = [
+            os.path.getmtime(p) if os.path.exists(p) else None
+            for p in (os.path.join(d, "metrics.jsonl") for d in (run_dir, staged))
+        ]
         if now != files:
             files, changed = now, time.time()
         elif time.time() - changed > WATCH_IDLE_S and not (lock_held(run_dir) or lock_held(staged)):
-            raise UsageError(f"{run_dir} is not training (no process holds its lock, nothing "
-                             f"changed for {WATCH_IDLE_S} s); continue it with python train.py "
-                             f"--resume {run_dir}")
+            raise UsageError(
+                f"{run_dir} is not training (no process holds its lock, nothing "
+                f"changed for {WATCH_IDLE_S} s); continue it with python train.py "
+                f"--resume {run_dir}"
+            )
         time.sleep(WATCH_POLL_S)
 
 
@@ -762,23 +1114,51 @@ def score_checkpoints(run_dir, cfg, task, model, scored: set):
         step = saved.get("step", cfg.steps)
         if step not in scored:
             scored.add(step)
-            model.load_state_dict(saved["model"], strict=False)  # checkpoint.pt: the seed drew the frozen blocks
+            model.load_state_dict(
+                saved["model"], strict=False
+            )  # checkpoint.pt: the seed drew the frozen blocks
             result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
-            record = {"step": step, "unseen": result["unseen"]["accuracy"],
-                      "n_unseen": result["unseen"]["test"], "seen": result["seen"]["accuracy"],
-                      "accuracy": result["accuracy"]}
+            record = {
+                "step": step,
+                "unseen": result["unseen"]["accuracy"],
+                "n_unseen": result["unseen"]["test"],
+                "seen": result["seen"]["accuracy"],
+                "accuracy": result["accuracy"],
+            }
             with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
 
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
-    parser.add_argument("--watch", action="store_true", help="follow one parentheses run while it trains: its accuracy on the "
-                        "test strings training never shows at each checkpoint, into RUN/unseen.jsonl (compare.py draws it)")
-    parser.add_argument("--only", choices=list(ANALYSES), help="run just this analysis (default: every one that applies)")
-    parser.add_argument("--examples", type=int, default=1000, help="inputs for the explained variance (capped at %d hidden states)" % MAX_VECTORS)
-    parser.add_argument("--tokens", type=int, nargs="+", help="token ids of the attention input (default: Figure 2's for needle, else the first test example)")
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
+    )
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="follow one parentheses run while it trains: its accuracy on the "
+        "test strings training never shows at each checkpoint, into RUN/unseen.jsonl (compare.py "
+        "draws it)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=list(ANALYSES),
+        help="run just this analysis (default: every one that applies)",
+    )
+    parser.add_argument(
+        "--examples",
+        type=int,
+        default=1000,
+        help="inputs for the explained variance (capped at %d hidden states)" % MAX_VECTORS,
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        help="token ids of the attention input (default: Figure 2's for needle, else the first "
+        "test example)",
+    )
     args = parser.parse_args(argv)
     if args.examples < 1:
         parser.error("--examples must be >= 1")
@@ -788,7 +1168,9 @@ def main(argv=None):
         if args.watch:
             return watch(args.runs[0])
         runs = [Run(path) for path in args.runs]
-        earlier = [checked_results(run, args) for run in runs]  # every run is checked before any is analyzed
+        earlier = [
+            checked_results(run, args) for run in runs
+        ]  # every run is checked before any is analyzed
         for run, results in zip(runs, earlier):
             analyze(run, results, args)
             print(f"wrote {os.path.join(run.path, 'analysis.md')}")

@@ -18,32 +18,46 @@ from functools import partial
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rundir import (Run, first_line, log_eval, replace_old_run, run_record, save_final,
-                    start_or_resume, write_seed_summary)
 from cli import parse_args, seed_configs
-from errors import UsageError, usage_errors
 from config import build_seeded
 from devices import Ranks, autocast, compile_model, pick_device
+from errors import UsageError, usage_errors
+from rundir import (
+    Run,
+    first_line,
+    log_eval,
+    replace_old_run,
+    run_record,
+    save_final,
+    start_or_resume,
+    write_seed_summary,
+)
 from tasks import Batch, join_batches
 from train import evaluate, lr_at, make_optimizer, set_lr, spare_step
 
 
 def seed_model(base, params, i):
     """forward(x, pos) of seed i alone (its slice of the stacked params), for evaluation."""
-    return lambda x, pos: torch.func.functional_call(base, {k: v[i] for k, v in params.items()}, (x, pos))
+    return lambda x, pos: torch.func.functional_call(
+        base, {k: v[i] for k, v in params.items()}, (x, pos)
+    )
 
 
 def train_batched(cfg) -> list:
-    """Train every seed of cfg.seeds at once and return each seed's final test metrics. Each seed is a slice of
-    stacked weights (leading seed dimension); as train.train would, its init follows torch.manual_seed(seed) and its
-    data a generator seeded with its seed. One AdamW over the stack is N independent AdamWs, AdamW being elementwise."""
+    """Train every seed of cfg.seeds at once and return each seed's final test metrics. Each seed is
+    a slice of stacked weights (leading seed dimension); as train.train would, its init follows
+    torch.manual_seed(seed) and its data a generator seeded with its seed. One AdamW over the stack
+    is N independent AdamWs, AdamW being elementwise."""
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        raise UsageError("batched seeds run in one process; use torchrun with train.py for single large runs")
+        raise UsageError(
+            "batched seeds run in one process; use torchrun with train.py for single large runs"
+        )
     if cfg.seeds < 2:
         raise UsageError("--seeds must be >= 2 (train.py trains a single run)")
     if cfg.arch == "lstm":  # torch.func.vmap has no rule for the LSTM kernel
-        raise UsageError("batched seeds cannot train the lstm; "
-                         "train.py --arch lstm --seeds N trains its seeds")
+        raise UsageError(
+            "batched seeds cannot train the lstm; train.py --arch lstm --seeds N trains its seeds"
+        )
     device = pick_device(cfg.device)
     built = []
     for run in seed_configs(cfg):
@@ -51,33 +65,62 @@ def train_batched(cfg) -> list:
         built.append((run, model.to(device), n))
     seeds, models, counts = map(list, zip(*built))
     cfg = seeds[0]  # settings filled in by build, shared by every seed
-    params, _ = torch.func.stack_module_state(models)  # {name: (N, ...)}; frozen tensors stay without grad
+    params, _ = torch.func.stack_module_state(
+        models
+    )  # {name: (N, ...)}; frozen tensors stay without grad
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
     # the seeds' forward(x, pos), base vmapped over the stacked params: (N, B, ...) -> (N, B, A, V)
     stacked = compile_model(
         lambda x, pos: torch.func.vmap(partial(torch.func.functional_call, base))(params, (x, pos)),
-        device, cfg.compile)
-    # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op: expected, not news.
-    warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
+        device,
+        cfg.compile,
+    )
+    # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op:
+    # expected, not news.
+    warnings.filterwarnings(
+        "ignore",
+        message="There is a performance drop because we have not yet implemented the batching rule",
+    )
     optimizer = stacked_optimizer(base, params, cfg, device)
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
     timed_step = spare_step(cfg, task, base, device, Ranks())  # one seed's step, for the first line
-    # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls, which vmap batches.
-    with (sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext(),
-          SeedRuns(seeds, task, models, params, counts, device, timed_step) as run):
+    # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls,
+    # which vmap batches.
+    with (
+        sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext(),
+        SeedRuns(seeds, task, models, params, counts, device, timed_step) as run,
+    ):
         for step in range(cfg.steps + 1):
             run.step = step
             last = step == cfg.steps
             if last or step > 0 and step % cfg.eval_every == 0:
-                run.log(step, lr_at(step, cfg),
-                        [evaluate(seed_model(base, params, i), task, test, device, cfg.dtype) for i in range(len(seeds))])
+                run.log(
+                    step,
+                    lr_at(step, cfg),
+                    [
+                        evaluate(seed_model(base, params, i), task, test, device, cfg.dtype)
+                        for i in range(len(seeds))
+                    ],
+                )
             if last or run.stop_requested:
                 break
             set_lr(optimizer, lr_at(step, cfg))
-            batch = join_batches([task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack)
-            run.losses.append(stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, autocast(device, cfg.dtype)))
+            batch = join_batches(
+                [task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack
+            )
+            run.losses.append(
+                stacked_step(
+                    stacked,
+                    task,
+                    batch,
+                    optimizer,
+                    trainable,
+                    cfg.clip,
+                    autocast(device, cfg.dtype),
+                )
+            )
             run.bar.update()
             if run.start.staged:
                 run.place()
@@ -85,8 +128,8 @@ def train_batched(cfg) -> list:
 
 
 def stacked_optimizer(base, params, cfg, device):
-    """train.make_optimizer's AdamW, its groups decided on one seed's parameters (where a matrix has 2
-    dimensions, not 3), holding the seed-stacked tensors in their place."""
+    """train.make_optimizer's AdamW, its groups decided on one seed's parameters (where a matrix has
+    2 dimensions, not 3), holding the seed-stacked tensors in their place."""
     optimizer = make_optimizer(base.parameters(), cfg, device)
     stacked = {id(p): params[name] for name, p in base.named_parameters()}
     for group in optimizer.param_groups:
@@ -117,17 +160,29 @@ def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, pr
 
 
 class SeedRuns(Run):
-    """rundir.Run for the seeds' N run directories at once: staged and put in place together, one log
-    line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
+    """rundir.Run for the seeds' N run directories at once: staged and put in place together, one
+    log line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
     def __init__(self, seeds, task, models, params, counts, device, timed_step):
-        self.seeds, self.models, self.params, self.seed_counts, self.starts = seeds, models, params, counts, []
-        super().__init__(seeds[0], task, models[0], None, None, counts[0], device, Ranks(), False, timed_step)
+        self.seeds, self.models, self.params, self.seed_counts, self.starts = (
+            seeds,
+            models,
+            params,
+            counts,
+            [],
+        )
+        super().__init__(
+            seeds[0], task, models[0], None, None, counts[0], device, Ranks(), False, timed_step
+        )
 
     def begin(self, resume, device):
         try:  # every seed checked and staged, or none
             for run, model, n in zip(self.seeds, self.models, self.seed_counts):
-                self.starts.append(start_or_resume(run, False, model, None, None, run_record(run, n, device, self.threads)))
+                self.starts.append(
+                    start_or_resume(
+                        run, False, model, None, None, run_record(run, n, device, self.threads)
+                    )
+                )
         except BaseException:
             self.close()
             raise
@@ -135,9 +190,19 @@ class SeedRuns(Run):
 
     def first_line(self, device, seconds):
         n, counts = len(self.seeds), self.counts
-        return (first_line(self.cfg, counts, device, n * seconds, self.cfg.steps, f"{n} seeds: a seed's step timed x {n}",
-                           self.threads)
-                + f"\n{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters each on {device}")
+        return (
+            first_line(
+                self.cfg,
+                counts,
+                device,
+                n * seconds,
+                self.cfg.steps,
+                f"{n} seeds: a seed's step timed x {n}",
+                self.threads,
+            )
+            + f"\n{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters "
+            f"each on {device}"
+        )
 
     def place(self):
         if self.start.staged and not self.stop_requested:
@@ -149,9 +214,20 @@ class SeedRuns(Run):
             Run.check_finite(step, seed_loss, seed_metrics)
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
-        for run, seed_loss, seed_metrics in zip(self.seeds, loss or [None] * len(self.seeds), metrics):
-            log_eval(run.out, step, self.cfg.steps, seed_loss, lr, seed_metrics, elapsed,
-                     steps_per_s, prefix=f"seed {run.seed}: ")
+        for run, seed_loss, seed_metrics in zip(
+            self.seeds, loss or [None] * len(self.seeds), metrics
+        ):
+            log_eval(
+                run.out,
+                step,
+                self.cfg.steps,
+                seed_loss,
+                lr,
+                seed_metrics,
+                elapsed,
+                steps_per_s,
+                prefix=f"seed {run.seed}: ",
+            )
 
     def close(self):
         for start in self.starts:
@@ -163,16 +239,27 @@ class SeedRuns(Run):
     def save_finished(self):
         for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
             state = {k: v[i].detach().clone() for k, v in self.params.items()}
-            final = {"step": self.step, "elapsed": self.elapsed(), "parameters": n, **self.summary(metrics, n["trainable"])}
+            final = {
+                "step": self.step,
+                "elapsed": self.elapsed(),
+                "parameters": n,
+                **self.summary(metrics, n["trainable"]),
+            }
             save_final(run, state, self.models[0].cfg, metrics, final)
         write_seed_summary(self.seeds)
 
 
 def main(argv=None):
-    with usage_errors("batched_seeds.py", "; a batched run keeps no checkpoint: the same command with --overwrite starts it again"):
+    with usage_errors(
+        "batched_seeds.py",
+        "; a batched run keeps no checkpoint: the same command with --overwrite starts it again",
+    ):
         cfg, resume = parse_args(argv, __doc__.split("\n")[0])
         if resume:
-            raise UsageError("a batched run writes no checkpoint, so there is nothing to resume; train.py --resume continues single runs")
+            raise UsageError(
+                "a batched run writes no checkpoint, so there is nothing to resume; train.py "
+                "--resume continues single runs"
+            )
         train_batched(cfg)
 
 

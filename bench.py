@@ -27,9 +27,9 @@ from dataclasses import replace
 import torch
 
 from cli import config_from_args, make_parser
-from errors import UsageError, usage_errors
 from config import build_seeded
 from devices import Ranks, autocast, compile_model, deterministic_kernels, pick_device, uses_bf16
+from errors import UsageError, usage_errors
 from figures import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
@@ -37,7 +37,8 @@ from train import make_optimizer, train_step
 
 
 def best_seconds(fn, calls, repeats, device):
-    """Seconds per call of fn, the best of `repeats` timings of `calls` calls (the machine may be shared)."""
+    """Seconds per call of fn, the best of `repeats` timings of `calls` calls (the machine may be
+    shared)."""
     best, sync = float("inf"), torch.cuda.synchronize if device.type == "cuda" else lambda: None
     for _ in range(repeats):
         sync()
@@ -52,35 +53,58 @@ def best_seconds(fn, calls, repeats, device):
 def measured_peak(device, bf16):
     """FLOP/s of a large square matmul in the step's dtype: the practical peak of this device."""
     n = 8192 if device.type == "cuda" else 2048
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16 if bf16 else torch.float32) for _ in range(2))
+    a, b = (
+        torch.randn(n, n, device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
+        for _ in range(2)
+    )
     a @ b  # the first call sets up the library
     return 2 * n**3 / best_seconds(lambda: a @ b, 3, 3, device)
 
 
 def useful_flops(cfg, vocab, lengths, answer_pos):
-    """Matmul FLOPs of a forward and backward pass over each row's tokens up to its last answer: padding and later
-    tokens cannot change the loss, so they count for nothing whichever pipeline computes them.
-    lengths (B,): each row's tokens through its last answer; answer_pos (N,): every answer's position.
+    """Matmul FLOPs of a forward and backward pass over each row's tokens up to its last answer:
+    padding and later tokens cannot change the loss, so they count for nothing whichever pipeline
+    computes them. lengths (B,): each row's tokens through its last answer; answer_pos (N,): every
+    answer's position.
 
-    Forward, per layer and token: 24 d^2 (qkv 6 d^2, out-proj 2 d^2, MLP 16 d^2), plus 4 d (t + 1) for the causal
-    scores and the weighted sum at position t; in the last block only keys and values (4 d^2) are useful away from the
-    answers, so the rest of it counts at answer positions only; the unembedding 2 d V per answer. The LSTM: 16 d^2 per
-    layer and token. Backward: the same again for the input gradient of every matmul with something trainable below
-    it (both operands for the attention products), and again for the weight gradient of every trainable weight
-    (frozen weights get none). Embedding lookups and elementwise work are not counted.
+    Forward, per layer and token: 24 d^2 (qkv 6 d^2, out-proj 2 d^2, MLP 16 d^2), plus 4 d (t + 1)
+    for the causal scores and the weighted sum at position t; in the last block only keys and values
+    (4 d^2) are useful away from the answers, so the rest of it counts at answer positions only; the
+    unembedding 2 d V per answer. The LSTM: 16 d^2 per layer and token. Backward: the same again for
+    the input gradient of every matmul with something trainable below it (both operands for the
+    attention products), and again for the weight gradient of every trainable weight (frozen weights
+    get none). Embedding lookups and elementwise work are not counted.
     """
-    if cfg.arch == "lstm":  # counted as fully trained, as in every table: forward, input and weight gradients
-        return 3 * (16 * cfg.width**2 * cfg.layers * lengths.sum().item() + 2 * cfg.width * vocab * answer_pos.numel())
-    d, trains, early = cfg.width, TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}), cfg.layers - 1  # a mask: counted as full
+    if (
+        cfg.arch == "lstm"
+    ):  # counted as fully trained, as in every table: forward, input and weight gradients
+        return 3 * (
+            16 * cfg.width**2 * cfg.layers * lengths.sum().item()
+            + 2 * cfg.width * vocab * answer_pos.numel()
+        )
+    d, trains, early = (
+        cfg.width,
+        TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}),
+        cfg.layers - 1,
+    )  # a mask: counted as full
     tokens, answers = lengths.sum().item(), answer_pos.numel()
     weights = 24 * d * d * tokens * early + 4 * d * d * tokens + 20 * d * d * answers
     # the causal (query, key) pairs of every row in the early blocks, of every answer in the last
-    attention = 4 * d * ((lengths * (lengths + 1) // 2).sum().item() * early
-                         + (answer_pos + 1).sum().item())
+    attention = (
+        4
+        * d
+        * ((lengths * (lengths + 1) // 2).sum().item() * early + (answer_pos + 1).sum().item())
+    )
     unembed = 2 * d * vocab * answers
-    below_blocks = bool(trains & {"wte", "wpe"})  # anything trainable under the blocks needs input gradients
-    backward = ((weights + attention) * below_blocks + weights * ("body" in trains)
-                + unembed * ("lm_head" in trains) + unembed * (below_blocks or "body" in trains))
+    below_blocks = bool(
+        trains & {"wte", "wpe"}
+    )  # anything trainable under the blocks needs input gradients
+    backward = (
+        (weights + attention) * below_blocks
+        + weights * ("body" in trains)
+        + unembed * ("lm_head" in trains)
+        + unembed * (below_blocks or "body" in trains)
+    )
     return weights + attention + unembed + backward
 
 
@@ -100,7 +124,14 @@ def ours(cfg, task, model, device):
         return task.sample(cfg.batch_size, generator).to(device)
 
     def step():
-        train_step(model, task.loss, make_data().length_chunks(), optimizer, clip, autocast(device, cfg.dtype))
+        train_step(
+            model,
+            task.loss,
+            make_data().length_chunks(),
+            optimizer,
+            clip,
+            autocast(device, cfg.dtype),
+        )
 
     return "ours", step, make_data, lambda batch: (batch.pos.amax(1) + 1, batch.pos[batch.y >= 0])
 
@@ -113,24 +144,44 @@ def authors(cfg, task, model, device):
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        model, label = GPT2LMHeadModel(GPT2Config(
-            vocab_size=task.vocab_size, n_positions=task.n_positions, n_embd=cfg.width,
-            n_layer=cfg.layers, n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
-        )).to(device), "authors (HF GPT-2)"
+        model, label = (
+            GPT2LMHeadModel(
+                GPT2Config(
+                    vocab_size=task.vocab_size,
+                    n_positions=task.n_positions,
+                    n_embd=cfg.width,
+                    n_layer=cfg.layers,
+                    n_head=cfg.heads,
+                    resid_pdrop=0.0,
+                    embd_pdrop=0.0,
+                    attn_pdrop=0.0,
+                    bos_token_id=0,
+                    eos_token_id=0,
+                    tie_word_embeddings=False,
+                )
+            ).to(device),
+            "authors (HF GPT-2)",
+        )
         for name, p in model.named_parameters():
-            p.requires_grad_(cfg.mode == "full" or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"))
-        forward = lambda x, labels: model(input_ids=x, labels=labels).loss  # noqa: E731
+            p.requires_grad_(
+                cfg.mode == "full"
+                or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")
+            )
+        forward = lambda x, labels: model(input_ids=x, labels=labels).loss
     except ImportError:
         model, label = model.to(device), "authors (emulated: our GPT, transformers not installed)"
         # full-sequence logits, loss masked afterwards, as HF computes it
-        forward = lambda x, labels: torch.nn.functional.cross_entropy(  # noqa: E731
-            model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        forward = lambda x, labels: torch.nn.functional.cross_entropy(
+            model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+        )
 
     optimizer = make_optimizer(model.parameters(), cfg, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     rng = random.Random(cfg.seed)
-    test = {tuple(row[: int(p) + 1]) for row, p in zip(task.test_set().x.tolist(), task.test_set().pos[:, 0].tolist())}
+    test = {
+        tuple(row[: int(p) + 1])
+        for row, p in zip(task.test_set().x.tolist(), task.test_set().pos[:, 0].tolist())
+    }
 
     def make_data():  # one example at a time, the way a per-example Python generator builds them
         inputs, labels = [], []
@@ -139,7 +190,9 @@ def authors(cfg, task, model, device):
             markers = rng.sample(range(128, 128 + Needle.MARKERS), k)
             values = [rng.randint(1, 127) for _ in range(k)]
             queried = rng.randrange(k)
-            tokens = [t for pair in zip(markers, values) for t in pair] + [markers[queried] + Needle.MARKERS]
+            tokens = [t for pair in zip(markers, values) for t in pair] + [
+                markers[queried] + Needle.MARKERS
+            ]
             if tuple(tokens) not in test:
                 pad = task.n_positions - len(tokens)
                 inputs.append(tokens + [values[queried]] + [0] * (pad - 1))
@@ -155,32 +208,45 @@ def authors(cfg, task, model, device):
         optimizer.zero_grad(set_to_none=True)
 
     def rows(data):
-        lengths = (data[1] != -100).int().argmax(1)  # data: (x, labels); the answer label sits just after the query
+        lengths = (
+            (data[1] != -100).int().argmax(1)
+        )  # data: (x, labels); the answer label sits just after the query
         return lengths, lengths - 1
 
     return label, step, make_data, rows
 
 
 def main(argv=None):
-    parser = make_parser(__doc__.split("\n")[0], skip=("seeds", "out", "overwrite", "eval_every", "resume"))
+    parser = make_parser(
+        __doc__.split("\n")[0], skip=("seeds", "out", "overwrite", "eval_every", "resume")
+    )
     own_flags = {  # bench.py's flags beside train.py's
-        "pipeline": dict(choices=("ours", "authors"), default="ours",
-                         help="our training step or the authors' stand-in"),
+        "pipeline": dict(
+            choices=("ours", "authors"),
+            default="ours",
+            help="our training step or the authors' stand-in",
+        ),
         "steps_timed": dict(type=int, default=10, help="steps per timing"),
         "repeats": dict(type=int, default=3, help="timings; the best one counts"),
-        "warmup_steps": dict(type=int, default=3,
-                             help="untimed steps first (compilation, allocator)"),
+        "warmup_steps": dict(
+            type=int, default=3, help="untimed steps first (compilation, allocator)"
+        ),
         "peak_tflops": dict(
-            type=float, default=None,
-            help="the device's peak for MFU (default: measured with a large matmul)"),
+            type=float,
+            default=None,
+            help="the device's peak for MFU (default: measured with a large matmul)",
+        ),
     }
     for name, options in own_flags.items():
         parser.add_argument("--" + name.replace("_", "-"), **options)
     args = parser.parse_args(argv)
     with usage_errors("bench.py"):
         cfg, _ = config_from_args(  # train.py's flags alone
-            argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own_flags}))
-        if args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0:  # timings that measure nothing
+            argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own_flags})
+        )
+        if (
+            args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0
+        ):  # timings that measure nothing
             raise UsageError("--steps-timed and --repeats must be >= 1, --warmup-steps >= 0")
         # not finite or not > 0 (NaN fails every comparison)
         if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
@@ -188,26 +254,41 @@ def main(argv=None):
         device = pick_device(cfg.device)
         bf16 = uses_bf16(device, cfg.dtype)
         cfg, task, model, _ = build_seeded(replace(cfg, out="unused"))
-        label, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(cfg, task, model, device)
+        label, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(
+            cfg, task, model, device
+        )
 
-    with deterministic_kernels(cfg.deterministic):  # what --deterministic costs is a figure worth timing
+    with deterministic_kernels(
+        cfg.deterministic
+    ):  # what --deterministic costs is a figure worth timing
         for _ in range(args.warmup_steps):
             step()
-        seconds, data_seconds = (best_seconds(fn, args.steps_timed, args.repeats, device)
-                                 for fn in (step, make_data))  # a step, then its data alone
+        seconds, data_seconds = (
+            best_seconds(fn, args.steps_timed, args.repeats, device) for fn in (step, make_data)
+        )  # a step, then its data alone
     lengths, answer_pos = rows(make_data())
     flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
 
     figures = {
-        "pipeline": label, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
-        "config": f"{cfg.task} {cfg.mode} w{cfg.width} L{cfg.layers} b{cfg.batch_size}" + " deterministic" * cfg.deterministic,
-        "steps/s": f"{1 / seconds:.3g}", "tokens/s": f"{lengths.sum().item() / seconds:,.0f}",
-        "TFLOP/s": f"{flops / seconds / 1e12:.3g}", "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
-        "MFU": f"{flops / seconds / peak:.1%}", "data share": f"{data_seconds / seconds:.1%}",
+        "pipeline": label,
+        "device": str(device),
+        "dtype": "bf16" if bf16 else "fp32",
+        "config": f"{cfg.task} {cfg.mode} w{cfg.width} L{cfg.layers} b{cfg.batch_size}"
+        + " deterministic" * cfg.deterministic,
+        "steps/s": f"{1 / seconds:.3g}",
+        "tokens/s": f"{lengths.sum().item() / seconds:,.0f}",
+        "TFLOP/s": f"{flops / seconds / 1e12:.3g}",
+        "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
+        "MFU": f"{flops / seconds / peak:.1%}",
+        "data share": f"{data_seconds / seconds:.1%}",
     }
-    print("\n".join(markdown_table(list(figures), [list(figures.values())]) + [
-        f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)"]))
+    print(
+        "\n".join(
+            markdown_table(list(figures), [list(figures.values())])
+            + [f"{1 / seconds:.3g} steps/s (best of {args.repeats} x {args.steps_timed} steps)"]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -13,51 +13,76 @@ from config import SCALES, TrainConfig, cpu_variant
 from devices import pick_device
 from errors import OneLineParser, UsageError
 
-
 MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
 
 
 def flag(name: str) -> str:
-    """A TrainConfig field's flag: --train for the mode (it says what trains), else the name with dashes."""
+    """A TrainConfig field's flag: --train for the mode (it says what trains), else the name with
+    dashes."""
     return "--" + ("train" if name == "mode" else name.replace("_", "-"))
 
 
 def make_parser(description="Train one model on one task.", skip=()):
-    """Flags generated from TrainConfig (but those named in skip), plus --frozen, --scale and --resume. A flag not
-    given is left out of the parsed namespace (TrainConfig supplies its default), so --resume can tell which were given."""
+    """Flags generated from TrainConfig (but those named in skip), plus --frozen, --scale and
+    --resume. A flag not given is left out of the parsed namespace (TrainConfig supplies its
+    default), so --resume can tell which were given."""
     parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
     for f in (f for f in fields(TrainConfig) if f.name not in skip and f.name != "scale"):
-        if f.type is bool and f.default is not False:  # True, or None = decided by the device: a flag to turn it off
-            parser.add_argument("--no-" + f.name, dest=f.name, action="store_false", help="do not " + f.metadata["help"])
+        if (
+            f.type is bool and f.default is not False
+        ):  # True, or None = decided by the device: a flag to turn it off
+            parser.add_argument(
+                "--no-" + f.name,
+                dest=f.name,
+                action="store_false",
+                help="do not " + f.metadata["help"],
+            )
         if f.type is bool and f.default is not True:
-            parser.add_argument(flag(f.name), dest=f.name, action="store_true", help=f.metadata["help"])
+            parser.add_argument(
+                flag(f.name), dest=f.name, action="store_true", help=f.metadata["help"]
+            )
         elif f.type is not bool:
             parser.add_argument(flag(f.name), dest=f.name, type=f.type, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
-    parser.add_argument("--scale", choices=("auto",) + SCALES, help="whose defaults the settings not given take: paper, the "
-                        "paper's protocol for the task (docs/protocol.md §3); cpu, the task's laptop variant (§8), minutes on "
-                        "one core; auto (default): paper on a CUDA GPU, cpu elsewhere")
+    parser.add_argument(
+        "--scale",
+        choices=("auto",) + SCALES,
+        help="whose defaults the settings not given take: paper, the "
+        "paper's protocol for the task (docs/protocol.md §3); cpu, the task's laptop variant (§8), "
+        "minutes on "
+        "one core; auto (default): paper on a CUDA GPU, cpu elsewhere",
+    )
     if "resume" not in skip:
-        parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR with its saved config "
-                            "(DIR's own, wherever it was moved; no other flag applies)")
+        parser.add_argument(
+            "--resume",
+            metavar="DIR",
+            help="continue the interrupted run in DIR with its saved config "
+            "(DIR's own, wherever it was moved; no other flag applies)",
+        )
     return parser
 
 
 def config_from_args(args):
-    """(TrainConfig, None) from parsed flags, or (None, DIR) for --resume DIR: the run there goes on with
-    its saved config (rundir.resumed_config reads it). Nothing on disk changes here."""
+    """(TrainConfig, None) from parsed flags, or (None, DIR) for --resume DIR: the run there goes on
+    with its saved config (rundir.resumed_config reads it). Nothing on disk changes here."""
     given = vars(args)
     run_dir = given.pop("resume", None)
     if run_dir is not None:
         if given:
-            raise UsageError(f"--resume continues {run_dir} with its saved settings; drop {', '.join(map(flag, given))}")
+            raise UsageError(
+                f"--resume continues {run_dir} with its saved settings; drop "
+                f"{', '.join(map(flag, given))}"
+            )
         return None, run_dir
     scale = given.pop("scale", "auto")  # auto: paper on a CUDA GPU, else cpu
     cpu = scale == "cpu" or (
-        scale == "auto" and pick_device(given.get("device", "auto")).type != "cuda")
+        scale == "auto" and pick_device(given.get("device", "auto")).type != "cuda"
+    )
     if given.pop("frozen", False):
         if given.get("mode", "frozen") != "frozen":
-            raise UsageError(f"--frozen is --train frozen; drop one of --frozen and --train {given['mode']}")
+            raise UsageError(
+                f"--frozen is --train frozen; drop one of --frozen and --train {given['mode']}"
+            )
         given["mode"] = "frozen"
     cfg = TrainConfig(**given)
     return (replace(cpu_variant(cfg), **given) if cpu else replace(cfg, scale="paper")), None
@@ -68,13 +93,18 @@ def parse_args(argv=None, description="Train one model on one task."):
 
 
 def seed_configs(cfg) -> list:
-    """One config per seed of --seeds, each a complete single run (its config.json reproduces it alone)."""
+    """One config per seed of --seeds, each a complete single run (its config.json reproduces it
+    alone)."""
     if not 1 <= cfg.seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds must be between 1 and {MAX_SEEDS:,}")
     if cfg.seeds == 1:
         return [cfg]
-    return [replace(cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}")  # out None: named by with_paper_defaults
-            for s in range(cfg.seed, cfg.seed + cfg.seeds)]
+    return [
+        replace(
+            cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}"
+        )  # out None: named by with_paper_defaults
+        for s in range(cfg.seed, cfg.seed + cfg.seeds)
+    ]
 
 
 def command_line(cfg) -> str:

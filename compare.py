@@ -17,24 +17,35 @@ import re
 import sys
 from dataclasses import asdict, dataclass, fields
 
-from errors import OneLineParser, UsageError, usage_errors
 from config import saved_config
+from errors import OneLineParser, UsageError, usage_errors
 from figures import markdown_table, pyplot, save_figure
 from files import FINAL_KEYS, read_json, read_metrics
 from rundir import median_range
 from tasks import TASKS
 
-IGNORED = ("out", "overwrite")  # where a run was written and whether it replaced another: not what it ran
-TASK_SIZES = {f.name for task in TASKS.values() for f in fields(task)}  # p, max_pairs, ...: each task reads its own
+IGNORED = (
+    "out",
+    "overwrite",
+)  # where a run was written and whether it replaced another: not what it ran
+TASK_SIZES = {
+    f.name for task in TASKS.values() for f in fields(task)
+}  # p, max_pairs, ...: each task reads its own
 SEED_SUFFIX = re.compile(r"-s\d+$")
 PANELS = (  # a panel for each logged curve any run has: key, title, y label, scale
     ("test_accuracy", "test accuracy", "% right", "linear"),
     ("test_loss", "test loss", "cross-entropy at the answers (nats)", "log"),
     ("test_kl", "test KL divergence (imitate)", "KL to the target transformer (nats)", "log"),
-    ("unseen", "parens: the test strings training never shows (analyze.py --watch)", "% right", "linear"),
+    (
+        "unseen",
+        "parens: the test strings training never shows (analyze.py --watch)",
+        "% right",
+        "linear",
+    ),
 )
 PERCENT = ("test_accuracy", "test_exact_match", "unseen")
-MARKERS = "os^vDx+*<>"  # a marker per run, so runs on one level (parens' unseen strings at 32.1%) stay apart
+# a marker per run, so runs on one level (parens' unseen strings at 32.1%) stay apart
+MARKERS = "os^vDx+*<>"
 
 
 @dataclass
@@ -49,17 +60,30 @@ class Run:
 def load(path) -> Run:
     cfg = saved_config(path, required=True)
     own_sizes = {f.name for f in fields(TASKS[cfg.task])} if cfg.task in TASKS else TASK_SIZES
-    settings = {k: v for k, v in asdict(cfg).items() if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)}
+    settings = {
+        k: v
+        for k, v in asdict(cfg).items()
+        if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)
+    }
     final_path = os.path.join(path, "final.json")
-    final = read_json(final_path, optional=FINAL_KEYS) if os.path.isfile(final_path) else None  # None: still training, or killed
+    final = (
+        read_json(final_path, optional=FINAL_KEYS) if os.path.isfile(final_path) else None
+    )  # None: still training, or killed
     log = read_metrics(path)
     # analyze.py --watch's score of the unseen strings, where there is one, joins the evaluation
     # at its step
-    unseen = {r["step"]: {"unseen": r["unseen"]}
-              for r in read_metrics(path, "unseen.jsonl") if "unseen" in r}
-    return Run(path, settings,
-               read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable"),
-               final, [r | unseen.get(r["step"], {}) for r in log])
+    unseen = {
+        r["step"]: {"unseen": r["unseen"]}
+        for r in read_metrics(path, "unseen.jsonl")
+        if "unseen" in r
+    }
+    return Run(
+        path,
+        settings,
+        read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable"),
+        final,
+        [r | unseen.get(r["step"], {}) for r in log],
+    )
 
 
 def seed_groups(runs) -> list:
@@ -73,13 +97,17 @@ def seed_groups(runs) -> list:
 
 
 def results(run) -> dict:
-    """Final test metrics and minutes of training; for an unfinished run, those of its last evaluation."""
+    """Final test metrics and minutes of training; for an unfinished run, those of its last
+    evaluation."""
     # an unfinished run's last evaluation, its test_ metrics named as final.json names them
-    last = run.final or {k.removeprefix("test_"): v
-                         for k, v in (run.log[-1] if run.log else {}).items()
-                         if k.startswith("test_") or k == "elapsed"}
-    numbers = {k: v for k, v in last.items()
-               if k not in ("step", "elapsed") and type(v) in (int, float)}
+    last = run.final or {
+        k.removeprefix("test_"): v
+        for k, v in (run.log[-1] if run.log else {}).items()
+        if k.startswith("test_") or k == "elapsed"
+    }
+    numbers = {
+        k: v for k, v in last.items() if k not in ("step", "elapsed") and type(v) in (int, float)
+    }
     return {**numbers, "minutes": last.get("elapsed", math.nan) / 60}
 
 
@@ -88,31 +116,57 @@ def row_name(group) -> str:
     name = os.path.basename(os.path.normpath(run.path))
     if len(group) > 1:
         return f"{SEED_SUFFIX.sub('', name)} ({len(group)} seeds)"
-    return name if run.final is not None else f"{name} (unfinished, " + (
-        f"step {run.log[-1]['step']})" if run.log else "not yet evaluated)")
+    return (
+        name
+        if run.final is not None
+        else f"{name} (unfinished, "
+        + (f"step {run.log[-1]['step']})" if run.log else "not yet evaluated)")
+    )
 
 
 def spread(values) -> str:
     """One run's value, or median [min, max] over a group's seeds."""
     # a diverged seed shows nan: an order statistic would hide it
-    return ("-" if not values
-            else "nan" if any(math.isnan(v) for v in values)
-            else f"{values[0]:.4g}" if len(values) == 1
-            else "{:.4g} [{:.4g}, {:.4g}]".format(*median_range(values)))
+    return (
+        "-"
+        if not values
+        else "nan"
+        if any(math.isnan(v) for v in values)
+        else f"{values[0]:.4g}"
+        if len(values) == 1
+        else "{:.4g} [{:.4g}, {:.4g}]".format(*median_range(values))
+    )
 
 
 def table(groups) -> str:
-    settings = [{**group[0].settings, "seed": ",".join(str(run.settings["seed"]) for run in group)} for group in groups]
+    settings = [
+        {**group[0].settings, "seed": ",".join(str(run.settings["seed"]) for run in group)}
+        for group in groups
+    ]
     # every setting any row has: a task's sizes are missing from other tasks' runs
-    differing = [k for k in dict.fromkeys(k for s in settings for k in s)
-                 if len({json.dumps(s.get(k)) for s in settings}) > 1]
+    differing = [
+        k
+        for k in dict.fromkeys(k for s in settings for k in s)
+        if len({json.dumps(s.get(k)) for s in settings}) > 1
+    ]
     scores = [[results(run) for run in group] for group in groups]
-    metrics = list(dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")) + ["minutes"]
-    return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], [
-        [cell(row_name(group)), *(cell(setting.get(k)) for k in differing),
-         f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
-         *(spread([row[k] for row in rows if k in row]) for k in metrics)]
-        for group, setting, rows in zip(groups, settings, scores)]))
+    metrics = list(
+        dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")
+    ) + ["minutes"]
+    return "\n".join(
+        markdown_table(
+            ["run", *differing, "trainable", *metrics],
+            [
+                [
+                    cell(row_name(group)),
+                    *(cell(setting.get(k)) for k in differing),
+                    f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
+                    *(spread([row[k] for row in rows if k in row]) for k in metrics),
+                ]
+                for group, setting, rows in zip(groups, settings, scores)
+            ],
+        )
+    )
 
 
 def cell(value) -> str:
@@ -123,59 +177,116 @@ def cell(value) -> str:
 
 
 def plot(groups, path, figure_title=None, labels=None):
-    """A panel per logged curve (PANELS) against step: a line per table row, a seed group's median in its min-max band,
-    named by `labels` (else the row's name) in one legend under the panels, where it covers no curve."""
+    """A panel per logged curve (PANELS) against step: a line per table row, a seed group's median
+    in its min-max band, named by `labels` (else the row's name) in one legend under the panels,
+    where it covers no curve."""
     plt = pyplot()
     labels = labels or [row_name(group) for group in groups]
     if len(labels) != len(groups):
         raise UsageError(f"--labels names {len(labels)} rows, the table has {len(groups)}")
-    logged = {k for g in groups for run in g for r in run.log for k, v in r.items() if v is not None}
+    logged = {
+        k for g in groups for run in g for r in run.log for k, v in r.items() if v is not None
+    }
     panels = [panel for panel in PANELS if panel[0] in logged] or list(PANELS[:2])
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False
+    )
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for i, group in enumerate(groups):
             color = None  # matplotlib's next colour for the row's line, the same for its dashed one
-            curves = ((key, "-"), ("test_exact_match", "--")) if key == "test_accuracy" else ((key, "-"),)
+            curves = (
+                ((key, "-"), ("test_exact_match", "--"))
+                if key == "test_accuracy"
+                else ((key, "-"),)
+            )
             for curve_key, style in curves:
                 steps, ranges = median_curve(group, curve_key)
                 if steps:
-                    line, = ax.plot(steps, [r[0] for r in ranges], style, color=color, markersize=4,
-                                    marker=MARKERS[i % len(MARKERS)], fillstyle="none",
-                                    label=labels[i] if style == "-" else None)
+                    (line,) = ax.plot(
+                        steps,
+                        [r[0] for r in ranges],
+                        style,
+                        color=color,
+                        markersize=4,
+                        marker=MARKERS[i % len(MARKERS)],
+                        fillstyle="none",
+                        label=labels[i] if style == "-" else None,
+                    )
                     color = line.get_color()
                     if len(group) > 1:
-                        ax.fill_between(steps, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2)
+                        ax.fill_between(
+                            steps,
+                            [r[1] for r in ranges],
+                            [r[2] for r in ranges],
+                            color=color,
+                            alpha=0.2,
+                        )
         accuracy = key == "test_accuracy"
-        ax.set(title=title + (" (addition: per token; dashed: whole sums exact)"
-                              if accuracy and "test_exact_match" in logged else ""), xlabel="step",
-               ylabel=y_label + (" (imitate: the student's top token is the target's)"
-                                 if accuracy and "test_kl" in logged else ""), yscale=scale)
+        ax.set(
+            title=title
+            + (
+                " (addition: per token; dashed: whole sums exact)"
+                if accuracy and "test_exact_match" in logged
+                else ""
+            ),
+            xlabel="step",
+            ylabel=y_label
+            + (
+                " (imitate: the student's top token is the target's)"
+                if accuracy and "test_kl" in logged
+                else ""
+            ),
+            yscale=scale,
+        )
         ax.title.set_fontsize(9)
         if key in PERCENT:
             ax.set_ylim(0, 102)  # the whole range: a truncated axis would exaggerate a gap
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+    fig.legend(
+        handles,
+        names,
+        loc="outside lower center",
+        ncol=min(len(names), 4),
+        fontsize=8,
+        frameon=False,
+    )
     if figure_title:
         fig.suptitle(figure_title, fontsize=10)
     save_figure(plt, fig, path)
 
 
 def median_curve(group, key):
-    """(steps, (median, min, max) at each) of a logged value over a group's seeds, in %, where each seed has it;
-    seeds are evaluated at the same steps, and a step some seed has not reached yet is left out."""
-    curves = [{r["step"]: r[key] * (100 if key in PERCENT else 1) for r in run.log if r.get(key) is not None} for run in group]
+    """(steps, (median, min, max) at each) of a logged value over a group's seeds, in %, where each
+    seed has it; seeds are evaluated at the same steps, and a step some seed has not reached yet is
+    left out."""
+    curves = [
+        {
+            r["step"]: r[key] * (100 if key in PERCENT else 1)
+            for r in run.log
+            if r.get(key) is not None
+        }
+        for run in group
+    ]
     steps = sorted(set.intersection(*(set(curve) for curve in curves)))
     return steps, [median_range([curve[step] for curve in curves]) for step in steps]
 
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by train.py")
-    parser.add_argument("--plot", default=os.path.join("runs", "compare.png") if os.path.isdir("runs") else "compare.png",
-                        help="where to write the figure (default: runs/compare.png, or compare.png without runs/)")
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
+    )
+    parser.add_argument(
+        "--plot",
+        default=os.path.join("runs", "compare.png") if os.path.isdir("runs") else "compare.png",
+        help="where to write the figure (default: runs/compare.png, or compare.png without runs/)",
+    )
     parser.add_argument("--title", help="the figure's title (default: none)")
-    parser.add_argument("--labels", help="the legend's name for each row of the table, comma-separated, in its order "
-                        "(default: the rows' names, their run directories)")
+    parser.add_argument(
+        "--labels",
+        help="the legend's name for each row of the table, comma-separated, in its order "
+        "(default: the rows' names, their run directories)",
+    )
     args = parser.parse_args(argv)
     with usage_errors("compare.py"):
         if not os.path.isdir(os.path.dirname(args.plot) or "."):

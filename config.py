@@ -21,8 +21,16 @@ import torch
 
 from errors import UsageError
 from files import load_checkpoint, read_json
-from model import (GPT, LSTM, GPTConfig, TRAINING_MODE_HELP, apply_training_mode, mode_label,
-                   parameter_group, trained_parameters)
+from model import (
+    GPT,
+    LSTM,
+    TRAINING_MODE_HELP,
+    GPTConfig,
+    apply_training_mode,
+    mode_label,
+    parameter_group,
+    trained_parameters,
+)
 from tasks import TASKS, StreamTask, make_task
 
 ARCHS = ("gpt", "lstm", "linear")
@@ -32,47 +40,135 @@ LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
 # Settings that change nothing a run computes: where it ran (the device it resolved, compiled or
 # not) and was written (the directory's spelling, overwrite), whose defaults filled in the others.
 NOT_COMPUTED = ("device", "compile", "out", "overwrite", "scale")
-PAPER_WARMUP = 500  # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
+# paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
+PAPER_WARMUP = 500
 
 
 @dataclass
 class TrainConfig:
     task: str = field(default="parens", metadata={"help": f"task to train on: {', '.join(TASKS)}"})
     mode: str = field(default="full", metadata={"help": f"what trains: {TRAINING_MODE_HELP}"})
-    arch: str = field(default="gpt", metadata={"help": f"model: {', '.join(ARCHS)} (lstm and linear are the paper's baselines)"})
-    pos: str = field(default="learned", metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"})
-    width: int = field(default=None, metadata={"help": "residual width n_embd (default: the task's, 1024 mostly)"})
-    layers: int = field(default=None, metadata={"help": "transformer blocks or LSTM layers (default: the task's, 2 mostly)"})
-    heads: int = field(default=None, metadata={"help": "attention heads per block (default: the task's, 4 mostly)"})
-    steps: int = field(default=None, metadata={"help": "optimizer steps (default: the paper's for the task)"})
-    batch_size: int = field(default=None, metadata={"help": "examples per step (default: the paper's for the task)"})
-    lr: float = field(default=None, metadata={"help": f"peak learning rate (default: the paper's for the task, 1e-3 mostly; {LSTM_LR:g} for lstm)"})
-    weight_decay: float = field(default=None, metadata={"help": "AdamW decay on matrices and embeddings (default: the task's)"})
-    warmup: int = field(default=None, metadata={"help": f"linear warmup steps before the cosine decay (default: the paper's {PAPER_WARMUP}, but at most a tenth of --steps)"})
+    arch: str = field(
+        default="gpt",
+        metadata={"help": f"model: {', '.join(ARCHS)} (lstm and linear are the paper's baselines)"},
+    )
+    pos: str = field(
+        default="learned",
+        metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"},
+    )
+    width: int = field(
+        default=None, metadata={"help": "residual width n_embd (default: the task's, 1024 mostly)"}
+    )
+    layers: int = field(
+        default=None,
+        metadata={"help": "transformer blocks or LSTM layers (default: the task's, 2 mostly)"},
+    )
+    heads: int = field(
+        default=None, metadata={"help": "attention heads per block (default: the task's, 4 mostly)"}
+    )
+    steps: int = field(
+        default=None, metadata={"help": "optimizer steps (default: the paper's for the task)"}
+    )
+    batch_size: int = field(
+        default=None, metadata={"help": "examples per step (default: the paper's for the task)"}
+    )
+    lr: float = field(
+        default=None,
+        metadata={
+            "help": "peak learning rate (default: the paper's for the task, 1e-3 mostly; "
+            f"{LSTM_LR:g} for lstm)"
+        },
+    )
+    weight_decay: float = field(
+        default=None,
+        metadata={"help": "AdamW decay on matrices and embeddings (default: the task's)"},
+    )
+    warmup: int = field(
+        default=None,
+        metadata={
+            "help": "linear warmup steps before the cosine decay (default: the paper's "
+            f"{PAPER_WARMUP}, but at most a tenth of --steps)"
+        },
+    )
     clip: float = field(default=1.0, metadata={"help": "gradient-norm clipping threshold"})
     seed: int = field(default=0, metadata={"help": "seeds the model init and the training data"})
-    eval_every: int = field(default=None, metadata={"help": "steps between test evaluations and checkpoints (default: steps / 20, at least 100)"})
+    eval_every: int = field(
+        default=None,
+        metadata={
+            "help": "steps between test evaluations and checkpoints (default: steps / 20, at "
+            "least 100)"
+        },
+    )
     device: str = field(default="auto", metadata={"help": "auto picks cuda, then mps, then cpu"})
-    compile: bool = field(default=None, metadata={"help": "torch.compile the training step (default: on CUDA only, where it pays)"})
-    deterministic: bool = field(default=False, metadata={"help": "CUDA: deterministic kernels (float sums in a fixed order), so a seed's weights, "
-                                                     "resumed or not, come out equal bit for bit; without it they agree to rounding"})
-    dtype: str = field(default="auto", metadata={"help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 (bf16 on CPU only when asked)"})
-    seeds: int = field(default=1, metadata={"help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), then <out>-seeds.json: median, min, max of each final metric"})
-    out: str = field(default=None, metadata={"help": "run directory (default: runs/<task>-<mode>-w<width>-s<seed>)"})
+    compile: bool = field(
+        default=None,
+        metadata={"help": "torch.compile the training step (default: on CUDA only, where it pays)"},
+    )
+    deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "CUDA: deterministic kernels (float sums in a fixed order), so a seed's "
+            "weights, "
+            "resumed or not, come out equal bit for bit; without it they agree to rounding"
+        },
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "matmul precision: fp32, bf16 (autocast), or auto = bf16 on CUDA, else fp32 "
+            "(bf16 on CPU only when asked)"
+        },
+    )
+    seeds: int = field(
+        default=1,
+        metadata={
+            "help": "runs with seeds seed, seed+1, ..., one run directory each (<out>-s<seed>), "
+            "then <out>-seeds.json: median, min, max of each final metric"
+        },
+    )
+    out: str = field(
+        default=None,
+        metadata={"help": "run directory (default: runs/<task>-<mode>-w<width>-s<seed>)"},
+    )
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
-    scale: str = field(default=None, metadata={"help": "whose defaults the settings not given took: paper (docs/protocol.md §3) "
-                                               "or cpu, the task's laptop variant (§8); recorded, never compared"})
+    scale: str = field(
+        default=None,
+        metadata={
+            "help": "whose defaults the settings not given took: paper (docs/protocol.md §3) "
+            "or cpu, the task's laptop variant (§8); recorded, never compared"
+        },
+    )
     # task sizes; each task reads only its own
     p: int = field(default=199, metadata={"help": "modadd: the modulus"})
-    max_pairs: int = field(default=30, metadata={"help": "needle: most marker/value pairs in a sequence"})
+    max_pairs: int = field(
+        default=30, metadata={"help": "needle: most marker/value pairs in a sequence"}
+    )
     digits: int = field(default=10, metadata={"help": "addition: digits of each summand"})
     max_parens: int = field(default=60, metadata={"help": "parens: longest string"})
-    test_size: int = field(default=4000, metadata={"help": "examples in a stream task's fixed test set"})
-    epochs: int = field(default=None, metadata={"help": "modadd, memorize, lm: passes over the training data that set the steps (default: the paper's)"})
+    test_size: int = field(
+        default=4000, metadata={"help": "examples in a stream task's fixed test set"}
+    )
+    epochs: int = field(
+        default=None,
+        metadata={
+            "help": "modadd, memorize, lm: passes over the training data that set the steps "
+            "(default: the paper's)"
+        },
+    )
     keys: int = field(default=512, metadata={"help": "memorize: keys per side, keys^2 pairs"})
-    target_width: int = field(default=16, metadata={"help": "imitate: width of the random target transformer"})
-    target_seed: int = field(default=0, metadata={"help": "imitate: seed the target transformer is drawn from"})
-    data: str = field(default=None, metadata={"help": "lm: TinyStories-style train file, e.g. TinyStories-train.txt with TinyStories-valid.txt beside it (default: the shipped story corpus)"})
+    target_width: int = field(
+        default=16, metadata={"help": "imitate: width of the random target transformer"}
+    )
+    target_seed: int = field(
+        default=0, metadata={"help": "imitate: seed the target transformer is drawn from"}
+    )
+    data: str = field(
+        default=None,
+        metadata={
+            "help": "lm: TinyStories-style train file, e.g. TinyStories-train.txt with "
+            "TinyStories-valid.txt beside it (default: the shipped story corpus)"
+        },
+    )
     vocab: int = field(default=10_000, metadata={"help": "lm: BPE vocabulary size"})
     context: int = field(default=512, metadata={"help": "lm: tokens per training window"})
 
@@ -99,8 +195,17 @@ def config_from_dict(saved: dict) -> TrainConfig:
     given = {name: value for name, value in saved.items() if name in settings}
     for name, value in given.items():
         kind, nullable = settings[name].type, settings[name].default is None
-        if not (value is None and nullable or type(value) is kind or kind is float and type(value) is int):
-            raise ValueError(f"{name} is {json.dumps(value)}, not {'null or ' if nullable else ''}{kind.__name__}")
+        if not (
+            value is None
+            and nullable
+            or type(value) is kind
+            or kind is float
+            and type(value) is int
+        ):
+            raise ValueError(
+                f"{name} is {json.dumps(value)}, not "
+                f"{'null or ' if nullable else ''}{kind.__name__}"
+            )
     return TrainConfig(**given)
 
 
@@ -118,21 +223,43 @@ def build_task(cfg: TrainConfig):
 
 
 def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
-    """cfg with every setting it leaves as None set to the paper's protocol for the task, and its run directory named."""
-    filled = {name: getattr(task, name) for name in ("batch_size", "weight_decay", "width", "layers", "heads")
-              if getattr(cfg, name) is None}
-    given, cfg = cfg, replace(cfg, **filled)  # a copy, filled in further below: each rule reads the ones above it
+    """cfg with every setting it leaves as None set to the paper's protocol for the task, and its
+    run directory named."""
+    filled = {
+        name: getattr(task, name)
+        for name in ("batch_size", "weight_decay", "width", "layers", "heads")
+        if getattr(cfg, name) is None
+    }
+    given, cfg = (
+        cfg,
+        replace(cfg, **filled),
+    )  # a copy, filled in further below: each rule reads the ones above it
     cfg.lr = default_lr(cfg) if cfg.lr is None else cfg.lr
-    cfg.steps = task.steps_for(cfg.batch_size) if cfg.steps is None else cfg.steps  # epochs: passes at the batch size used
+    cfg.steps = (
+        task.steps_for(cfg.batch_size) if cfg.steps is None else cfg.steps
+    )  # epochs: passes at the batch size used
     cfg.warmup = min(PAPER_WARMUP, cfg.steps // 10) if cfg.warmup is None else cfg.warmup
-    cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20))) if cfg.eval_every is None else cfg.eval_every
+    cfg.eval_every = (
+        max(1, min(cfg.steps, max(100, cfg.steps // 20)))
+        if cfg.eval_every is None
+        else cfg.eval_every
+    )
     cfg.out = os.path.join("runs", run_name(given, cfg.width)) if cfg.out is None else cfg.out
     return cfg
 
 
 # Shown in every run name, or not part of what a run computes.
-NAME_SKIP = ("task", "arch", "pos", "mode", "width", "seed", "seeds", "deterministic",
-             *NOT_COMPUTED)
+NAME_SKIP = (
+    "task",
+    "arch",
+    "pos",
+    "mode",
+    "width",
+    "seed",
+    "seeds",
+    "deterministic",
+    *NOT_COMPUTED,
+)
 
 
 def run_name(given: TrainConfig, width: int) -> str:
@@ -141,15 +268,21 @@ def run_name(given: TrainConfig, width: int) -> str:
     -s<seed>. Two runs that differ in any setting get different names; the scale is the one of the
     two that leaves fewer settings to list."""
     paper = TrainConfig(task=given.task, mode=given.mode, arch=given.arch)
-    differs = lambda reference: {f.name: getattr(given, f.name) for f in fields(TrainConfig)  # noqa: E731
-                                 if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)}
-    scale, changed = min((("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1]))
+    differs = lambda reference: {
+        f.name: getattr(given, f.name)
+        for f in fields(TrainConfig)
+        if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)
+    }
+    scale, changed = min(
+        (("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1])
+    )
     settings = "".join(
         f"-{name.replace('_', '-')}{name_part(f'{v:g}' if type(v) is float else str(v))}"
         for name, v in changed.items()
     )
-    variant = "".join(f"-{name_part(v)}" for v in (given.arch, given.pos)
-                      if v not in ("gpt", "learned"))
+    variant = "".join(
+        f"-{name_part(v)}" for v in (given.arch, given.pos) if v not in ("gpt", "learned")
+    )
     mode = name_part(mode_label(given.mode))
     name = f"{name_part(given.task)}{variant}-{mode}-w{width}{scale}{settings}"
     if len(name) > MAX_NAME:
@@ -173,29 +306,46 @@ def digest(text: str) -> str:
 
 
 def check_config(cfg: TrainConfig, task) -> None:
-    """UsageError for a setting no run can use. Counts were checked by resolve, task sizes by the task, the model's
-    shape and the training mode by model.py (build reports those)."""
+    """UsageError for a setting no run can use. Counts were checked by resolve, task sizes by the
+    task, the model's shape and the training mode by model.py (build reports those)."""
     # the optimizer's arithmetic: AdamW's first step divides the lr by 1 - beta1 = 0.1
     # (train.make_optimizer) in float32, where a larger lr is inf
     lr_max = torch.finfo(torch.float32).max * 0.1
     if not 0 < cfg.lr < lr_max:
         raise UsageError(f"--lr must be a number > 0 and below {lr_max:.3g}, got {cfg.lr}")
-    if not (math.isfinite(cfg.clip) and cfg.clip > 0):  # clip <= 0 would flip or zero every gradient
+    if not (
+        math.isfinite(cfg.clip) and cfg.clip > 0
+    ):  # clip <= 0 would flip or zero every gradient
         raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
-    if not 0 <= cfg.lr * cfg.weight_decay < 1:  # AdamW scales weights by 1 - lr * weight decay each step
-        raise UsageError(f"--weight-decay must be >= 0 with --lr x --weight-decay below 1, got {cfg.weight_decay}")
-    for setting, value, choices in (("dtype", cfg.dtype, DTYPES), ("architecture", cfg.arch, ARCHS)):
+    if (
+        not 0 <= cfg.lr * cfg.weight_decay < 1
+    ):  # AdamW scales weights by 1 - lr * weight decay each step
+        raise UsageError(
+            "--weight-decay must be >= 0 with --lr x --weight-decay below 1, got "
+            f"{cfg.weight_decay}"
+        )
+    for setting, value, choices in (
+        ("dtype", cfg.dtype, DTYPES),
+        ("architecture", cfg.arch, ARCHS),
+    ):
         if value not in choices:
             raise UsageError(f"unknown {setting} {value!r}; choose from {', '.join(choices)}")
     if cfg.arch == "lstm" and cfg.pos != "learned":
         raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
-    # Weights, gradients and AdamW's two moments alone (16 bytes a parameter; activations not counted) must fit
-    # this machine's memory: an error before the run starts instead of a failed allocation.
-    parameters = 12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
+    # Weights, gradients and AdamW's two moments alone (16 bytes a parameter; activations not
+    # counted) must fit this machine's memory: an error before the run starts instead of a failed
+    # allocation.
+    parameters = (
+        12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
+    )
     needed, available = 16 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > available:
-        raise UsageError(f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB for its weights "
-                         f"and optimizer state (an estimate), more than this machine's {available / 2**30:,.0f} GiB")
+        raise UsageError(
+            f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB "
+            "for its weights "
+            "and optimizer state (an estimate), more than this machine's "
+            f"{available / 2**30:,.0f} GiB"
+        )
     # sample() skips test rows, so a test set holding every input would leave it drawing forever.
     # Below that, the test draws repeat and leave at least 1/e of the inputs for training.
     if isinstance(task, StreamTask) and task.test_size >= task.distinct_inputs:
@@ -204,7 +354,10 @@ def check_config(cfg: TrainConfig, task) -> None:
             f"than --test-size {task.test_size:,}: the test set would leave none for training"
         )
     if task.seq_len > task.n_positions:
-        raise UsageError(f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} positions")
+        raise UsageError(
+            f"{cfg.task} sequences of {task.seq_len} tokens exceed the model's {task.n_positions} "
+            "positions"
+        )
 
 
 def resolve(cfg: TrainConfig):
@@ -212,7 +365,9 @@ def resolve(cfg: TrainConfig):
     task = build_task(cfg)
     positive = ("batch_size", "eval_every", "width", "layers", "heads", "epochs", "test_size")
     for name, least in [("steps", 0), ("warmup", 0)] + [(p, 1) for p in positive]:
-        if getattr(cfg, name) is not None and getattr(cfg, name) < least:  # checked before the defaults divide by them
+        if (
+            getattr(cfg, name) is not None and getattr(cfg, name) < least
+        ):  # checked before the defaults divide by them
             raise UsageError(f"--{name.replace('_', '-')} must be >= {least}")
     cfg = with_paper_defaults(cfg, task)
     check_config(cfg, task)
@@ -220,7 +375,8 @@ def resolve(cfg: TrainConfig):
 
 
 def build(cfg: TrainConfig):
-    """(cfg resolved, task, model, parameter counts): what a run of cfg needs, the model fresh and frozen per cfg.mode."""
+    """(cfg resolved, task, model, parameter counts): what a run of cfg needs, the model fresh and
+    frozen per cfg.mode."""
     cfg, task = resolve(cfg)
     try:
         model = new_model(cfg, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads)
@@ -230,8 +386,8 @@ def build(cfg: TrainConfig):
 
 
 def build_seeded(cfg: TrainConfig):
-    """build(cfg) with the model drawn from cfg.seed, as a run draws it (so a checkpoint, which holds
-    only the weights that train, gets back the frozen ones this way)."""
+    """build(cfg) with the model drawn from cfg.seed, as a run draws it (so a checkpoint, which
+    holds only the weights that train, gets back the frozen ones this way)."""
     torch.manual_seed(cfg.seed)
     return build(cfg)
 
@@ -261,12 +417,16 @@ def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
     """The settings cfg sets that the run in run_dir (if any) was not trained with, NOT_COMPUTED
     aside."""
     saved = saved_config(run_dir)
-    return [k for k, v in asdict(cfg).items()
-            if saved and v is not None and k not in NOT_COMPUTED and getattr(saved, k) != v]
+    return [
+        k
+        for k, v in asdict(cfg).items()
+        if saved and v is not None and k not in NOT_COMPUTED and getattr(saved, k) != v
+    ]
 
 
 def load_run(run_dir):
-    """(cfg, task, model, counts) of the finished run in run_dir: its trained weights, on CPU, in eval mode."""
+    """(cfg, task, model, counts) of the finished run in run_dir: its trained weights, on CPU, in
+    eval mode."""
     path = os.path.join(run_dir, "model.pt")
     if not os.path.isfile(path):
         raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
@@ -279,7 +439,9 @@ def load_run(run_dir):
     try:
         model.load_state_dict(saved["model"])
     except RuntimeError as e:
-        raise UsageError(f"{path} does not load into a {cfg.task} model ({type(e).__name__})") from None
+        raise UsageError(
+            f"{path} does not load into a {cfg.task} model ({type(e).__name__})"
+        ) from None
     return cfg, task, model.eval(), counts
 
 
@@ -289,10 +451,42 @@ def load_run(run_dir):
 
 CPU_WIDTH = 512  # the cpu scale's wide model, standing in for the paper's 1024 (and 512 in Table 9)
 CPU_VARIANTS = {  # task -> TrainConfig settings
-    "modadd": {"p": 97, "width": CPU_WIDTH, "steps": 3000, "batch_size": 256, "lr": 1e-2, "weight_decay": 0.1, "warmup": 200},
-    "needle": {"max_pairs": 4, "test_size": 1000, "width": CPU_WIDTH, "steps": 6000, "batch_size": 64, "lr": 3e-3, "warmup": 300},
-    "addition": {"digits": 6, "test_size": 1000, "width": CPU_WIDTH, "steps": 1500, "batch_size": 64, "lr": 3e-3, "warmup": 150},
-    "parens": {"max_parens": 40, "test_size": 1000, "width": CPU_WIDTH, "steps": 2000, "batch_size": 64, "lr": 3e-3, "warmup": 200},
+    "modadd": {
+        "p": 97,
+        "width": CPU_WIDTH,
+        "steps": 3000,
+        "batch_size": 256,
+        "lr": 1e-2,
+        "weight_decay": 0.1,
+        "warmup": 200,
+    },
+    "needle": {
+        "max_pairs": 4,
+        "test_size": 1000,
+        "width": CPU_WIDTH,
+        "steps": 6000,
+        "batch_size": 64,
+        "lr": 3e-3,
+        "warmup": 300,
+    },
+    "addition": {
+        "digits": 6,
+        "test_size": 1000,
+        "width": CPU_WIDTH,
+        "steps": 1500,
+        "batch_size": 64,
+        "lr": 3e-3,
+        "warmup": 150,
+    },
+    "parens": {
+        "max_parens": 40,
+        "test_size": 1000,
+        "width": CPU_WIDTH,
+        "steps": 2000,
+        "batch_size": 64,
+        "lr": 3e-3,
+        "warmup": 200,
+    },
     "memorize": {"keys": 128, "width": 128, "epochs": 100, "batch_size": 1024},
     "lm": {"width": 128, "epochs": 1, "context": 128},
     "imitate": {"width": 256, "steps": 500, "batch_size": 128, "warmup": 50, "test_size": 1000},

@@ -22,8 +22,11 @@ from errors import UsageError
 
 def pick_device(name: str) -> torch.device:
     # in order of preference: auto takes the first available
-    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(),
-                 "cpu": True}
+    available = {
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+        "cpu": True,
+    }
     name = next(kind for kind, ok in available.items() if ok) if name == "auto" else name
     if name not in available:
         raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
@@ -34,7 +37,8 @@ def pick_device(name: str) -> torch.device:
 
 def uses_bf16(device, dtype="auto") -> bool:
     """Whether the model runs under bf16 autocast: dtype bf16, or auto on CUDA. Auto stays fp32 on
-    CPU because bf16 is slower there unless the CPU has native bf16 matmuls (docs/protocol.md §8)."""
+    CPU because bf16 is slower there unless the CPU has native bf16 matmuls (docs/protocol.md
+    §8)."""
     return dtype == "bf16" if dtype != "auto" else device.type == "cuda"
 
 
@@ -43,11 +47,11 @@ def autocast(device, dtype="auto"):
 
 
 def compile_model(model, device, use_compile=None):
-    """model compiled if use_compile (None: on CUDA only): a module in place, so that one handle serves
-    training and evaluation, any other callable wrapped. Automatic dynamic shapes: the first change of
-    chunk length recompiles once, for every length after it. A model that fails to compile says so in
-    one line and runs eagerly from then on (inductor compiles the backward at the first backward(),
-    outside this guard; where the forward compiles, so does the backward)."""
+    """model compiled if use_compile (None: on CUDA only): a module in place, so that one handle
+    serves training and evaluation, any other callable wrapped. Automatic dynamic shapes: the first
+    change of chunk length recompiles once, for every length after it. A model that fails to compile
+    says so in one line and runs eagerly from then on (inductor compiles the backward at the first
+    backward(), outside this guard; where the forward compiles, so does the backward)."""
     if not (device.type == "cuda" if use_compile is None else use_compile):
         return model
     if not isinstance(model, torch.nn.Module):
@@ -57,29 +61,38 @@ def compile_model(model, device, use_compile=None):
 
 
 def eager_after_failure(compiled, eager):
-    """compiled, until it fails to compile: then one line on stderr, and eager for the rest of the run."""
+    """compiled, until it fails to compile: then one line on stderr, and eager for the rest of the
+    run."""
+
     def forward(*args):
         nonlocal compiled
         if compiled is not None:
             try:
                 return compiled(*args)
             except torch._dynamo.exc.TorchDynamoException as e:
-                print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                      "this run goes on without it", file=sys.stderr)
+                print(
+                    f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                    "this run goes on without it",
+                    file=sys.stderr,
+                )
                 compiled = None
         return eager(*args)
+
     return forward
 
 
 @contextmanager
 def deterministic_kernels(enabled: bool):
-    """Within: torch's deterministic kernels where asked. On CUDA the embeddings' backward (and that of
-    the answer positions' gather) adds its rows with float atomics in whatever order the threads run, so
-    without this two runs of one seed, or a run and its resumed copy, differ in the last bits. The
-    process's earlier setting comes back after, so one run's choice never leaks into the next."""
+    """Within: torch's deterministic kernels where asked. On CUDA the embeddings' backward (and that
+    of the answer positions' gather) adds its rows with float atomics in whatever order the threads
+    run, so without this two runs of one seed, or a run and its resumed copy, differ in the last
+    bits. The process's earlier setting comes back after, so one run's choice never leaks into the
+    next."""
     before = torch.are_deterministic_algorithms_enabled()
     if enabled:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's own condition for repeatable matmuls
+        os.environ.setdefault(
+            "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
+        )  # cuBLAS's own condition for repeatable matmuls
         torch.use_deterministic_algorithms(True)
     try:
         yield
@@ -88,8 +101,9 @@ def deterministic_kernels(enabled: bool):
 
 
 class Ranks:
-    """This process's place among torchrun's processes (rank 0 of 1 without torchrun); the lead (rank 0) alone
-    writes files. shard_task() and clipper() make the training step data-parallel; in one process they change nothing."""
+    """This process's place among torchrun's processes (rank 0 of 1 without torchrun); the lead
+    (rank 0) alone writes files. shard_task() and clipper() make the training step data-parallel; in
+    one process they change nothing."""
 
     def __init__(self):
         self.world, self.rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
@@ -99,8 +113,11 @@ class Ranks:
 
     def device(self, name: str) -> torch.device:
         device = pick_device(name)
-        return (torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun's GPU for this rank
-                if device.type == "cuda" and self.world > 1 else device)
+        return (
+            torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun's GPU for this rank
+            if device.type == "cuda" and self.world > 1
+            else device
+        )
 
     def shard_task(self, task):
         return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
@@ -116,6 +133,7 @@ class Ranks:
                 if p.grad is not None:  # None on every rank alike: the ranks run the same graph
                     self.sum(p.grad)
             clip()
+
         return clip if self.world == 1 else sum_then_clip
 
     def sum(self, total: torch.Tensor) -> torch.Tensor:
@@ -130,8 +148,9 @@ class Ranks:
 
 
 class ShardedTask:
-    """The task as one rank trains on it: its slice of each training batch, which every rank draws whole from the
-    shared seed, and its loss scaled by that slice's share of the answers, so the ranks' sum is the whole batch's mean."""
+    """The task as one rank trains on it: its slice of each training batch, which every rank draws
+    whole from the shared seed, and its loss scaled by that slice's share of the answers, so the
+    ranks' sum is the whole batch's mean."""
 
     def __init__(self, task, rank, world):
         self.task, self.rank, self.world = task, rank, world

@@ -1,6 +1,7 @@
-"""Bad input ends a program with one line, never a traceback: every script's errors and argument parser.
+"""Bad input ends a program with one line, never a traceback: every script's errors and argument
+parser.
 
-    with usage_errors("train.py"): ...   # a UsageError inside: `train.py: error: ...`, exit code 2
+with usage_errors("train.py"): ...   # a UsageError inside: `train.py: error: ...`, exit code 2
 """
 
 import argparse
@@ -11,7 +12,8 @@ import torch
 
 
 class UsageError(Exception):
-    """Bad input (a flag, a file, a directory, a corrupt checkpoint), raised wherever it is found: never a traceback."""
+    """Bad input (a flag, a file, a directory, a corrupt checkpoint), raised wherever it is found:
+    never a traceback."""
 
 
 class Diverged(Exception):
@@ -20,8 +22,9 @@ class Diverged(Exception):
 
 @contextmanager
 def usage_errors(prog: str, interrupted: str = ""):
-    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2; Ctrl-C
-    with `prog: interrupted` and what to do next (interrupted), exit code 130; a diverged run, exit code 3."""
+    """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2;
+    Ctrl-C with `prog: interrupted` and what to do next (interrupted), exit code 130; a diverged
+    run, exit code 3."""
     if hasattr(sys.stdout, "reconfigure"):  # a name or mask the locale cannot encode prints escaped
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
@@ -34,12 +37,20 @@ def usage_errors(prog: str, interrupted: str = ""):
         sys.exit(3)
     except UsageError as e:
         message = e
-    except OSError as e:  # the file system refused: read-only, no permission, no space, a path through a file
+    except (
+        OSError
+    ) as e:  # the file system refused: read-only, no permission, no space, a path through a file
         message = f"{e.strerror or e}: {e.filename}" if e.filename else e
     except (MemoryError, RuntimeError) as e:
-        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
+        if not (
+            isinstance(e, (MemoryError, torch.OutOfMemoryError))
+            or "can't allocate memory" in str(e)
+        ):
             raise
-        message = f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, --batch-size or --test-size"
+        message = (
+            f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, "
+            "--batch-size or --test-size"
+        )
     else:
         return
     print(f"{prog}: error: {message}", file=sys.stderr)

@@ -1,10 +1,12 @@
-"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and reproduce.py's pictures and markdown.
+"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and reproduce.py's
+pictures and markdown.
 
     python reproduce.py table1 --scale cpu   # results/table1-cpu.png (plot_seeds), -curves.png
     python compare.py runs/a runs/b          # draws runs/compare.png
 
-reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and RESULTS.md's claims
-table read their numbers through the same Table.seed_values. Nothing here trains.
+reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and
+RESULTS.md's claims table read their numbers through the same Table.seed_values. Nothing here
+trains.
 """
 
 import os
@@ -17,15 +19,24 @@ from datetime import date
 import torch
 
 from cli import command_line
+from config import (
+    CPU_BLOCKS_LR,
+    CPU_BLOCKS_LR_MIN_WIDTH,
+    CPU_VARIANTS,
+    CPU_WIDTH,
+    LSTM_LR,
+    TrainConfig,
+    default_lr,
+)
 from errors import UsageError
-from config import CPU_BLOCKS_LR, CPU_BLOCKS_LR_MIN_WIDTH, CPU_VARIANTS, CPU_WIDTH, LSTM_LR, TrainConfig, default_lr
 from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_atomic
 from rundir import median_range, run_state
 
 
 @dataclass
 class Table:
-    """One table or figure: configs[(row, col)] is a cell's TrainConfig (seed and out not yet set)."""
+    """One table or figure: configs[(row, col)] is a cell's TrainConfig (seed and out not yet
+    set)."""
 
     name: str
     title: str
@@ -33,26 +44,40 @@ class Table:
     rows: list
     cols: list
     configs: dict
-    paper: dict = field(default_factory=dict)  # (row, col) -> the published number, where there is one
+    paper: dict = field(
+        default_factory=dict
+    )  # (row, col) -> the published number, where there is one
     note: str = ""
     # col, or (row, col) where rows read different numbers of the same runs, -> (run directory ->
     # its number or None): the explanation tables, read from analyses or logs
     read: dict = None
-    analyses: tuple = ()  # the analyze.py analyses their runs need, made by the sweep as each run finishes
+    # the analyze.py analyses their runs need, made by the sweep as each run finishes
+    analyses: tuple = ()
 
     def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
-        """The cell's metric (the table's unless named; accuracies in %) per finished seed, or its column's `read`."""
+        """The cell's metric (the table's unless named; accuracies in %) per finished seed, or its
+        column's `read`."""
         if self.read:
-            return [v for cfg in cell if run_state(cfg.out) == "finished"
-                    and (v := self.read.get((row, col), self.read.get(col))(cfg.out)) is not None]
+            return [
+                v
+                for cfg in cell
+                if run_state(cfg.out) == "finished"
+                and (v := self.read.get((row, col), self.read.get(col))(cfg.out)) is not None
+            ]
         source = "train_split.json" if row.endswith("(train)") else "final.json"
         own = col if self.metric == "column" else self.metric
         metric = metric or own
-        records = [read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
-                   for path in (os.path.join(cfg.out, source) for cfg in cell) if os.path.exists(path)]
+        records = [
+            read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
+            for path in (os.path.join(cfg.out, source) for cfg in cell)
+            if os.path.exists(path)
+        ]
         # only a named extra metric may be missing (a record without exact_match draws no ring)
-        return [record[metric] * (100 if metric in ("accuracy", "exact_match") else 1) for record in records
-                if metric == own or metric in record]
+        return [
+            record[metric] * (100 if metric in ("accuracy", "exact_match") else 1)
+            for record in records
+            if metric == own or metric in record
+        ]
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -62,7 +87,8 @@ def save_figure(plt, fig, path, **savefig):
 
 
 def markdown_table(header, rows) -> list:
-    """A markdown table's lines: the header cells, the rule under them, then a line per row of cells."""
+    """A markdown table's lines: the header cells, the rule under them, then a line per row of
+    cells."""
     lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
     return lines[:1] + ["|---" * len(header) + "|"] + lines[1:]
 
@@ -83,25 +109,47 @@ def pyplot():
 
 # drawn as lines over width (or k); the tables as seeds per column
 LINE_FIGURES = ("fig4", "fig6", "fig7", "projection")
-CURVE_TABLES = ("table1", "table2", "table9")  # the task tables, whose learning curves are drawn too
-COLORS = {"Random": "tab:red", "Normal": "tab:blue",  # and the projection table's lines:
-          "Random, top k PCs": "tab:red", "Random, top k neurons": "tab:orange",
-          "Untrained, top k PCs": "tab:gray", "Untrained, top k neurons": "tab:olive"}
-TABLE3_PANELS = {"bits_per_parameter": "bits per trainable parameter", "accuracy": "accuracy (%)"}  # column -> panel
-READ_UNITS = {"table7": "% of variance in the top 10", "table4": "% of variance in the top 10",
-              "table5": "% of variance in the top 10", "parens": "accuracy (%)",
-              "projection": "test accuracy (%)"}  # the explanation's tables: one unit per table
-METRIC_UNITS = {"accuracy": "accuracy (%)", "loss": "test loss (nats/token)", "kl": "test KL divergence (nats)"}
+CURVE_TABLES = (
+    "table1",
+    "table2",
+    "table9",
+)  # the task tables, whose learning curves are drawn too
+COLORS = {
+    "Random": "tab:red",
+    "Normal": "tab:blue",  # and the projection table's lines:
+    "Random, top k PCs": "tab:red",
+    "Random, top k neurons": "tab:orange",
+    "Untrained, top k PCs": "tab:gray",
+    "Untrained, top k neurons": "tab:olive",
+}
+TABLE3_PANELS = {
+    "bits_per_parameter": "bits per trainable parameter",
+    "accuracy": "accuracy (%)",
+}  # column -> panel
+READ_UNITS = {
+    "table7": "% of variance in the top 10",
+    "table4": "% of variance in the top 10",
+    "table5": "% of variance in the top 10",
+    "parens": "accuracy (%)",
+    "projection": "test accuracy (%)",
+}  # the explanation's tables: one unit per table
+METRIC_UNITS = {
+    "accuracy": "accuracy (%)",
+    "loss": "test loss (nats/token)",
+    "kl": "test KL divergence (nats)",
+}
 PAPER_STYLE = {"marker": "*", "s": 180, "color": "gold", "edgecolors": "black", "zorder": 4}
 
 
 def picture_cells(table, runs: dict) -> dict:
-    """The table's picture: (panel, line, x) -> (per-seed values, the paper's number or None). The task tables'
-    addition panel also has line "exact match": per-token accuracy is the table's number, whole sums the stricter one."""
+    """The table's picture: (panel, line, x) -> (per-seed values, the paper's number or None). The
+    task tables' addition panel also has line "exact match": per-token accuracy is the table's
+    number, whole sums the stricter one."""
     cells = {}
     for (row, col), cell in runs.items():
         if (key := picture_key(table, row, col)) is None:
-            continue  # Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
+            # Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
+            continue
         if table.name in CURVE_TABLES and row == "addition":
             cells[row, "exact match", col] = table.seed_values(row, col, cell, "exact_match"), None
         cells[key] = table.seed_values(row, col, cell), table.paper.get((row, col))
@@ -109,8 +157,9 @@ def picture_cells(table, runs: dict) -> dict:
 
 
 def picture_key(table, row: str, col: str):
-    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not drawn. Tables 1, 2,
-    9: a panel per row, a column per x; Table 3: a panel per metric, a row per x; Figures 4, 6, 7: lines over width."""
+    """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not
+    drawn. Tables 1, 2, 9: a panel per row, a column per x; Table 3: a panel per metric, a row per
+    x; Figures 4, 6, 7: lines over width."""
     if table.name == "table3":
         return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
     if table.name == "fig7":  # "Random 16"
@@ -120,26 +169,35 @@ def picture_key(table, row: str, col: str):
     if table.name == "fig6":
         return "3-layer students", row, int(col.split()[1])
     if table.name == "projection":  # "Random L1 PCs": a panel per layer, a line per model and basis
-        return (f"projected at {row.split()[1]}", "{}, top k {}".format(*row.split()[::2]),
-                int(col.removeprefix("k=")))
+        return (
+            f"projected at {row.split()[1]}",
+            "{}, top k {}".format(*row.split()[::2]),
+            int(col.removeprefix("k=")),
+        )
     return row, None, col
 
 
 def y_label(table, panel: str) -> str:
-    """The panel's y axis: the table's unit, or for Table 3 (a metric per column) the panel's own."""
-    return READ_UNITS.get(table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric])
+    """The panel's y axis: the table's unit, or for Table 3 (a metric per column) the panel's
+    own."""
+    return READ_UNITS.get(
+        table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric]
+    )
 
 
 def new_figure(panels: list, title: str):
-    """A figure with one panel per name, side by side (up to 5 a row), and a shared title (wrapped)."""
+    """A figure with one panel per name, side by side (up to 5 a row), and a shared title
+    (wrapped)."""
     plt = pyplot()
     ncols = min(len(panels), 5)
     nrows = -(-len(panels) // ncols)
     width = max(3.6 * ncols + 0.6, 7.0)  # room for the title and the legend under a single panel
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.4 * nrows + 1.2), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.remove()
-    fig.suptitle("\n".join(textwrap.fill(line, int(width * 14)) for line in title.split("\n")), fontsize=10)
+    fig.suptitle(
+        "\n".join(textwrap.fill(line, int(width * 14)) for line in title.split("\n")), fontsize=10
+    )
     return plt, fig, dict(zip(panels, axes.flat))
 
 
@@ -149,73 +207,165 @@ def save_with_legend(plt, fig, handles: list, path: str):
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], **h) if isinstance(h, dict) else h for h in handles if h is not None]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0), fontsize=9)
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=len(handles),
+        frameon=False,
+        bbox_to_anchor=(0.5, 0),
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     save_figure(plt, fig, path, bbox_inches="tight")
 
 
 def plot_seeds(table, cells: dict, axes: dict) -> list:
-    """Draw a table on its panels' axes: per column the seeds as points, a median bar (a box plot from 5 seeds), the
-    paper's number as a star; returns the legend's handles."""
+    """Draw a table on its panels' axes: per column the seeds as points, a median bar (a box plot
+    from 5 seeds), the paper's number as a star; returns the legend's handles."""
     for panel, ax in axes.items():
         xs = [x for p, line, x in cells if p == panel and line is None]
         for i, x in enumerate(xs):
             values, paper = cells[panel, None, x]
             if len(values) >= 5:
-                ax.boxplot([values], positions=[i], widths=0.5, showfliers=False, medianprops={"color": "black"})
+                ax.boxplot(
+                    [values],
+                    positions=[i],
+                    widths=0.5,
+                    showfliers=False,
+                    medianprops={"color": "black"},
+                )
             elif values:
                 ax.hlines(median_range(values)[0], i - 0.3, i + 0.3, color="black", linewidth=2)
-            offsets = [0.0] if len(values) == 1 else [0.24 * (k / (len(values) - 1) - 0.5) for k in range(len(values))]
-            ax.scatter([i + o for o in offsets], values, s=18, color="tab:blue", alpha=0.7, zorder=3)
+            offsets = (
+                [0.0]
+                if len(values) == 1
+                else [0.24 * (k / (len(values) - 1) - 0.5) for k in range(len(values))]
+            )
+            ax.scatter(
+                [i + o for o in offsets], values, s=18, color="tab:blue", alpha=0.7, zorder=3
+            )
             exact, _ = cells.get((panel, "exact match", x), ([], None))
-            ax.scatter([i + o for o in offsets[:len(exact)]], exact, s=30, facecolors="none", edgecolors="tab:green", zorder=3)
+            ax.scatter(
+                [i + o for o in offsets[: len(exact)]],
+                exact,
+                s=30,
+                facecolors="none",
+                edgecolors="tab:green",
+                zorder=3,
+            )
             if paper is not None:
                 ax.scatter([i], [paper], **PAPER_STYLE)
             if not values:
-                ax.text(i, 0.5, "not run", transform=ax.get_xaxis_transform(), ha="center", fontsize=8, color="gray")
+                ax.text(
+                    i,
+                    0.5,
+                    "not run",
+                    transform=ax.get_xaxis_transform(),
+                    ha="center",
+                    fontsize=8,
+                    color="gray",
+                )
         ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
-        unit = y_label(table, panel)  # bits per parameter from zero: the paper's contrast is a ratio
-        ax.set(xlim=(-0.6, len(xs) - 0.4), ylim=(-5, 105) if unit == "accuracy (%)" else (0, None), ylabel=unit)
+        unit = y_label(
+            table, panel
+        )  # bits per parameter from zero: the paper's contrast is a ratio
+        ax.set(
+            xlim=(-0.6, len(xs) - 0.4),
+            ylim=(-5, 105) if unit == "accuracy (%)" else (0, None),
+            ylabel=unit,
+        )
         exact = any(line == "exact match" for p, line, _ in cells if p == panel)
         ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     boxes = any(len(values) >= 5 for values, _ in cells.values())
-    narrower = table.name in ("table1", "table2", "table4", "parens") and any(cfg.width == 512 for cfg in table.configs.values())
-    return [dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
-            dict(marker="o", color="tab:green", markerfacecolor="none", linestyle="",
-                 label="our seeds, whole sum exact (addition)")
-            if any(line == "exact match" for _, line, _ in cells) else None,
-            dict(color="black", linewidth=2,
-                 label="box: quartiles, median" if boxes else "median over seeds"),
-            dict(marker="*", markersize=12, color="gold", markeredgecolor="black", linestyle="",
-                 label="paper (width 1,024 where ours is 512)" if narrower else "paper")]
+    narrower = table.name in ("table1", "table2", "table4", "parens") and any(
+        cfg.width == 512 for cfg in table.configs.values()
+    )
+    return [
+        dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
+        dict(
+            marker="o",
+            color="tab:green",
+            markerfacecolor="none",
+            linestyle="",
+            label="our seeds, whole sum exact (addition)",
+        )
+        if any(line == "exact match" for _, line, _ in cells)
+        else None,
+        dict(
+            color="black",
+            linewidth=2,
+            label="box: quartiles, median" if boxes else "median over seeds",
+        ),
+        dict(
+            marker="*",
+            markersize=12,
+            color="gold",
+            markeredgecolor="black",
+            linestyle="",
+            label="paper (width 1,024 where ours is 512)" if narrower else "paper",
+        ),
+    ]
 
 
 def plot_lines(table, cells: dict, axes: dict) -> list:
-    """A figure over width: per line the median over seeds with a min-max band, log2 width axis; returns the legend."""
+    """A figure over width: per line the median over seeds with a min-max band, log2 width axis;
+    returns the legend."""
     from matplotlib.patches import Patch
     from matplotlib.ticker import ScalarFormatter
 
     for panel, ax in axes.items():
-        for line in dict.fromkeys(l for p, l, _ in cells if p == panel):
-            line_cells = {x: cell for (p, l, x), cell in cells.items() if p == panel and l == line}
+        for line in dict.fromkeys(name for p, name, _ in cells if p == panel):
+            line_cells = {
+                x: cell for (p, name, x), cell in cells.items() if p == panel and name == line
+            }
             points = sorted((x, values) for x, (values, _) in line_cells.items() if values)
             xs = [x for x, _ in points]
             color = COLORS.get(line)
             ranges = [median_range(v) for _, v in points]
             ax.plot(xs, [r[0] for r in ranges], marker="o", color=color, label=line)
-            ax.fill_between(xs, [r[1] for r in ranges], [r[2] for r in ranges], color=color, alpha=0.2, linewidth=0)
-            ax.scatter([x for x, v in points for _ in v], [value for _, v in points for value in v], s=10, color=color, alpha=0.5, zorder=3)
+            ax.fill_between(
+                xs,
+                [r[1] for r in ranges],
+                [r[2] for r in ranges],
+                color=color,
+                alpha=0.2,
+                linewidth=0,
+            )
+            ax.scatter(
+                [x for x, v in points for _ in v],
+                [value for _, v in points for value in v],
+                s=10,
+                color=color,
+                alpha=0.5,
+                zorder=3,
+            )
             papers = {x: paper for x, (_, paper) in line_cells.items() if paper is not None}
             ax.scatter(list(papers), list(papers.values()), **{**PAPER_STYLE, "color": color})
-        for (row, col), paper in table.paper.items():  # a paper number at a width this scale does not train: a level line
+        for (
+            (row, col),
+            paper,
+        ) in (
+            table.paper.items()
+        ):  # a paper number at a width this scale does not train: a level line
             p, line, x = picture_key(table, row, col)
             if p == panel and (p, line, x) not in cells:
                 ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
                 # the paper gives fully trained language models' 1.35 without a width (section 5)
-                where = "fully trained" if (table.name, line) == ("fig4", "Normal") else f"{line.lower()} width {x}"
-                ax.annotate(f"paper, {where}: {paper:g}", (0.02, paper), xycoords=("axes fraction", "data"),
-                            xytext=(0, 3), textcoords="offset points", fontsize=7, color=COLORS.get(line))
+                where = (
+                    "fully trained"
+                    if (table.name, line) == ("fig4", "Normal")
+                    else f"{line.lower()} width {x}"
+                )
+                ax.annotate(
+                    f"paper, {where}: {paper:g}",
+                    (0.02, paper),
+                    xycoords=("axes fraction", "data"),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color=COLORS.get(line),
+                )
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.minorticks_off()
@@ -224,29 +374,54 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
         if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
-        ax.set(xticks=sorted({x for p, _, x in cells if p == panel}), ylabel=y_label(table, panel),
-               xlabel={"fig6": "target transformer width",
-                       "projection": "k, directions kept"}.get(table.name, "width"))
+        ax.set(
+            xticks=sorted({x for p, _, x in cells if p == panel}),
+            ylabel=y_label(table, panel),
+            xlabel={"fig6": "target transformer width", "projection": "k, directions kept"}.get(
+                table.name, "width"
+            ),
+        )
         ax.grid(alpha=0.3)
     corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
-    return [*(dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds")
-              for n in dict.fromkeys(line for _, line, _ in cells)),
-            Patch(color="gray", alpha=0.5,
-                  label="min-max over seeds (band, thin where the seeds agree), each seed (dots)"),
-            dict(marker="*", markersize=12, color="gray", markeredgecolor="black", linestyle="",
-                 label="paper")
-            if any(paper is not None for _, paper in cells.values()) else None,
-            dict(color="gray", linestyle="--", label=f"paper{corpus}, at a width not trained here")
-            if any(picture_key(table, *cell) not in cells for cell in table.paper) else None]
+    return [
+        *(
+            dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds")
+            for n in dict.fromkeys(line for _, line, _ in cells)
+        ),
+        Patch(
+            color="gray",
+            alpha=0.5,
+            label="min-max over seeds (band, thin where the seeds agree), each seed (dots)",
+        ),
+        dict(
+            marker="*",
+            markersize=12,
+            color="gray",
+            markeredgecolor="black",
+            linestyle="",
+            label="paper",
+        )
+        if any(paper is not None for _, paper in cells.values())
+        else None,
+        dict(color="gray", linestyle="--", label=f"paper{corpus}, at a width not trained here")
+        if any(picture_key(table, *cell) not in cells for cell in table.paper)
+        else None,
+    ]
 
 
 def accuracy_curve(run_dir: str) -> list:
-    """(step, test accuracy in %) from a run's metrics.jsonl, finished or not; [] before its first evaluation."""
-    return [(r["step"], 100 * r["test_accuracy"]) for r in read_metrics(run_dir) if r.get("test_accuracy") is not None]
+    """(step, test accuracy in %) from a run's metrics.jsonl, finished or not; [] before its first
+    evaluation."""
+    return [
+        (r["step"], 100 * r["test_accuracy"])
+        for r in read_metrics(run_dir)
+        if r.get("test_accuracy") is not None
+    ]
 
 
 def plot_curves(table, runs: dict, title: str, path: str):
-    """Each seed's test accuracy per step: why a cell falls short (a plateau it never leaves, a late start, a decline)."""
+    """Each seed's test accuracy per step: why a cell falls short (a plateau it never leaves, a late
+    start, a decline)."""
     # the training split is scored once, at the end: no curve
     plt, fig, axes = new_figure([row for row in table.rows if not row.endswith("(train)")], title)
     colors = dict(zip(table.cols, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
@@ -261,34 +436,66 @@ def plot_curves(table, runs: dict, title: str, path: str):
 
 
 def plot_convergence(table, runs: dict, title: str, path: str):
-    """Figure 8: each seed's test accuracy beside the lr schedule, showing which curves flatten only as the lr nears zero."""
+    """Figure 8: each seed's test accuracy beside the lr schedule, showing which curves flatten only
+    as the lr nears zero."""
     plt, fig, axes = new_figure(table.rows, title)
     for row, ax in axes.items():
-        for cfg in runs[row, table.cols[0]]:  # a run not yet evaluated plots no points, so draws nothing
-            ax.plot(*zip(*accuracy_curve(cfg.out)), color=COLORS.get(row), linewidth=1, alpha=0.8, marker=".")
+        for cfg in runs[
+            row, table.cols[0]
+        ]:  # a run not yet evaluated plots no points, so draws nothing
+            ax.plot(
+                *zip(*accuracy_curve(cfg.out)),
+                color=COLORS.get(row),
+                linewidth=1,
+                alpha=0.8,
+                marker=".",
+            )
         log = read_metrics(runs[row, table.cols[0]][0].out)
         lr_ax = ax.twinx()
-        lr_ax.plot([r["step"] for r in log], [r["lr"] for r in log], color="gray", linestyle="--", linewidth=1)
+        lr_ax.plot(
+            [r["step"] for r in log],
+            [r["lr"] for r in log],
+            color="gray",
+            linestyle="--",
+            linewidth=1,
+        )
         lr_ax.set_ylabel("learning rate", color="gray")
         ax.set(title=row, xlabel="step", ylabel="accuracy on the memorized map (%)", ylim=(0, 105))
         ax.grid(alpha=0.3)
-    save_with_legend(plt, fig, [dict(color=COLORS.get(row), marker=".",
-                                     label=f"{row}: a line per seed") for row in table.rows]
-                     + [dict(color="gray", linestyle="--", label="lr (right axis)")], path)
+    save_with_legend(
+        plt,
+        fig,
+        [
+            dict(color=COLORS.get(row), marker=".", label=f"{row}: a line per seed")
+            for row in table.rows
+        ]
+        + [dict(color="gray", linestyle="--", label="lr (right axis)")],
+        path,
+    )
 
 
 def first_analysis(runs: list, name: str):
-    """(the first seed's run with analyze.py result `name`, that result) among a cell's runs, or (None, None)."""
-    return next(((cfg, result) for cfg in runs if (result := read_analysis(cfg.out, name)) is not None), (None, None))
+    """(the first seed's run with analyze.py result `name`, that result) among a cell's runs, or
+    (None, None)."""
+    return next(
+        ((cfg, result) for cfg in runs if (result := read_analysis(cfg.out, name)) is not None),
+        (None, None),
+    )
 
 
 def plot_heads(table, runs: dict, title: str, path: str):
-    """Figure 2 in the paper's layout: per model, the first analysed seed's layer-1 head where values attend most to
-    their markers and layer-2 head where the query attends most to the queried value, on the paper's input."""
-    plt, fig, axes = new_figure([f"{row}: L{layer + 1}" for row in table.rows for layer in (0, 1)], title)
+    """Figure 2 in the paper's layout: per model, the first analysed seed's layer-1 head where
+    values attend most to their markers and layer-2 head where the query attends most to the queried
+    value, on the paper's input."""
+    plt, fig, axes = new_figure(
+        [f"{row}: L{layer + 1}" for row in table.rows for layer in (0, 1)], title
+    )
     for row in table.rows:
         cfg, result = first_analysis(runs[row, table.cols[0]], "attention")
-        for layer, key, what in ((0, "value_to_marker", "value -> marker"), (1, "query_to_value", "query -> value")):
+        for layer, key, what in (
+            (0, "value_to_marker", "value -> marker"),
+            (1, "query_to_value", "query -> value"),
+        ):
             ax = axes[f"{row}: L{layer + 1}"]
             if result is None:
                 ax.set_title(f"{row}: not analysed")
@@ -296,27 +503,46 @@ def plot_heads(table, runs: dict, title: str, path: str):
             scores, labels = result[key][layer], result["labels"]
             head = scores.index(max(scores))
             ax.imshow(result["patterns"][layer][head], cmap="Blues", vmin=0, vmax=1)
-            ax.set(xticks=range(len(labels)), xticklabels=labels, yticks=range(len(labels)), yticklabels=labels,
-                   title=f"{row} seed {cfg.seed}: L{layer + 1} head {head + 1}\n{what} {100 * scores[head]:.0f}% (test mean)",
-                   xlabel="attended", ylabel="attending")
+            ax.set(
+                xticks=range(len(labels)),
+                xticklabels=labels,
+                yticks=range(len(labels)),
+                yticklabels=labels,
+                title=f"{row} seed {cfg.seed}: L{layer + 1} head {head + 1}\n{what} "
+                f"{100 * scores[head]:.0f}% (test mean)",
+                xlabel="attended",
+                ylabel="attending",
+            )
     save_figure(plt, fig, path)
 
 
 def plot_circles(table, runs: dict, title: str, path: str):
-    """Figure 3: per model, the first analysed seed's embedding on PCs 1 and 3 (the paper's) and its most circular pair."""
-    plt, fig, axes = new_figure([f"{row} {panel}" for row in table.rows for panel in ("paper", "best")], title)
+    """Figure 3: per model, the first analysed seed's embedding on PCs 1 and 3 (the paper's) and its
+    most circular pair."""
+    plt, fig, axes = new_figure(
+        [f"{row} {panel}" for row in table.rows for panel in ("paper", "best")], title
+    )
     for row in table.rows:
         cfg, result = first_analysis(runs[row, table.cols[0]], "embedding")
         if result is None or "circles" not in result:
             axes[f"{row} paper"].set_title(f"{row}: not analysed")
             continue
         best = result["circles"]["best"]
-        for panel, (i, j), score in (("paper", (1, 3), result["circles"]["pcs_1_3"]), ("best", best["pcs"], best["score"])):
+        for panel, (i, j), score in (
+            ("paper", (1, 3), result["circles"]["pcs_1_3"]),
+            ("best", best["pcs"], best["score"]),
+        ):
             points = [[point[i - 1], point[j - 1]] for point in result["projections"]]
             ax = axes[f"{row} {panel}"]
-            ax.scatter(*zip(*points), c=range(len(points)), cmap="hsv", s=14)  # a cyclic map: residues wrap mod p
-            ax.set(title=f"{row} seed {cfg.seed}: PCs {i} and {j}\ncircle score {score:.2f}", xlabel=f"PC {i}", ylabel=f"PC {j}",
-                   aspect="equal")
+            ax.scatter(
+                *zip(*points), c=range(len(points)), cmap="hsv", s=14
+            )  # a cyclic map: residues wrap mod p
+            ax.set(
+                title=f"{row} seed {cfg.seed}: PCs {i} and {j}\ncircle score {score:.2f}",
+                xlabel=f"PC {i}",
+                ylabel=f"PC {j}",
+                aspect="equal",
+            )
     fig.tight_layout()  # keeps each panel's y label clear of its left neighbour
     save_figure(plt, fig, path)
 
@@ -328,19 +554,29 @@ def plot_samples(table, runs: dict, title: str, path: str):
     for row in table.rows:
         texts = table.seed_values(row, "completion", runs[row, "completion"])
         losses = table.seed_values(row, "test loss", runs[row, "test loss"])
-        blocks.append(row + (f" (test loss {losses[0]:.2f})" if losses else "") + "\n"
-                      + textwrap.fill(texts[0].replace("*", "") if texts else "not analysed", 100))
+        blocks.append(
+            row
+            + (f" (test loss {losses[0]:.2f})" if losses else "")
+            + "\n"
+            + textwrap.fill(texts[0].replace("*", "") if texts else "not analysed", 100)
+        )
     text = "\n\n".join(blocks)
     fig = plt.figure(figsize=(9, 1.0 + 0.16 * text.count("\n")))
     fig.text(0.02, 0.98, title + "\n\n" + text, va="top", family="monospace", fontsize=8)
     save_figure(plt, fig, path)
 
 
-PAPER_FIGURES = {"fig2": plot_heads, "fig3": plot_circles, "fig5": plot_samples, "fig8": plot_convergence}  # drawn as the paper draws them
+PAPER_FIGURES = {
+    "fig2": plot_heads,
+    "fig3": plot_circles,
+    "fig5": plot_samples,
+    "fig8": plot_convergence,
+}  # drawn as the paper draws them
 PICTURE_TITLES = {  # where a picture draws less than its table: what it does draw
     "fig2": "Figure 2: needle's strongest head per layer, its pattern on one input (the paper's); "
-            "% = its mean over the test set",
-    "fig3": "Figure 3: modadd's token embedding on principal components (Clock or Pizza: in the table)",
+    "% = its mean over the test set",
+    "fig3": "Figure 3: modadd's token embedding on principal components (Clock or Pizza: in the "
+    "table)",
 }
 
 
@@ -348,17 +584,23 @@ def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
         title = PICTURE_TITLES.get(table.name, table.title) + (
-            f"\nours at {scale} scale ({table.name}-{scale}.md)")
+            f"\nours at {scale} scale ({table.name}-{scale}.md)"
+        )
         return PAPER_FIGURES[table.name](table, runs, title, path)
     cells = picture_cells(table, runs)
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
-        "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else "")
+        "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else ""
+    )
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
     handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
     save_with_legend(plt, fig, handles, path)
     if table.name in CURVE_TABLES:
-        plot_curves(table, runs, f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
-                    path.removesuffix(".png") + "-curves.png")
+        plot_curves(
+            table,
+            runs,
+            f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
+            path.removesuffix(".png") + "-curves.png",
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -367,23 +609,42 @@ def render_picture(table, scale: str, runs: dict, path: str):
 
 
 def cpu_note(cfgs, seeds: int) -> str:
-    """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md §8)."""
-    full = dict.fromkeys(cfg.task for cfg in cfgs
-                         if cfg.mode == "full" and (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task))
-    parts = [f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width "
-             f"{CPU_WIDTH}",
-             *(f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items())
-               for task in dict.fromkeys(cfg.task for cfg in cfgs)),
-             (f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
-              + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full)) if full else None,
-             f"the lstm keeps lr {LSTM_LR:g}" if any(cfg.arch == "lstm" for cfg in cfgs) else None]
+    """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md
+    §8)."""
+    full = dict.fromkeys(
+        cfg.task
+        for cfg in cfgs
+        if cfg.mode == "full" and (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task)
+    )
+    parts = [
+        f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width "
+        f"{CPU_WIDTH}",
+        *(
+            f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items())
+            for task in dict.fromkeys(cfg.task for cfg in cfgs)
+        ),
+        (
+            f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
+            + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full)
+        )
+        if full
+        else None,
+        f"the lstm keeps lr {LSTM_LR:g}" if any(cfg.arch == "lstm" for cfg in cfgs) else None,
+    ]
     return "; ".join(part for part in parts if part) + "."
 
 
 def number(value) -> str:
     # counts (steps, bits) never show a decimal
-    return (f"{value:,.0f}" if isinstance(value, int) or abs(value) >= 1000
-            else f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0")
+    return (
+        f"{value:,.0f}"
+        if isinstance(value, int) or abs(value) >= 1000
+        else f"{value:.1f}"
+        if abs(value) >= 10
+        else f"{value:.3g}"
+        if value
+        else "0"
+    )
 
 
 def median_text(values: list) -> str:
@@ -397,66 +658,110 @@ def train_command(cfg, seeds: int) -> str:
 
 
 def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
-    """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and how it was made."""
+    """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and
+    how it was made."""
+
     def cell_text(row, col):
         values = table.seed_values(row, col, runs[row, col])
-        unread = "not analysed" if table.read and any(run_state(c.out) == "finished" for c in runs[row, col]) else "not run"
+        unread = (
+            "not analysed"
+            if table.read and any(run_state(c.out) == "finished" for c in runs[row, col])
+            else "not run"
+        )
         # a text cell shows the first seed's completion
-        return ((unread if not values else values[0] if isinstance(values[0], str)
-                 else f"{median_text(values)} ({len(values)}/{seeds})")
-                + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else ""))
+        return (
+            unread
+            if not values
+            else values[0]
+            if isinstance(values[0], str)
+            else f"{median_text(values)} ({len(values)}/{seeds})"
+        ) + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else "")
 
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
-    finals = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
-              for cfg in cfgs if run_state(cfg.out) == "finished"]
+    finals = [
+        read_json(
+            os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS
+        )
+        for cfg in cfgs
+        if run_state(cfg.out) == "finished"
+    ]
     commands = {}  # command -> the first cell it trains
     for (row, col), cell in runs.items():
         commands.setdefault(train_command(cell[0], seeds), f"{row}, {col}")
-    curves = (f"![{table.title.split(':')[0]}: test accuracy during training]"
-              f"({table.name}-{scale}-curves.png)")
-    lines = [f"# {table.title}", "",
-             f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
-             f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over "
-             "runs.",
-             f"Command: `{command}`", "",
-             *([cpu_note(cfgs, seeds), ""] if scale == "cpu" else []),
-             *([table.note, ""] if table.note else []),
-             "Each cell: our median [min, max] over seeds (seeds finished), then the paper's "
-             "number where it gives one.", "",
-             "| | " + " | ".join(table.cols) + " |", "|---" * (len(table.cols) + 1) + "|",
-             *(f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |"
-               for row in table.rows),
-             "", f"![{table.title}]({table.name}-{scale}.png)",
-             *(["", curves] if table.name in CURVE_TABLES else []),
-             "", "## Commands", "",
-             "One `train.py` call per cell trains its seeds into the same directories "
-             "(and writes `<out>-seeds.json`, the cell's median, min and max):", "",
-             *(f"- {where}: `{cmd}`" for cmd, where in commands.items())]
+    curves = (
+        f"![{table.title.split(':')[0]}: test accuracy during training]"
+        f"({table.name}-{scale}-curves.png)"
+    )
+    lines = [
+        f"# {table.title}",
+        "",
+        f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
+        f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over "
+        "runs.",
+        f"Command: `{command}`",
+        "",
+        *([cpu_note(cfgs, seeds), ""] if scale == "cpu" else []),
+        *([table.note, ""] if table.note else []),
+        "Each cell: our median [min, max] over seeds (seeds finished), then the paper's "
+        "number where it gives one.",
+        "",
+        "| | " + " | ".join(table.cols) + " |",
+        "|---" * (len(table.cols) + 1) + "|",
+        *(
+            f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |"
+            for row in table.rows
+        ),
+        "",
+        f"![{table.title}]({table.name}-{scale}.png)",
+        *(["", curves] if table.name in CURVE_TABLES else []),
+        "",
+        "## Commands",
+        "",
+        "One `train.py` call per cell trains its seeds into the same directories "
+        "(and writes `<out>-seeds.json`, the cell's median, min and max):",
+        "",
+        *(f"- {where}: `{cmd}`" for cmd, where in commands.items()),
+    ]
     return "\n".join(lines) + "\n"
 
 
-def results_text(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int) -> str:
-    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw (trained 0, the .md there)
-    keeps the date, machine and command that trained the runs; the run count and minutes are always the records'."""
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+def results_text(
+    table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int
+) -> str:
+    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw
+    (trained 0, the .md there) keeps the date, machine and command that trained the runs; the run
+    count and minutes are always the records'."""
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    )
     path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(table, scale, runs, seeds, command, device).split("\n")
     if trained or not os.path.exists(path):
-        lines.insert(4, f"{date.today().isoformat()}: this command trained {trained} runs and "
-                        "found the others finished.")
+        lines.insert(
+            4,
+            f"{date.today().isoformat()}: this command trained {trained} runs and "
+            "found the others finished.",
+        )
     else:
         with open(path) as f:
             old = f.read().split("\n")
         # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
         # the line of the sweep that trained them
-        lines[2:4] = [old[2].partition(";")[0] + ";" + lines[2].partition(";")[2], old[3],
-                      *(line for line in old[4:5] if "this command trained" in line),
-                      f"{date.today().isoformat()}: redrawn from the finished runs by "
-                      f"`{command}`; nothing trained."]
+        lines[2:4] = [
+            old[2].partition(";")[0] + ";" + lines[2].partition(";")[2],
+            old[3],
+            *(line for line in old[4:5] if "this command trained" in line),
+            f"{date.today().isoformat()}: redrawn from the finished runs by "
+            f"`{command}`; nothing trained.",
+        ]
     return "\n".join(lines)
 
 
-def write_results(table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int):
+def write_results(
+    table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int
+):
     """results/<table>-<scale>.md and .png after a sweep that trained `trained` runs."""
     base = os.path.join(results, f"{table.name}-{scale}")
     text = results_text(table, scale, runs, seeds, command, results, trained)
@@ -470,10 +775,21 @@ def write_results(table, scale: str, runs: dict, seeds: int, command: str, resul
 # RESULTS.md: the claims table, and the results/ tables it shows
 # ---------------------------------------------------------------------------
 
-CELL_REFERENCE = re.compile(r"\{([^{}]+)\}")  # {table/row/col[/words]} or {runs/.../NAME/words}: see cited
-PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")  # a number in prose, rendered after its reference
-PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)  # a results/ table shown in RESULTS.md
-DOCUMENTS = ("RESULTS.md", "README.md", os.path.join("docs", "protocol.md"), os.path.join("docs", "tour.md"))
+CELL_REFERENCE = re.compile(
+    r"\{([^{}]+)\}"
+)  # {table/row/col[/words]} or {runs/.../NAME/words}: see cited
+PROSE_CITATION = re.compile(
+    r"<!--\{([^{}]+)\}-->.*?<!--/-->"
+)  # a number in prose, rendered after its reference
+PASTED_TABLE = re.compile(
+    r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S
+)  # a results/ table shown in RESULTS.md
+DOCUMENTS = (
+    "RESULTS.md",
+    "README.md",
+    os.path.join("docs", "protocol.md"),
+    os.path.join("docs", "tour.md"),
+)
 SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
 ACCURACIES = r"(test_)?(accuracy|exact_match)|(un)?seen"  # record keys of a fraction right: in %
 
@@ -482,8 +798,13 @@ def run_records(run_dir: str, name: str) -> list:
     """The records of a run's file `name`: each line of a .jsonl log, or a .json file's one object
     ([] where there is none)."""
     path = os.path.join(run_dir, name)
-    return (read_metrics(run_dir, name) if name.endswith(".jsonl")
-            else [read_json(path)] if os.path.exists(path) else [])
+    return (
+        read_metrics(run_dir, name)
+        if name.endswith(".jsonl")
+        else [read_json(path)]
+        if os.path.exists(path)
+        else []
+    )
 
 
 def dig(record, path: str):
@@ -492,8 +813,13 @@ def dig(record, path: str):
     its count, an accuracy (a fraction) in %."""
     for part in path.split("."):
         key, keep, wanted = part.partition("=")
-        record = ([item for item in record if str(item.get(key)) == wanted] if keep
-                  else record.get(key) if isinstance(record, dict) else None)
+        record = (
+            [item for item in record if str(item.get(key)) == wanted]
+            if keep
+            else record.get(key)
+            if isinstance(record, dict)
+            else None
+        )
     if isinstance(record, list):
         return len(record)
     return record * 100 if record is not None and re.fullmatch(ACCURACIES, part) else record
@@ -515,36 +841,69 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     parts = reference.split("/")
     words = parts.pop().split() if parts[0] == "runs" or len(parts) == 4 else []
     if parts[0] == "runs":
-        table, cell, row, col = Table("runs", "", "accuracy", [], [], {}), [TrainConfig(out="/".join(parts))], "", ""
+        table, cell, row, col = (
+            Table("runs", "", "accuracy", [], [], {}),
+            [TrainConfig(out="/".join(parts))],
+            "",
+            "",
+        )
     elif len(parts) == 3:
         (table, cell), (row, col) = claimed_cell(*parts, where), parts[1:]
     else:
-        raise UsageError(f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words")
+        raise UsageError(
+            f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words"
+        )
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
-    when = next(((m[1], int(m[2])) for w in words
-                 if (m := re.fullmatch(r"(step|from|to)(\d+)", w))), None)
+    when = next(
+        ((m[1], int(m[2])) for w in words if (m := re.fullmatch(r"(step|from|to)(\d+)", w))), None
+    )
     summary = [w for w in words if w in SUMMARIES]
     source = next((w.split(":", 1) for w in words if ":" in w), None)
-    metric = next((w for w in words if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", w)
-                   and w not in SUMMARIES), None)
+    metric = next(
+        (
+            w
+            for w in words
+            if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", w) and w not in SUMMARIES
+        ),
+        None,
+    )
     cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
     if summary and summary[0] in ("minutes", "summed", "runs"):
-        minutes = [read_json(os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS)["elapsed"] / 60
-                   for cfg in cell if run_state(cfg.out) == "finished"]
+        minutes = [
+            read_json(
+                os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS
+            )["elapsed"]
+            / 60
+            for cfg in cell
+            if run_state(cfg.out) == "finished"
+        ]
         if not minutes:
             return "(not run)"
         low, high = f"{min(minutes):.1f}", f"{max(minutes):.1f}"
-        return {"runs": str(len(minutes)), "summed": f"{sum(minutes):.0f}",
-                "minutes": low if low == high else f"{low}-{high}"}[summary[0]]
+        return {
+            "runs": str(len(minutes)),
+            "summed": f"{sum(minutes):.0f}",
+            "minutes": low if low == high else f"{low}-{high}",
+        }[summary[0]]
     if "*" in (row, col):
-        raise UsageError(f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or runs summarise")
+        raise UsageError(
+            f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or "
+            "runs summarise"
+        )
     if source or when:
         name, path = source or ("metrics.jsonl", "test_" + (metric or table.metric))
-        values = [value * (100 if "%" in words else 1)
-                  for cfg in cell for r in run_records(cfg.out, name)
-                  if not when or {"step": r["step"] == when[1], "from": r["step"] >= when[1],
-                                  "to": r["step"] <= when[1]}[when[0]]
-                  if (value := dig(r, path)) is not None]
+        values = [
+            value * (100 if "%" in words else 1)
+            for cfg in cell
+            for r in run_records(cfg.out, name)
+            if not when
+            or {
+                "step": r["step"] == when[1],
+                "from": r["step"] >= when[1],
+                "to": r["step"] <= when[1],
+            }[when[0]]
+            if (value := dig(r, path)) is not None
+        ]
     else:
         values = table.seed_values(row, col, cell, metric)
     if not values:
@@ -557,33 +916,55 @@ def cited(claimed_cell, reference: str, where: str) -> str:
 
 
 def claims(claimed_cell, results: str, scale: str) -> dict:
-    """{path: text} of RESULTS.md, README.md and docs/ (those there) rendered anew from the records, so that no number
-    is typed by hand: RESULTS.md's opening table, per claim of results/claims.json the paper's number and ours, from the
-    cell's runs or the runs it names, with each {reference} in a verdict read by cited(); the results/ tables RESULTS.md
-    shows, pasted anew; and each number in prose written as <!--{reference}-->number<!--/-->, rendered anew.
-    claimed_cell(name, row, col, where): (the table, the cell's seeds' configs; every cell's for a row or col *)."""
+    """{path: text} of RESULTS.md, README.md and docs/ (those there) rendered anew from the records,
+    so that no number is typed by hand: RESULTS.md's opening table, per claim of results/claims.json
+    the paper's number and ours, from the cell's runs or the runs it names, with each {reference} in
+    a verdict read by cited(); the results/ tables RESULTS.md shows, pasted anew; and each number in
+    prose written as <!--{reference}-->number<!--/-->, rendered anew. claimed_cell(name, row, col,
+    where): (the table, the cell's seeds' configs; every cell's for a row or col *)."""
     listing = os.path.join(results, "claims.json")
     if not os.path.isfile(listing):
         raise UsageError(f"no {listing}: the claims to tabulate")
-    listed = read_json(listing, expect=list, keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
-                       optional={"paper": (str, int, float), "runs": [str]})
+    listed = read_json(
+        listing,
+        expect=list,
+        keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
+        optional={"paper": (str, int, float), "runs": [str]},
+    )
 
     def pasted_table(name: str) -> str:
         table_path = os.path.join(results, f"{name}-{scale}.md")
         if not os.path.isfile(table_path):
-            raise UsageError(f"RESULTS.md shows the table of {table_path}, which does not exist: draw it with `python reproduce.py {name}`")
+            raise UsageError(
+                f"RESULTS.md shows the table of {table_path}, which does not exist: draw it with "
+                f"`python reproduce.py {name}`"
+            )
         with open(table_path) as f:
             return "".join(line for line in f if line.startswith("|"))
 
-    lines = ["| claim | paper | ours: median [min, max] over seeds | verdict |", "|---|---|---|---|"]
+    lines = [
+        "| claim | paper | ours: median [min, max] over seeds | verdict |",
+        "|---|---|---|---|",
+    ]
     for claim in listed:
         cell = claim["row"], claim["col"]
-        table, runs = claimed_cell(claim["table"], *cell, f"claims.json: claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}")
-        values = table.seed_values(*cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs)
-        verdict = CELL_REFERENCE.sub(lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"), claim["verdict"])
+        table, runs = claimed_cell(
+            claim["table"],
+            *cell,
+            f"claims.json: claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}",
+        )
+        values = table.seed_values(
+            *cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs
+        )
+        verdict = CELL_REFERENCE.sub(
+            lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"),
+            claim["verdict"],
+        )
         paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
-        lines.append(f"| {claim['claim']} | {paper} | "
-                     f"{median_text(values) if values else 'not run'} | {verdict} |")
+        lines.append(
+            f"| {claim['claim']} | {paper} | "
+            f"{median_text(values) if values else 'not run'} | {verdict} |"
+        )
     texts = {}
     for path in (path for path in DOCUMENTS if os.path.isfile(path)):
         with open(path) as f:
@@ -591,10 +972,18 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         if path == DOCUMENTS[0]:
             head, marker, rest = text.partition("<!-- claims:begin -->\n")
             if not marker or "<!-- claims:end -->" not in rest:
-                raise UsageError(f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write the table between")
-            text = PASTED_TABLE.sub(lambda m: m[1] + pasted_table(m[2]) + m[3],
-                                    head + marker + "\n".join(lines) + "\n"
-                                    + rest[rest.index("<!-- claims:end -->"):])
+                raise UsageError(
+                    f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write "
+                    "the table between"
+                )
+            text = PASTED_TABLE.sub(
+                lambda m: m[1] + pasted_table(m[2]) + m[3],
+                head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->") :],
+            )
         texts[path] = PROSE_CITATION.sub(
-            lambda m: f"<!--{{{m[1]}}}-->{cited(claimed_cell, m[1], f'{path} cites {{{m[1]}}}')}<!--/-->", text)
+            lambda m: (
+                f"<!--{{{m[1]}}}-->{cited(claimed_cell, m[1], f'{path} cites {{{m[1]}}}')}<!--/-->"
+            ),
+            text,
+        )
     return texts

@@ -1,4 +1,5 @@
-"""Files written whole or not at all, and JSON read back checked: what every module that writes or reads a file uses.
+"""Files written whole or not at all, and JSON read back checked: what every module that writes or
+reads a file uses.
 
 A kill at any moment leaves each file whole, old or new (write_atomic). Every JSON file the
 project reads goes through read_json: a malformed one is one UsageError line.
@@ -14,16 +15,20 @@ import torch
 
 from errors import UsageError
 
-
 UMASK = os.umask(0o022)
 os.umask(UMASK)  # reading the process's umask means setting it: put it back at once
 
 
 def write_atomic(path, write):
-    """Write path through write(f) (f a binary file): a temp file beside it, synced, then os.replace'd over it."""
-    fd, temp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    """Write path through write(f) (f a binary file): a temp file beside it, synced, then
+    os.replace'd over it."""
+    fd, temp = tempfile.mkstemp(
+        dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp"
+    )
     try:
-        os.chmod(temp, 0o666 & ~UMASK)  # mkstemp makes it private (0600); results are for others to read too
+        os.chmod(
+            temp, 0o666 & ~UMASK
+        )  # mkstemp makes it private (0600); results are for others to read too
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -43,23 +48,27 @@ def write_json(path, obj):
 
 
 def save_torch(path, obj):
-    """torch.save through write_atomic; a failed write (torch's zip writer raises RuntimeError, a full
-    disk among its causes) is the OSError it is, so it reads as one line and leaves the old file."""
+    """torch.save through write_atomic; a failed write (torch's zip writer raises RuntimeError, a
+    full disk among its causes) is the OSError it is, so it reads as one line and leaves the old
+    file."""
     try:
         write_atomic(path, lambda f: torch.save(obj, f))
     except RuntimeError as e:
-        raise OSError(errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk "
-                      "full?)", path) from None
+        raise OSError(
+            errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk full?)", path
+        ) from None
 
 
 def load_checkpoint(path, keys=("model", "config")):
-    """The dict saved at path (checkpoint.pt or model.pt), checked to hold `keys`, on the CPU: RNG states must be
-    there (set_rng_state refuses a CUDA tensor), and load_state_dict copies weights and optimizer state to their
-    parameters' device."""
+    """The dict saved at path (checkpoint.pt or model.pt), checked to hold `keys`, on the CPU: RNG
+    states must be there (set_rng_state refuses a CUDA tensor), and load_state_dict copies weights
+    and optimizer state to their parameters' device."""
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only: no code runs on load
+        saved = torch.load(
+            path, map_location="cpu", weights_only=True
+        )  # tensors and plain data only: no code runs on load
     except Exception as e:
         raise UsageError(f"{path} does not load ({type(e).__name__})") from None
     missing = [key for key in keys if not isinstance(saved, dict) or key not in saved]
@@ -71,36 +80,56 @@ def load_checkpoint(path, keys=("model", "config")):
 NUMBER = (int, float)
 
 
-FINAL_KEYS = {"step": int, "elapsed": NUMBER}  # what every final.json holds besides the task's metrics (checked where read)
+FINAL_KEYS = {
+    "step": int,
+    "elapsed": NUMBER,
+}  # what every final.json holds besides the task's metrics (checked where read)
 
 
-MAX_JSON_DEPTH = 32  # deeper than any file runs write: nesting beyond it is damage (and would exhaust Python's recursion)
+# deeper than any file runs write: nesting beyond it is damage (and would exhaust Python's
+# recursion)
+MAX_JSON_DEPTH = 32
 
 
-JSON_NAMES = {dict: "a JSON object", list: "a JSON array", str: "a string", int: "an integer", float: "a number",
-              bool: "true or false", type(None): "null"}
+JSON_NAMES = {
+    dict: "a JSON object",
+    list: "a JSON array",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 def read_json(path, expect=dict, keys=None, optional=None):
-    """The JSON in file `path`, checked: any malformation (not UTF-8, not JSON, too deep, a wrong type, a missing key)
-    is one UsageError naming the file. expect: the top-level type; keys: {key: type} an object must hold (for a list,
-    each of its items); optional: {key: type} checked where present; a type as is_json_type takes."""
+    """The JSON in file `path`, checked: any malformation (not UTF-8, not JSON, too deep, a wrong
+    type, a missing key) is one UsageError naming the file. expect: the top-level type; keys: {key:
+    type} an object must hold (for a list, each of its items); optional: {key: type} checked where
+    present; a type as is_json_type takes."""
     with open(path, "rb") as f:
         return parse_json(f.read(), path, expect, keys, optional)
 
 
 def parse_json(data: bytes, where: str, expect=dict, keys=None, optional=None):
-    """read_json for bytes already read (a line of a .jsonl file); `where` names them in the error."""
+    """read_json for bytes already read (a line of a .jsonl file); `where` names them in the
+    error."""
     try:
         record = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise UsageError(f"{where} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+        raise UsageError(
+            f"{where} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})"
+        ) from None
     except RecursionError:
-        raise UsageError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes") from None
+        raise UsageError(
+            f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes"
+        ) from None
     except ValueError as e:
         raise UsageError(f"{where} is not JSON ({e})") from None
     if nested_deeper(record, MAX_JSON_DEPTH):
-        raise UsageError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes")
+        raise UsageError(
+            f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, which no run writes"
+        )
     if expect is not None and not is_json_type(record, expect):
         raise UsageError(f"{where} holds {JSON_NAMES[type(record)]}, not {json_type_name(expect)}")
     for i, item in enumerate(record if isinstance(record, list) else [record]):
@@ -111,12 +140,16 @@ def parse_json(data: bytes, where: str, expect=dict, keys=None, optional=None):
             if name not in item and name in (keys or {}):
                 raise UsageError(f"{item_where} lacks {name!r}")
             if name in item and not is_json_type(item[name], kind):
-                raise UsageError(f"{item_where}: {name} is {json.dumps(item[name])[:60]}, not {json_type_name(kind)}")
+                raise UsageError(
+                    f"{item_where}: {name} is {json.dumps(item[name])[:60]}, not "
+                    f"{json_type_name(kind)}"
+                )
     return record
 
 
 def nested_deeper(value, levels: int) -> bool:
-    """Whether value's lists and objects nest deeper than `levels`; it recurses at most `levels` deep."""
+    """Whether value's lists and objects nest deeper than `levels`; it recurses at most `levels`
+    deep."""
     if not isinstance(value, (dict, list)):
         return False
     items = value.values() if isinstance(value, dict) else value
@@ -139,7 +172,8 @@ def json_type_name(kind) -> str:
 
 
 def read_analysis(run_dir: str, name: str):
-    """The run's analyze.py result `name` (from its analysis.json), or None before the run is analysed."""
+    """The run's analyze.py result `name` (from its analysis.json), or None before the run is
+    analysed."""
     path = os.path.join(run_dir, "analysis.json")
     return read_json(path).get(name) if os.path.exists(path) else None
 
@@ -159,10 +193,14 @@ def read_metrics(run_dir, name="metrics.jsonl"):
         try:
             record = parse_json(line, where, expect=None)
         except UsageError as e:
-            if i == len(lines) - 1 and str(e).startswith(f"{where} is not JSON"):  # the last append, cut short
+            if i == len(lines) - 1 and str(e).startswith(
+                f"{where} is not JSON"
+            ):  # the last append, cut short
                 break
             raise
         if not (isinstance(record, dict) and type(record.get("step")) is int):
-            raise UsageError(f"{where} is not an evaluation record (an object with an integer step)")
+            raise UsageError(
+                f"{where} is not an evaluation record (an object with an integer step)"
+            )
         records.append(record)
     return records

@@ -4,11 +4,12 @@
     model = GPT(GPTConfig(vocab_size=256, n_positions=100))
     counts = apply_training_mode(model, "frozen")   # only wte, wpe, lm_head train
 
-Serves the whole paper (Zhong & Andreas 2024, "Algorithmic Capabilities of Random Transformers", section 3): a
-"random transformer" is this model with every block left at its random initialization and only the embeddings
-trained. Baselines live here too: LSTM (the paper's recurrent baseline) and GPTConfig(attention="linear") (Table 9's
-linearized transformer). Names follow GPT-2 (wte wpe h ln_1 attn.c_attn c_proj mlp.c_fc ln_2 ln_f lm_head) so
-weights map onto GPT-2 checkpoints and readers recognise them.
+Serves the whole paper (Zhong & Andreas 2024, "Algorithmic Capabilities of Random Transformers",
+section 3): a "random transformer" is this model with every block left at its random initialization
+and only the embeddings trained. Baselines live here too: LSTM (the paper's recurrent baseline) and
+GPTConfig(attention="linear") (Table 9's linearized transformer). Names follow GPT-2 (wte wpe h ln_1
+attn.c_attn c_proj mlp.c_fc ln_2 ln_f lm_head) so weights map onto GPT-2 checkpoints and readers
+recognise them.
 """
 
 import fnmatch
@@ -28,38 +29,50 @@ class GPTConfig:
     n_layer: int = 2  # transformer blocks
     n_head: int = 4  # attention heads per block; must divide n_embd
     attention: str = "softmax"  # "linear": Table 9's baseline, attention matrix = causal all-ones
-    pos: str = "learned"  # "sinusoidal": fixed sin/cos positions, a buffer that never trains and is never counted
+    # "sinusoidal": fixed sin/cos positions, a buffer that never trains and is never counted
+    pos: str = "learned"
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a fused qkv projection.
 
-    One path computes it, for training and for analysis alike: each query at position t mixes the values at
-    positions <= t with weights pattern = softmax(q k^T * scale) (linear attention: the unnormalized all-ones causal
-    matrix instead, Table 9). With a cache the pattern is materialised, stored as "blocks.{i}.attn.pattern" and
-    applied; without one, a fused kernel computes the same mix (scaled_dot_product_attention, or a running sum for
-    linear attention) without ever holding the (T, T) pattern. Edit `scale` and both change; the fused kernel never
-    calls `pattern`, and `mask` only for queries at pos (the last block's answers), so an edit there reaches all of
-    training once the kernel's line is replaced by the cache path's `pattern @ v`. The tests check the two agree.
+    One path computes it, for training and for analysis alike: each query at position t mixes the
+    values at positions <= t with weights pattern = softmax(q k^T * scale) (linear attention: the
+    unnormalized all-ones causal matrix instead, Table 9). With a cache the pattern is materialised,
+    stored as "blocks.{i}.attn.pattern" and applied; without one, a fused kernel computes the same
+    mix (scaled_dot_product_attention, or a running sum for linear attention) without ever holding
+    the (T, T) pattern. Edit `scale` and both change; the fused kernel never calls `pattern`, and
+    `mask` only for queries at pos (the last block's answers), so an edit there reaches all of
+    training once the kernel's line is replaced by the cache path's `pattern @ v`. The tests check
+    the two agree.
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
         self.linear = cfg.attention == "linear"
-        self.scale = 1.0 / math.sqrt(cfg.n_embd // cfg.n_head)  # softmax temperature: 1 / sqrt(head size)
+        self.scale = 1.0 / math.sqrt(
+            cfg.n_embd // cfg.n_head
+        )  # softmax temperature: 1 / sqrt(head size)
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x, cache=None, name="", pos=None):
-        """x (B, T, C) -> (B, T, C), or with pos (B, A) the output at those positions only, (B, A, C)."""
+        """x (B, T, C) -> (B, T, C), or with pos (B, A) the output at those positions only, (B, A,
+        C)."""
         B, T, C = x.shape
         if pos is None:
             q, k, v = self.c_attn(x).split(C, dim=2)
-        else:  # q at pos only, k and v everywhere: c_attn's query third is skipped where nothing is scored
+        # q at pos only, k and v everywhere: c_attn's query third is skipped where nothing is scored
+        else:
             w, b = self.c_attn.weight, self.c_attn.bias
-            q, (k, v) = F.linear(at(x, pos), w[:C], b[:C]), F.linear(x, w[C:], b[C:]).split(C, dim=2)
-        q, k, v = (t.view(B, t.size(1), self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, *, hs)
+            q, (k, v) = (
+                F.linear(at(x, pos), w[:C], b[:C]),
+                F.linear(x, w[C:], b[C:]).split(C, dim=2),
+            )
+        q, k, v = (
+            t.view(B, t.size(1), self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
+        )  # (B, nh, *, hs)
         if cache is not None:
             pattern = self.pattern(q, k, self.mask(T, pos, x.device))  # (B, nh, A, T)
             cache[f"{name}.attn.pattern"] = pattern
@@ -70,13 +83,16 @@ class CausalSelfAttention(nn.Module):
                 y = y.gather(2, pos[:, None, :, None].expand(-1, self.n_head, -1, y.size(-1)))
         else:  # all queries: the kernel's own causal mask; queries at pos: theirs
             mask = None if pos is None else self.mask(T, pos, x.device)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=pos is None, scale=self.scale)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=pos is None, scale=self.scale
+            )
         y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)  # (B, A, C)
         return self.c_proj(y)
 
     @staticmethod
     def mask(T, pos, device):
-        """Which keys each query sees: (T, T) causal, or (B, 1, A, T) for queries at positions pos (B, A)."""
+        """Which keys each query sees: (T, T) causal, or (B, 1, A, T) for queries at positions pos
+        (B, A)."""
         keys = torch.arange(T, device=device)
         return keys <= (keys[:, None] if pos is None else pos[:, None, :, None])
 
@@ -160,15 +176,23 @@ class GPT(nn.Module):
                 p.normal_(0.0, 0.02)
 
     def forward(self, idx, pos=None, cache=None):
-        """Logits for tokens idx (B, T): (B, T, vocab), or (B, A, vocab) at positions pos (B, A) only.
+        """Logits for tokens idx (B, T): (B, T, vocab), or (B, A, vocab) at positions pos (B, A)
+        only.
 
         cache: a dict to fill with activations for analysis, named like TransformerLens: "embed" and
         "blocks.{i}.resid_post" (B, T, C), "blocks.{i}.attn.pattern" (B, nh, T, T).
         """
         B, T = idx.shape
         if T > self.cfg.n_positions:
-            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.cfg.n_positions} positions")
-        pos_emb = self.wpe[:T] if self.cfg.pos == "sinusoidal" else self.wpe(torch.arange(T, device=idx.device))
+            raise ValueError(
+                f"sequence of {T} tokens is longer than the model's {self.cfg.n_positions} "
+                "positions"
+            )
+        pos_emb = (
+            self.wpe[:T]
+            if self.cfg.pos == "sinusoidal"
+            else self.wpe(torch.arange(T, device=idx.device))
+        )
         x = self.wte(idx) + pos_emb  # (B, T, C)
         if cache is not None:
             cache["embed"] = x
@@ -195,15 +219,17 @@ def sinusoids(n_positions, n_embd):
     """Vaswani et al.'s fixed positions: even columns sin(t / 10000^(2i/d)), odd columns cos."""
     freq = torch.exp(-math.log(10000.0) * torch.arange(0, n_embd, 2, dtype=torch.float32) / n_embd)
     angles = torch.arange(n_positions, dtype=torch.float32)[:, None] * freq  # (P, ceil(d / 2))
-    return torch.stack([angles.sin(), angles.cos()], 2).flatten(1)[:, :n_embd]  # (P, d): sin, cos, sin, cos, ...
+    return torch.stack([angles.sin(), angles.cos()], 2).flatten(1)[
+        :, :n_embd
+    ]  # (P, d): sin, cos, sin, cos, ...
 
 
 class LSTM(nn.Module):
     """The paper's LSTM baseline: Embedding -> torch LSTM(d, d, n_layer) -> Linear(d, vocab).
 
-    Reads vocab_size, n_embd and n_layer from a GPTConfig so both architectures are built and counted the same
-    way; it has no positional embedding (order is in the recurrence) and no heads. Torch's default init throughout
-    (the paper gives none); always fully trained in the paper.
+    Reads vocab_size, n_embd and n_layer from a GPTConfig so both architectures are built and
+    counted the same way; it has no positional embedding (order is in the recurrence) and no heads.
+    Torch's default init throughout (the paper gives none); always fully trained in the paper.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -214,7 +240,8 @@ class LSTM(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size)
 
     def forward(self, idx, pos=None, cache=None):
-        """As GPT.forward; cache gets "embed" and "lstm.out" (B, T, C), the last layer's hidden states."""
+        """As GPT.forward; cache gets "embed" and "lstm.out" (B, T, C), the last layer's hidden
+        states."""
         x = self.wte(idx)  # (B, T, C)
         h, _ = self.lstm(x)  # (B, T, C)
         if cache is not None:
@@ -222,8 +249,9 @@ class LSTM(nn.Module):
         return self.lm_head(h if pos is None else at(h, pos))  # (B, T or A, vocab)
 
 
-# What each training mode of the paper trains (docs/protocol.md §2). Every parameter is an embedding ("wte", "wpe"),
-# the unembedding ("lm_head"), or part of the body (blocks and ln_f, or the LSTM's recurrence), which only "full" trains.
+# What each training mode of the paper trains (docs/protocol.md §2). Every parameter is an embedding
+# ("wte", "wpe"), the unembedding ("lm_head"), or part of the body (blocks and ln_f, or the LSTM's
+# recurrence), which only "full" trains.
 TRAINING_MODES = {
     "full": {"wte", "wpe", "lm_head", "body"},  # "Normal" transformer
     "frozen": {"wte", "wpe", "lm_head"},  # "Random" transformer
@@ -232,10 +260,19 @@ TRAINING_MODES = {
     "token+unembed": {"wte", "lm_head"},  # Table 2: E_token & U
 }
 # The group of each top-level parameter name: an embedding, the unembedding, or the body.
-GROUPS = {"wte": "wte", "wpe": "wpe", "lm_head": "lm_head",
-          "h": "body", "ln_f": "body", "lstm": "body"}
-TRAINING_MODE_HELP = (", ".join(TRAINING_MODES) + " (frozen = the paper's random transformer), or a mask: comma-separated "
-                      "parameter-name patterns, e.g. wte,wpe,lm_head,h.1.* (block 1 trained too)")
+GROUPS = {
+    "wte": "wte",
+    "wpe": "wpe",
+    "lm_head": "lm_head",
+    "h": "body",
+    "ln_f": "body",
+    "lstm": "body",
+}
+TRAINING_MODE_HELP = (
+    ", ".join(TRAINING_MODES)
+    + " (frozen = the paper's random transformer), or a mask: comma-separated "
+    "parameter-name patterns, e.g. wte,wpe,lm_head,h.1.* (block 1 trained too)"
+)
 
 
 def parameter_group(name: str) -> str:
@@ -247,8 +284,9 @@ def parameter_group(name: str) -> str:
 
 
 def mask_patterns(mode: str) -> list:
-    """A mode that is no named mode is a mask: comma-separated parameter-name patterns (fnmatch), each
-    naming the parameters it matches or those under it: "wte,wpe,lm_head,h.1.*", "h.0.attn", "ln_f"."""
+    """A mode that is no named mode is a mask: comma-separated parameter-name patterns (fnmatch),
+    each naming the parameters it matches or those under it: "wte,wpe,lm_head,h.1.*", "h.0.attn",
+    "ln_f"."""
     return [p.strip() for p in mode.split(",") if p.strip()]
 
 
@@ -258,19 +296,31 @@ def trained_parameters(names, mode: str) -> set:
     if mode in TRAINING_MODES:
         return {name for name in names if parameter_group(name) in TRAINING_MODES[mode]}
     patterns = mask_patterns(mode)
-    matched = {p: {name for name in names if fnmatch.fnmatchcase(name, p)
-                   or fnmatch.fnmatchcase(name, p + ".*")} for p in patterns}
+    matched = {
+        p: {
+            name
+            for name in names
+            if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")
+        }
+        for p in patterns
+    }
     unmatched = [p for p in patterns if not matched[p]]
     if not patterns or unmatched:
-        raise ValueError(f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
-                         f"({', '.join(TRAINING_MODES)}) or patterns of these: "
-                         f"{', '.join(dict.fromkeys(name.rsplit('.', 1)[0] for name in names))}")
+        raise ValueError(
+            f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
+            f"({', '.join(TRAINING_MODES)}) or patterns of these: "
+            f"{', '.join(dict.fromkeys(name.rsplit('.', 1)[0] for name in names))}"
+        )
     return set().union(*matched.values())
 
 
 def mode_label(mode: str) -> str:
     """The mode as a run directory's name shows it: a mask's patterns joined by +, * read as all."""
-    return mode if mode in TRAINING_MODES else "+".join(p.removesuffix(".*").replace("*", "all") for p in mask_patterns(mode))
+    return (
+        mode
+        if mode in TRAINING_MODES
+        else "+".join(p.removesuffix(".*").replace("*", "all") for p in mask_patterns(mode))
+    )
 
 
 def model_name(mode: str) -> str:
@@ -280,10 +330,13 @@ def model_name(mode: str) -> str:
 
 
 def apply_training_mode(model: nn.Module, mode: str) -> dict:
-    """Freeze every parameter the mode (a named mode or a mask) does not train; return trainable/frozen counts."""
+    """Freeze every parameter the mode (a named mode or a mask) does not train; return
+    trainable/frozen counts."""
     named = dict(model.named_parameters())
     trained = trained_parameters(named, mode)
     for name, p in named.items():
         p.requires_grad_(name in trained)
-    return {"trainable": sum(p.numel() for p in named.values() if p.requires_grad),
-            "frozen": sum(p.numel() for p in named.values() if not p.requires_grad)}
+    return {
+        "trainable": sum(p.numel() for p in named.values() if p.requires_grad),
+        "frozen": sum(p.numel() for p in named.values() if not p.requires_grad),
+    }

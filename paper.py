@@ -1,4 +1,5 @@
-"""The paper's published numbers, as data (Zhong & Andreas 2024; each table named where it is given).
+"""The paper's published numbers, as data (Zhong & Andreas 2024; each table named where it is
+given).
 
 Everything that sets our results beside the paper's reads them here: the line a finished run
 prints (rundir.result_line), the tables (reproduce.py) and the analyses (analyze.py).
@@ -33,8 +34,12 @@ TABLE2 = {
 }
 # Table 3: memorization at width 128, by model and final.json key.
 TABLE3 = {
-    ("Normal", "accuracy"): 80.54, ("Normal", "bits"): 1_900_177, ("Normal", "bits_per_parameter"): 2.88,
-    ("Random", "accuracy"): 4.53, ("Random", "bits"): 106_876, ("Random", "bits_per_parameter"): 0.41,
+    ("Normal", "accuracy"): 80.54,
+    ("Normal", "bits"): 1_900_177,
+    ("Normal", "bits_per_parameter"): 2.88,
+    ("Random", "accuracy"): 4.53,
+    ("Random", "bits"): 106_876,
+    ("Random", "bits_per_parameter"): 0.41,
 }
 # Table 9: test accuracy (%) of random transformers with linearized attention, width 512.
 TABLE9 = {"needle": 17.67, "addition": 26.39, "parens": 97.32}
@@ -74,11 +79,17 @@ CLOCK_PIZZA = {"gradient symmetricity": 0.88, "distance irrelevance": 0.88}
 
 def test_number(task: str, mode: str, arch: str, width: int):
     """(the paper's model, metric, number, table) that a run of this task, mode and architecture
-    stands beside in Tables 1, 2, 3 or 9 (width 16, or any other width as the wide model), or None."""
+    stands beside in Tables 1, 2, 3 or 9 (width 16, or any other width as the wide model), or
+    None."""
     narrow = width == 16
     for col, (col_mode, col_arch, col_width) in TABLE1_COLUMNS.items():
         if (col_mode, col_arch, col_width == 16) == (mode, arch, narrow) and task in TABLE1:
-            return col.replace("wide", "1024").lower(), "accuracy", TABLE1[task][list(TABLE1_COLUMNS).index(col)], "Table 1"
+            return (
+                col.replace("wide", "1024").lower(),
+                "accuracy",
+                TABLE1[task][list(TABLE1_COLUMNS).index(col)],
+                "Table 1",
+            )
     if mode in TABLE2_COLUMNS.values() and arch == "gpt" and not narrow and task in TABLE2:
         col = next(col for col, col_mode in TABLE2_COLUMNS.items() if col_mode == mode)
         return col.lower(), "accuracy", TABLE2[task][list(TABLE2_COLUMNS).index(col)], "Table 2"

@@ -1,16 +1,19 @@
-"""Regenerate the paper's tables and figures: a sweep of train.py runs, ours beside the paper's, as markdown and PNG.
+"""Regenerate the paper's tables and figures: a sweep of train.py runs, ours beside the paper's, as
+markdown and PNG.
 
-    OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # reduced protocol, 2 CPU cores
-    python reproduce.py table2 --scale paper                            # the paper's configurations, one run per GPU
-    python reproduce.py all --scale paper --plan                        # what that costs on an H100, trains nothing
-    python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a cluster scheduler
+    OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # reduced protocol, 2 cores
+    python reproduce.py table2 --scale paper   # the paper's configurations, one run per GPU
+    python reproduce.py all --scale paper --plan   # what that costs on an H100, trains nothing
+    python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a scheduler
 
-What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7, Figures 2, 3, 5, 8:
-read from each run's analysis.json, made as the run finishes). Each cell is one TrainConfig trained for several seeds
-(sweep.py) into runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a finished run is skipped and a checkpointed one
-resumes, so an interrupted sweep picks up where it stopped. Writes results/<table>-<scale>.md (our median [min, max]
-over seeds beside the paper's number, the protocol, each cell's train.py command) and a .png of the same numbers in
-the paper's form (figures.py); `claims` rewrites RESULTS.md's claims table from the runs.
+What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7,
+Figures 2, 3, 5, 8: read from each run's analysis.json, made as the run finishes). Each cell is one
+TrainConfig trained for several seeds (sweep.py) into
+runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a finished run is skipped and a checkpointed one
+resumes, so an interrupted sweep picks up where it stopped. Writes results/<table>-<scale>.md (our
+median [min, max] over seeds beside the paper's number, the protocol, each cell's train.py command)
+and a .png of the same numbers in the paper's form (figures.py); `claims` rewrites RESULTS.md's
+claims table from the runs.
 """
 
 import math
@@ -21,13 +24,21 @@ from functools import partial
 
 import torch
 
-from errors import OneLineParser, UsageError, usage_errors
 import paper
 from analyze import flat_from, projection_ks, run_label
 from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from corpus import validation_path
+from errors import OneLineParser, UsageError, usage_errors
 from figures import Table, claims, write_results
-from files import FINAL_KEYS, NUMBER, is_json_type, read_analysis, read_json, read_metrics, write_atomic
+from files import (
+    FINAL_KEYS,
+    NUMBER,
+    is_json_type,
+    read_analysis,
+    read_json,
+    read_metrics,
+    write_atomic,
+)
 from rundir import run_state
 from sweep import check_same_config, plan, print_commands, sweep
 
@@ -46,77 +57,189 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
 MODES = {"Normal": "full", "Random": "frozen"}  # the paper's models -> their training mode
-WIDE = {"paper": 1024, "cpu": CPU_WIDTH}  # the wide models' width: Table 1's "wide" columns, and the explanation's models
+WIDE = {
+    "paper": 1024,
+    "cpu": CPU_WIDTH,
+}  # the wide models' width: Table 1's "wide" columns, and the explanation's models
+
+
 def table1(scale):
     wide = WIDE[scale]
-    cols = {col.replace("wide", str(wide)): {"mode": mode, "arch": arch, "width": wide if width == "wide" else width}
-            for col, (mode, arch, width) in paper.TABLE1_COLUMNS.items()}
-    configs = {(row, col): task_config(row, scale, **settings) for row in TASK_ROWS for col, settings in cols.items()}
+    cols = {
+        col.replace("wide", str(wide)): {
+            "mode": mode,
+            "arch": arch,
+            "width": wide if width == "wide" else width,
+        }
+        for col, (mode, arch, width) in paper.TABLE1_COLUMNS.items()
+    }
+    configs = {
+        (row, col): task_config(row, scale, **settings)
+        for row in TASK_ROWS
+        for col, settings in cols.items()
+    }
     numbers = {(row, col): v for row in TASK_ROWS for col, v in zip(cols, paper.TABLE1[row])}
-    return Table("table1", "Table 1: test accuracy (%) of random (frozen) and normal (fully trained) transformers and LSTMs",
-                 "accuracy", TASK_ROWS, list(cols), configs, numbers)
+    return Table(
+        "table1",
+        "Table 1: test accuracy (%) of random (frozen) and normal (fully trained) transformers and "
+        "LSTMs",
+        "accuracy",
+        TASK_ROWS,
+        list(cols),
+        configs,
+        numbers,
+    )
 
 
 def table2(scale):
     rows = ["modadd (train)"] + TASK_ROWS
-    configs = {(row, col): task_config(row.split()[0], scale, mode=mode) for row in rows
-               for col, mode in paper.TABLE2_COLUMNS.items()}
-    numbers = {(row, col): v for row in rows for col, v in zip(paper.TABLE2_COLUMNS, paper.TABLE2[row])}
-    return Table("table2", "Table 2: accuracy (%) of wide random transformers when only some embeddings train",
-                 "accuracy", rows, list(paper.TABLE2_COLUMNS), configs, numbers,
-                 "The modadd (train) row is the modadd runs scored on their training split (train_split.json).")
+    configs = {
+        (row, col): task_config(row.split()[0], scale, mode=mode)
+        for row in rows
+        for col, mode in paper.TABLE2_COLUMNS.items()
+    }
+    numbers = {
+        (row, col): v for row in rows for col, v in zip(paper.TABLE2_COLUMNS, paper.TABLE2[row])
+    }
+    return Table(
+        "table2",
+        "Table 2: accuracy (%) of wide random transformers when only some embeddings train",
+        "accuracy",
+        rows,
+        list(paper.TABLE2_COLUMNS),
+        configs,
+        numbers,
+        "The modadd (train) row is the modadd runs scored on their training split "
+        "(train_split.json).",
+    )
 
 
 def table3(scale):
     cols = ["accuracy", "bits", "bits_per_parameter"]
-    configs = {(row, col): task_config("memorize", scale, mode=MODES[row]) for row in MODES for col in cols}
+    configs = {
+        (row, col): task_config("memorize", scale, mode=MODES[row]) for row in MODES for col in cols
+    }
     note = "Columns are final.json keys; each row is one run per seed. " + (
-        "cpu scale: 128 x 128 keys (16,384 pairs, not 262,144), 100 epochs of batch 1,024 (1,600 steps), "
-        "far from either model's capacity: the rows compare what each stores in the same steps." if scale == "cpu" else "")
-    return Table("table3", "Table 3: memorization at width 128", "column", ["Normal", "Random"], cols, configs, paper.TABLE3, note)
+        "cpu scale: 128 x 128 keys (16,384 pairs, not 262,144), 100 epochs of batch 1,024 (1,600 "
+        "steps), "
+        "far from either model's capacity: the rows compare what each stores in the same steps."
+        if scale == "cpu"
+        else ""
+    )
+    return Table(
+        "table3",
+        "Table 3: memorization at width 128",
+        "column",
+        ["Normal", "Random"],
+        cols,
+        configs,
+        paper.TABLE3,
+        note,
+    )
 
 
 def table9(scale):
     width = {"paper": 512, "cpu": CPU_WIDTH}[scale]
     rows = ["needle", "addition", "parens"]
-    cols = {"Softmax random": "gpt", "Linearized random": "linear"}  # the verdict is the contrast, so both are trained
-    configs = {(row, col): task_config(row, scale, mode="frozen", arch=arch, width=width) for row in rows for col, arch in cols.items()}
+    cols = {
+        "Softmax random": "gpt",
+        "Linearized random": "linear",
+    }  # the verdict is the contrast, so both are trained
+    configs = {
+        (row, col): task_config(row, scale, mode="frozen", arch=arch, width=width)
+        for row in rows
+        for col, arch in cols.items()
+    }
     numbers = {(row, "Linearized random"): v for row, v in paper.TABLE9.items()}
-    return Table("table9", "Table 9: test accuracy (%) of random transformers with linearized attention, beside softmax",
-                 "accuracy", rows, list(cols), configs, numbers,
-                 f"Softmax random is the same model with softmax attention at width {width} (at cpu scale Table 1's "
-                 "random runs); the paper gives no number for it at width 512, and 100 on all three at 1024 (Table 1).")
+    return Table(
+        "table9",
+        "Table 9: test accuracy (%) of random transformers with linearized attention, beside "
+        "softmax",
+        "accuracy",
+        rows,
+        list(cols),
+        configs,
+        numbers,
+        f"Softmax random is the same model with softmax attention at width {width} (at cpu scale "
+        "Table 1's "
+        "random runs); the paper gives no number for it at width 512, and 100 on all three at 1024 "
+        "(Table 1).",
+    )
 
 
 def fig7(scale):
     rows = ["needle", "addition", "parens"]
     widths = {"paper": [16, 64, 128, 256, 512, 1024], "cpu": [16, 128, CPU_WIDTH]}[scale]
     cols = [f"{kind} {w}" for kind in ("Random", "Normal") for w in widths]
-    configs = {(row, col): task_config(row, scale, mode=MODES[col.split()[0]], width=int(col.split()[1]))
-               for row in rows for col in cols}
-    return Table("fig7", "Figure 7: test accuracy (%) across widths (the paper gives box plots, no numbers)",
-                 "accuracy", rows, cols, configs)
+    configs = {
+        (row, col): task_config(row, scale, mode=MODES[col.split()[0]], width=int(col.split()[1]))
+        for row in rows
+        for col in cols
+    }
+    return Table(
+        "fig7",
+        "Figure 7: test accuracy (%) across widths (the paper gives box plots, no numbers)",
+        "accuracy",
+        rows,
+        cols,
+        configs,
+    )
 
 
 def fig4(scale):
     widths = {"paper": [64, 128, 256, 512, 1024], "cpu": [32, 64, 128]}[scale]
     cols = [f"{layers} layers, width {w}" for layers in (2, 4) for w in widths]
-    configs = {(row, col): task_config("lm", scale, mode=mode, layers=int(col[0]), width=int(col.split()[-1]))
-               for row, mode in MODES.items() for col in cols}
-    note = ("Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random 512-wide 2-layer ~2.64 (read off Figure 4). "
-            + ("cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in absolute loss)." if scale == "cpu"
-               else "Give the TinyStories train file with --data."))
-    return Table("fig4", "Figure 4: language modeling loss across widths", "loss", list(MODES), cols, configs, paper.FIG4, note)
+    configs = {
+        (row, col): task_config(
+            "lm", scale, mode=mode, layers=int(col[0]), width=int(col.split()[-1])
+        )
+        for row, mode in MODES.items()
+        for col in cols
+    }
+    note = (
+        "Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random 512-wide "
+        "2-layer ~2.64 (read off Figure 4). "
+        + (
+            "cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in "
+            "absolute loss)."
+            if scale == "cpu"
+            else "Give the TinyStories train file with --data."
+        )
+    )
+    return Table(
+        "fig4",
+        "Figure 4: language modeling loss across widths",
+        "loss",
+        list(MODES),
+        cols,
+        configs,
+        paper.FIG4,
+        note,
+    )
 
 
 def fig6(scale):
-    targets = {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[scale]  # cpu: 8 and the paper's 12 -> 16 -> 32
+    targets = {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[
+        scale
+    ]  # cpu: 8 and the paper's 12 -> 16 -> 32
     cols = [f"target {w}" for w in targets]
-    configs = {(row, col): task_config("imitate", scale, mode=mode, layers=3, target_width=int(col.split()[1]))
-               for row, mode in MODES.items() for col in cols}
-    return Table("fig6", "Figure 6: circuit imitation test KL across target widths (lower is better)", "kl",
-                 list(MODES), cols, configs,
-                 note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact numbers).")
+    configs = {
+        (row, col): task_config(
+            "imitate", scale, mode=mode, layers=3, target_width=int(col.split()[1])
+        )
+        for row, mode in MODES.items()
+        for col in cols
+    }
+    return Table(
+        "fig6",
+        "Figure 6: circuit imitation test KL across target widths (lower is better)",
+        "kl",
+        list(MODES),
+        cols,
+        configs,
+        note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact "
+        "numbers).",
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -128,6 +251,7 @@ def analysis_reader(name: str, value, kind=NUMBER):
     """A column's reader: value(the run's analyze.py result `name`), or None before the run is
     analysed; a UsageError naming the file unless that is of kind (a number: finite, never true or
     false)."""
+
     def read(run_dir):
         result = read_analysis(run_dir, name)
         if result is None:
@@ -137,10 +261,13 @@ def analysis_reader(name: str, value, kind=NUMBER):
         except (LookupError, TypeError, ValueError, AttributeError):
             read = None
         if not (is_json_type(read, kind) and (kind is str or math.isfinite(read))):
-            raise UsageError(f"{os.path.join(run_dir, 'analysis.json')}: its {name} result lacks "
-                             f"the {'text' if kind is str else 'finite number'} a table reads "
-                             "from it")
+            raise UsageError(
+                f"{os.path.join(run_dir, 'analysis.json')}: its {name} result lacks "
+                f"the {'text' if kind is str else 'finite number'} a table reads "
+                "from it"
+            )
         return read
+
     return read
 
 
@@ -156,19 +283,25 @@ def no_booleans(value):
 
 def final_reader(key: str, scale=1):
     """A column's reader: scale x the run's final.json `key`."""
+
     def read(run_dir):
         path = os.path.join(run_dir, "final.json")
         value = read_json(path, keys={key: NUMBER}, optional=FINAL_KEYS)[key]
         if not math.isfinite(value):
             raise UsageError(f"{path}: {key} is {value}, not a finite number")
         return scale * value
+
     return read
 
 
-def read_table(name: str, title: str, models: dict, cols: dict, paper: dict, note: str, analyses=()) -> Table:
+def read_table(
+    name: str, title: str, models: dict, cols: dict, paper: dict, note: str, analyses=()
+) -> Table:
     """A table with one run per row (models[row] its config) and a reader per column (cols[col])."""
     configs = {(row, col): cfg for row, cfg in models.items() for col in cols}
-    return Table(name, title, "column", list(models), list(cols), configs, paper, note, cols, analyses)
+    return Table(
+        name, title, "column", list(models), list(cols), configs, paper, note, cols, analyses
+    )
 
 
 def wide_models(scale, task: str, models=("Random", "Normal")) -> dict:
@@ -180,70 +313,145 @@ def untrained(models: dict) -> dict:
     """models with, after each Random row, its model at initialization: the same config trained for
     0 steps (random and normal are then the same model: the seed draws every weight, whatever would
     train)."""
-    return {row: cfg for model, model_cfg in models.items() for row, cfg in (
-        [(model, model_cfg), (model.replace("Random", "Untrained"), replace(model_cfg, steps=0))]
-        if "Random" in model else [(model, model_cfg)])}
+    return {
+        row: cfg
+        for model, model_cfg in models.items()
+        for row, cfg in (
+            [
+                (model, model_cfg),
+                (model.replace("Random", "Untrained"), replace(model_cfg, steps=0)),
+            ]
+            if "Random" in model
+            else [(model, model_cfg)]
+        )
+    }
 
 
 def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
     """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the
     embedding and each layer; each Random row followed by its untrained one."""
-    cols = {f"{kind} {name}": analysis_reader("variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i])
-            for kind in ("PC", "Neuron") for i, name in enumerate(["Emb"] + [f"L{n}" for n in range(1, layers + 1)])}
+    cols = {
+        f"{kind} {name}": analysis_reader(
+            "variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i]
+        )
+        for kind in ("PC", "Neuron")
+        for i, name in enumerate(["Emb"] + [f"L{n}" for n in range(1, layers + 1)])
+    }
     cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
-    return read_table(name, title, untrained(models), cols, cells,
-                      note + " Untrained: the Random row's runs trained for 0 steps (`--steps 0`), "
-                      "the model at initialization.", ("variance",))
+    return read_table(
+        name,
+        title,
+        untrained(models),
+        cols,
+        cells,
+        note + " Untrained: the Random row's runs trained for 0 steps (`--steps 0`), "
+        "the model at initialization.",
+        ("variance",),
+    )
 
 
-TABLE4_PAPER = {f"{task} {model}": paper.VARIANCE[task, model, 128 if task == "memorize" else 1024]
-                for task in ("modadd", "memorize") for model in ("Normal", "Random")}
-TABLE7_PAPER = {f"{task} {model}": paper.VARIANCE[task, model, 512] for task in ("addition", "needle", "parens") for model in ("Normal", "Random")}
+TABLE4_PAPER = {
+    f"{task} {model}": paper.VARIANCE[task, model, 128 if task == "memorize" else 1024]
+    for task in ("modadd", "memorize")
+    for model in ("Normal", "Random")
+}
+TABLE7_PAPER = {
+    f"{task} {model}": paper.VARIANCE[task, model, 512]
+    for task in ("addition", "needle", "parens")
+    for model in ("Normal", "Random")
+}
 TABLE5_PAPER = paper.TABLE5
 
 
 def table7(scale):
-    models = {f"{task} {model}": cfg if scale == "cpu" else replace(cfg, width=512) for task in ("addition", "needle", "parens")
-              for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()}
-    return variance_table("table7", "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
-                          "neurons, width 512", models, TABLE7_PAPER, "Table 1's runs at width 512, each analysed by "
-                          "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 inputs drawn from the "
-                          "training distribution with seed 0, every position up to the last answer).")
+    models = {
+        f"{task} {model}": cfg if scale == "cpu" else replace(cfg, width=512)
+        for task in ("addition", "needle", "parens")
+        for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()
+    }
+    return variance_table(
+        "table7",
+        "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
+        "neurons, width 512",
+        models,
+        TABLE7_PAPER,
+        "Table 1's runs at width 512, each analysed by "
+        "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 inputs drawn from the "
+        "training distribution with seed 0, every position up to the last answer).",
+    )
 
 
 def table4(scale):
-    models = {f"modadd {model}": cfg for model, cfg in wide_models(scale, "modadd", ("Normal", "Random")).items()}
-    models |= {f"memorize {model}": table3(scale).configs[model, "accuracy"] for model in ("Normal", "Random")}
-    return variance_table("table4", f"Table 4: % of hidden-state variance in the top 10 principal components and the top "
-                          f"10 neurons, modadd at width {models['modadd Normal'].width}, memorization at 128", models,
-                          TABLE4_PAPER, "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python "
-                          "analyze.py RUN --only variance`; the paper's modadd is at width 1,024.")
+    models = {
+        f"modadd {model}": cfg
+        for model, cfg in wide_models(scale, "modadd", ("Normal", "Random")).items()
+    }
+    models |= {
+        f"memorize {model}": table3(scale).configs[model, "accuracy"]
+        for model in ("Normal", "Random")
+    }
+    return variance_table(
+        "table4",
+        f"Table 4: % of hidden-state variance in the top 10 principal components and the top "
+        f"10 neurons, modadd at width {models['modadd Normal'].width}, memorization at 128",
+        models,
+        TABLE4_PAPER,
+        "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python "
+        "analyze.py RUN --only variance`; the paper's modadd is at width 1,024.",
+    )
 
 
 def lm_models(scale) -> dict:
-    """Table 5's language models, 4 layers of width 512 at either scale, otherwise the scale's (docs/protocol.md §8)."""
-    # width after the variant, as `train.py --width 512 --scale cpu` sets it: the variant's lm width is Figure 4's 128
-    return {row: replace(task_config("lm", scale, mode=mode, layers=4), width=512) for row, mode in MODES.items()}
+    """Table 5's language models, 4 layers of width 512 at either scale, otherwise the scale's
+    (docs/protocol.md §8)."""
+    # width after the variant, as `train.py --width 512 --scale cpu` sets it: the variant's lm width
+    # is Figure 4's 128
+    return {
+        row: replace(task_config("lm", scale, mode=mode, layers=4), width=512)
+        for row, mode in MODES.items()
+    }
 
 
 def table5(scale):
-    return variance_table("table5", "Table 5: % of the language model's hidden-state variance in the top 10 principal "
-                          "components and the top 10 neurons, 4 layers of width 512", lm_models(scale), TABLE5_PAPER,
-                          "Each run analysed by `python analyze.py RUN --only variance` (docs/protocol.md §6). "
-                          + ("cpu scale: the shipped story corpus, context 128, one epoch, not TinyStories." if scale == "cpu"
-                             else "Give the TinyStories train file with --data."), layers=4)
+    return variance_table(
+        "table5",
+        "Table 5: % of the language model's hidden-state variance in the top 10 principal "
+        "components and the top 10 neurons, 4 layers of width 512",
+        lm_models(scale),
+        TABLE5_PAPER,
+        "Each run analysed by `python analyze.py RUN --only variance` (docs/protocol.md §6). "
+        + (
+            "cpu scale: the shipped story corpus, context 128, one epoch, not TinyStories."
+            if scale == "cpu"
+            else "Give the TinyStories train file with --data."
+        ),
+        layers=4,
+    )
 
 
 def fig5(scale):
     def completion(r):
-        return " ".join(f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()).replace("|", "/")
-    cols = {"test loss": final_reader("loss"),
-            "completion": analysis_reader("samples", completion, str)}
-    return read_table("fig5", "Figure 5: a story prompt continued by a random and a fully trained language model",
-                      lm_models(scale), cols, {},
-                      "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only samples`): "
-                      "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The paper "
-                      "shows samples and calls them largely grammatical.", ("samples",))
+        return " ".join(
+            f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()
+        ).replace("|", "/")
+
+    cols = {
+        "test loss": final_reader("loss"),
+        "completion": analysis_reader("samples", completion, str),
+    }
+    return read_table(
+        "fig5",
+        "Figure 5: a story prompt continued by a random and a fully trained language model",
+        lm_models(scale),
+        cols,
+        {},
+        "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only "
+        "samples`): "
+        "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The "
+        "paper "
+        "shows samples and calls them largely grammatical.",
+        ("samples",),
+    )
 
 
 def projection(scale):
@@ -251,77 +459,178 @@ def projection(scale):
     states at one layer projected onto their top k principal components or neurons
     (analyze.projection)."""
     models = untrained({"Random": table7(scale).configs["addition Random", "PC Emb"]})
-    read = {(f"{model} {layer} {name}", f"k={k}"): analysis_reader(
-                "projection", lambda r, key=key, i=i, k=k: 100 * r[key][i][r["k"].index(k)])
-            for model in models for i, layer in enumerate(["Emb", "L1", "L2"])
-            for key, name in (("pc", "PCs"), ("neuron", "neurons"))
-            for k in projection_ks(models["Random"].width)}
-    return Table("projection", "Addition's random transformer: test accuracy (%) with one layer's "
-                 "hidden states projected onto their top k principal components (PCs) or top k "
-                 "neurons", "column", list(dict.fromkeys(row for row, _ in read)),
-                 list(dict.fromkeys(col for _, col in read)),
-                 {(row, col): models[row.split()[0]] for row, col in read}, {},
-                 "Table 7's addition Random runs and their untrained (0-step) ones, each analysed "
-                 "by `python analyze.py RUN --only projection` (docs/protocol.md §6): the states "
-                 "at that layer become their mean plus their projection onto k directions found on "
-                 "the explained variance's inputs, the later layers unchanged; k = the width "
-                 "projects nothing.", read, ("projection",))
+    read = {
+        (f"{model} {layer} {name}", f"k={k}"): analysis_reader(
+            "projection", lambda r, key=key, i=i, k=k: 100 * r[key][i][r["k"].index(k)]
+        )
+        for model in models
+        for i, layer in enumerate(["Emb", "L1", "L2"])
+        for key, name in (("pc", "PCs"), ("neuron", "neurons"))
+        for k in projection_ks(models["Random"].width)
+    }
+    return Table(
+        "projection",
+        "Addition's random transformer: test accuracy (%) with one layer's "
+        "hidden states projected onto their top k principal components (PCs) or top k "
+        "neurons",
+        "column",
+        list(dict.fromkeys(row for row, _ in read)),
+        list(dict.fromkeys(col for _, col in read)),
+        {(row, col): models[row.split()[0]] for row, col in read},
+        {},
+        "Table 7's addition Random runs and their untrained (0-step) ones, each analysed "
+        "by `python analyze.py RUN --only projection` (docs/protocol.md §6): the states "
+        "at that layer become their mean plus their projection onto k directions found on "
+        "the explained variance's inputs, the later layers unchanged; k = the width "
+        "projects nothing.",
+        read,
+        ("projection",),
+    )
 
 
 def fig2(scale):
-    cols = {f"L{layer + 1} {name}": analysis_reader("attention", lambda r, key=key, layer=layer: 100 * max(r[key][layer]))
-            for key, name in (("value_to_marker", "value -> its marker"), ("query_to_value", "query -> queried value"))
-            for layer in (0, 1)}
-    return read_table("fig2", "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
-                      wide_models(scale, "needle"), cols, {},
-                      "Per seed the strongest head of the layer; what a head attending evenly over the positions it sees "
-                      "would score is each run's analysis.json attention.uniform. The paper shows the patterns, no numbers: "
-                      "values attend to their markers in layer 1, the query to the queried value in layer 2.", ("attention",))
+    cols = {
+        f"L{layer + 1} {name}": analysis_reader(
+            "attention", lambda r, key=key, layer=layer: 100 * max(r[key][layer])
+        )
+        for key, name in (
+            ("value_to_marker", "value -> its marker"),
+            ("query_to_value", "query -> queried value"),
+        )
+        for layer in (0, 1)
+    }
+    return read_table(
+        "fig2",
+        "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
+        wide_models(scale, "needle"),
+        cols,
+        {},
+        "Per seed the strongest head of the layer; what a head attending evenly over the positions "
+        "it sees "
+        "would score is each run's analysis.json attention.uniform. The paper shows the patterns, "
+        "no numbers: "
+        "values attend to their markers in layer 1, the query to the queried value in layer 2.",
+        ("attention",),
+    )
 
 
 def fig3(scale):
-    """Figure 3 draws modadd's embedding on principal components 1 and 3; section 4.2 finds its random model a Clock."""
-    cols = {"circle in PCs 1 and 3": analysis_reader("embedding", lambda r: r["circles"]["pcs_1_3"]),
-            "best circle in PCs 1-4": analysis_reader("embedding", lambda r: r["circles"]["best"]["score"]),
-            "gradient symmetricity": analysis_reader("clock_pizza", lambda r: r["gradient_symmetricity"]),
-            "distance irrelevance": analysis_reader("clock_pizza", lambda r: r["distance_irrelevance"])}
-    return read_table("fig3", "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza",
-                      wide_models(scale, "modadd"), cols,
-                      {("Random", measure): value for measure, value in paper.CLOCK_PIZZA.items()},
-                      "Circle score of two principal components: the share of their (whitened) points' power in one frequency "
-                      "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about ln(p) / p "
-                      "for noise. A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 "
-                      "(docs/protocol.md §6).", ("embedding", "clock_pizza"))
+    """Figure 3 draws modadd's embedding on principal components 1 and 3; section 4.2 finds its
+    random model a Clock."""
+    cols = {
+        "circle in PCs 1 and 3": analysis_reader("embedding", lambda r: r["circles"]["pcs_1_3"]),
+        "best circle in PCs 1-4": analysis_reader(
+            "embedding", lambda r: r["circles"]["best"]["score"]
+        ),
+        "gradient symmetricity": analysis_reader(
+            "clock_pizza", lambda r: r["gradient_symmetricity"]
+        ),
+        "distance irrelevance": analysis_reader("clock_pizza", lambda r: r["distance_irrelevance"]),
+    }
+    return read_table(
+        "fig3",
+        "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza",
+        wide_models(scale, "modadd"),
+        cols,
+        {("Random", measure): value for measure, value in paper.CLOCK_PIZZA.items()},
+        "Circle score of two principal components: the share of their (whitened) points' power in "
+        "one frequency "
+        "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about "
+        "ln(p) / p "
+        "for noise. A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 "
+        "(docs/protocol.md §6).",
+        ("embedding", "clock_pizza"),
+    )
 
 
 def parens(scale):
     wide, task_tables = WIDE[scale], (table1(scale), table2(scale))
-    rows = [f"{model} {width}" for model, width in (("Random", wide), ("Normal", wide), ("Random", 16), ("Normal", 16), ("LSTM", wide))]
-    cells = {row: table for table in task_tables for row in (rows if table.name == "table1" else paper.TABLE2_COLUMNS)}
-    cols = {"test accuracy": final_reader("accuracy", 100),
-            "strings training shows": analysis_reader("lengths", lambda r: 100 * r["seen"]["accuracy"]),
-            "strings it never shows": analysis_reader("lengths", lambda r: 100 * r["unseen"]["accuracy"])}
-    return read_table("parens", "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and on the rest",
-                      {row: table.configs["parens", row] for row, table in cells.items()}, cols,
-                      {(row, "test accuracy"): table.paper["parens", row] for row, table in cells.items()},
-                      "Table 1's and Table 2's parentheses runs, each analysed by `python analyze.py RUN --only lengths` "
-                      "(docs/protocol.md §6), which keeps each unseen string's answer.", ("lengths",))
+    rows = [
+        f"{model} {width}"
+        for model, width in (
+            ("Random", wide),
+            ("Normal", wide),
+            ("Random", 16),
+            ("Normal", 16),
+            ("LSTM", wide),
+        )
+    ]
+    cells = {
+        row: table
+        for table in task_tables
+        for row in (rows if table.name == "table1" else paper.TABLE2_COLUMNS)
+    }
+    cols = {
+        "test accuracy": final_reader("accuracy", 100),
+        "strings training shows": analysis_reader("lengths", lambda r: 100 * r["seen"]["accuracy"]),
+        "strings it never shows": analysis_reader(
+            "lengths", lambda r: 100 * r["unseen"]["accuracy"]
+        ),
+    }
+    return read_table(
+        "parens",
+        "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and "
+        "on the rest",
+        {row: table.configs["parens", row] for row, table in cells.items()},
+        cols,
+        {(row, "test accuracy"): table.paper["parens", row] for row, table in cells.items()},
+        "Table 1's and Table 2's parentheses runs, each analysed by `python analyze.py RUN --only "
+        "lengths` "
+        "(docs/protocol.md §6), which keeps each unseen string's answer.",
+        ("lengths",),
+    )
 
 
 def fig8(scale):
     def flat(i):
-        return lambda run_dir: (flat_from(read_metrics(run_dir)) or (None, None))[i] if run_state(run_dir) == "finished" else None
-    return read_table("fig8", "Figure 8: memorization accuracy during training, and whether it converged",
-                      {model: table3(scale).configs[model, "accuracy"] for model in ("Normal", "Random")},
-                      {"final accuracy": final_reader("accuracy", 100), "flat from step": flat(0), "lr there (% of peak)": flat(1)}, {},
-                      "Table 3's runs, read from their metrics.jsonl (nothing trains; `analyze.flat_from`). Flat: within half a "
-                      "point of the final accuracy from that evaluation on. A run flat while its lr is well above zero has "
-                      "converged; one flat only where the lr is a few % of its peak stopped because the lr decayed.")
+        return lambda run_dir: (
+            (flat_from(read_metrics(run_dir)) or (None, None))[i]
+            if run_state(run_dir) == "finished"
+            else None
+        )
+
+    return read_table(
+        "fig8",
+        "Figure 8: memorization accuracy during training, and whether it converged",
+        {model: table3(scale).configs[model, "accuracy"] for model in ("Normal", "Random")},
+        {
+            "final accuracy": final_reader("accuracy", 100),
+            "flat from step": flat(0),
+            "lr there (% of peak)": flat(1),
+        },
+        {},
+        "Table 3's runs, read from their metrics.jsonl (nothing trains; `analyze.flat_from`). "
+        "Flat: within half a "
+        "point of the final accuracy from that evaluation on. A run flat while its lr is well "
+        "above zero has "
+        "converged; one flat only where the lr is a few % of its peak stopped because the lr "
+        "decayed.",
+    )
 
 
-# In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling, imitation, widths.
-TABLES = {f.__name__: f for f in (table1, table2, table9, table3, fig4, fig6, fig7, fig8, fig2, fig3, table7, table4,
-                                     table5, fig5, parens, projection)}
+# In the order `reproduce.py all` runs them: the task tables, then memorization, language modeling,
+# imitation, widths.
+TABLES = {
+    f.__name__: f
+    for f in (
+        table1,
+        table2,
+        table9,
+        table3,
+        fig4,
+        fig6,
+        fig7,
+        fig8,
+        fig2,
+        fig3,
+        table7,
+        table4,
+        table5,
+        fig5,
+        parens,
+        projection,
+    )
+}
 
 
 # ---------------------------------------------------------------------------
@@ -334,25 +643,33 @@ def slug(text: str) -> str:
 
 
 def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
-    """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3 and 5 share one
-    run per row, Table 2's modadd (train) shares the modadd runs, and a cell that trains exactly a
-    Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's tables), or for the
-    projection table a Table 7 cell, shares its runs."""
+    """(row, col) -> the cell's per-seed configs with their run directories. The columns of Tables 3
+    and 5 share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
+    trains exactly a Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's
+    tables), or for the projection table a Table 7 cell, shares its runs."""
     # Table 7's runs, where not Table 1's, are the projection table's (at 0 steps; at paper scale
     # all), and no other table's
-    owners = [(owner, key, other) for owner in (table1(scale), table2(scale), table3(scale),
-                                                table5(scale), table7(scale))
-              for key, other in owner.configs.items()
-              if owner.name != "table7" or table.name == "projection"]
+    owners = [
+        (owner, key, other)
+        for owner in (table1(scale), table2(scale), table3(scale), table5(scale), table7(scale))
+        for key, other in owner.configs.items()
+        if owner.name != "table7" or table.name == "projection"
+    ]
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner, (owner_row, owner_col) = next(((o, key) for o, key, other in owners
-                                              if other == cfg and o.name != table.name),
-                                             (table, (row, col)))
-        # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names its runs by row
-        out = os.path.join(root, f"{owner.name}-{scale}", slug(owner_row)
-                           if owner.metric == "column"
-                           else slug(owner_row.split()[0]) + "-" + slug(owner_col))
+        owner, (owner_row, owner_col) = next(
+            ((o, key) for o, key, other in owners if other == cfg and o.name != table.name),
+            (table, (row, col)),
+        )
+        # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names
+        # its runs by row
+        out = os.path.join(
+            root,
+            f"{owner.name}-{scale}",
+            slug(owner_row)
+            if owner.metric == "column"
+            else slug(owner_row.split()[0]) + "-" + slug(owner_col),
+        )
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
 
@@ -366,7 +683,10 @@ def table_runs(name: str, args):
     """(the table, its runs per cell) as the command line sets them."""
     table = TABLES[name](args.scale)
     if args.data:
-        table.configs = {k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg for k, cfg in table.configs.items()}
+        table.configs = {
+            k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg
+            for k, cfg in table.configs.items()
+        }
     return table, cell_runs(table, args.scale, args.runs, args.seeds)
 
 
@@ -393,17 +713,22 @@ def check_records(runs: dict):
         for name in ("final.json", "train_split.json"):
             path = os.path.join(cfg.out, name)
             if os.path.exists(path):
-                check_numbers({k: v for k, v in read_json(path).items() if k != "parameters"}, path,
-                              nullable=False)
+                check_numbers(
+                    {k: v for k, v in read_json(path).items() if k != "parameters"},
+                    path,
+                    nullable=False,
+                )
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
         variance = read_analysis(cfg.out, "variance")
         # of its run, it records (earlier: less)
         made_for = {"width": saved.width, "label": run_label(saved)}
         if isinstance(variance, dict) and any(variance.get(k, v) != v for k, v in made_for.items()):
-            raise UsageError(f"{os.path.join(cfg.out, 'analysis.json')} was made for "
-                             f"{variance.get('label')!r}, not this run ({made_for['label']}); "
-                             "analyze it again")
+            raise UsageError(
+                f"{os.path.join(cfg.out, 'analysis.json')} was made for "
+                f"{variance.get('label')!r}, not this run ({made_for['label']}); "
+                "analyze it again"
+            )
 
 
 def check_numbers(record: dict, where: str, nullable=True):
@@ -415,11 +740,15 @@ def check_numbers(record: dict, where: str, nullable=True):
 
 
 def claimed_cell(args, name: str, row: str, col: str, where: str):
-    """(the table, the cell's per-seed configs) that claims.json or a document names at `where`: a cell the scale
-    trains, one where only the paper has a number (no configs: "not run"), or with row or col * every cell of that
-    column or row; a UsageError if no such cell."""
+    """(the table, the cell's per-seed configs) that claims.json or a document names at `where`: a
+    cell the scale trains, one where only the paper has a number (no configs: "not run"), or with
+    row or col * every cell of that column or row; a UsageError if no such cell."""
     table = TABLES[name](args.scale) if name in TABLES else None
-    cells = [] if table is None else [key for key in table.configs if row in ("*", key[0]) and col in ("*", key[1])]
+    cells = (
+        []
+        if table is None
+        else [key for key in table.configs if row in ("*", key[0]) and col in ("*", key[1])]
+    )
     if table is None or not cells and (row, col) not in table.paper:
         raise UsageError(f"{where}, which is no cell of a table")
     runs = cell_runs(table, args.scale, args.runs, args.seeds)
@@ -433,13 +762,18 @@ def check_args(args):
     if args.table == "claims" and (args.plan or args.print_commands or args.redraw):
         raise UsageError("--plan, --print-commands and --redraw take a table or all, not claims")
     if args.plan and args.scale != "paper":
-        raise UsageError("--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu scale's costs)")
+        raise UsageError(
+            "--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu "
+            "scale's costs)"
+        )
     for flag, path in (("--runs", args.runs), ("--results", args.results)):
         if os.path.exists(path) and not os.path.isdir(path):
             raise UsageError(f"{flag} {path} is a file, not a directory")
     if args.data:
         if args.table not in ("fig4", "table5", "fig5", "all"):
-            raise UsageError("--data applies to the language-modeling tables only: fig4, table5 and fig5")
+            raise UsageError(
+                "--data applies to the language-modeling tables only: fig4, table5 and fig5"
+            )
         try:
             validation_path(args.data)
         except ValueError as e:
@@ -448,27 +782,66 @@ def check_args(args):
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument("table", choices=list(TABLES) + ["all", "claims"],
-                        help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order; "
-                        "claims: RESULTS.md's table of claims from the runs (trains nothing)")
-    parser.add_argument("--scale", choices=SCALES, default="cpu",
-                        help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: each task's laptop variant (config.CPU_VARIANTS)")
-    parser.add_argument("--seeds", type=int, help=f"restarts per cell (default: {SEEDS['paper']} at paper scale, {SEEDS['cpu']} at cpu scale)")
-    parser.add_argument("--jobs", type=int, help="runs trained at once, one process each (default: one per GPU, each worker on its own; "
-                        "1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)")
-    parser.add_argument("--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go")
-    parser.add_argument("--results", default="results", help="where <table>-<scale>.md and <table>-<scale>.png go")
-    parser.add_argument("--data", help="fig4, table5, fig5: the TinyStories train file (default: the shipped story corpus)")
+    parser.add_argument(
+        "table",
+        choices=list(TABLES) + ["all", "claims"],
+        help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order; "
+        "claims: RESULTS.md's table of claims from the runs (trains nothing)",
+    )
+    parser.add_argument(
+        "--scale",
+        choices=SCALES,
+        default="cpu",
+        help="paper: the paper's configurations (docs/protocol.md §3, GPU); cpu: each task's "
+        "laptop variant (config.CPU_VARIANTS)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help=f"restarts per cell (default: {SEEDS['paper']} at paper scale, {SEEDS['cpu']} at cpu "
+        "scale)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        help="runs trained at once, one process each (default: one per GPU, each worker on its "
+        "own; "
+        "1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)",
+    )
+    parser.add_argument(
+        "--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go"
+    )
+    parser.add_argument(
+        "--results", default="results", help="where <table>-<scale>.md and <table>-<scale>.png go"
+    )
+    parser.add_argument(
+        "--data",
+        help="fig4, table5, fig5: the TinyStories train file (default: the shipped story corpus)",
+    )
     instead = parser.add_mutually_exclusive_group()
-    instead.add_argument("--plan", action="store_true", help="print each cell's runs, steps, tokens, FLOPs and predicted "
-                         "H100 time, and the GPU-hours (trains nothing, writes nothing)")
-    instead.add_argument("--redraw", action="store_true", help="draw from the runs and analyses already there, training "
-                         "and analysing nothing (what a fresh clone can draw from the committed records)")
-    instead.add_argument("--print-commands", action="store_true", help="print one shell line per run not yet finished, "
-                         "for xargs -P or a job array, each safe to rerun after a kill (trains nothing)")
+    instead.add_argument(
+        "--plan",
+        action="store_true",
+        help="print each cell's runs, steps, tokens, FLOPs and predicted "
+        "H100 time, and the GPU-hours (trains nothing, writes nothing)",
+    )
+    instead.add_argument(
+        "--redraw",
+        action="store_true",
+        help="draw from the runs and analyses already there, training "
+        "and analysing nothing (what a fresh clone can draw from the committed records)",
+    )
+    instead.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="print one shell line per run not yet finished, "
+        "for xargs -P or a job array, each safe to rerun after a kill (trains nothing)",
+    )
     args = parser.parse_args(argv)
     command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    with usage_errors("reproduce.py", "; the same command continues from each run's last checkpoint"):
+    with usage_errors(
+        "reproduce.py", "; the same command continues from each run's last checkpoint"
+    ):
         args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
         args.jobs = (torch.cuda.device_count() or 1) if args.jobs is None else args.jobs
         check_args(args)
@@ -480,7 +853,15 @@ def main(argv=None):
         elif args.plan:
             print(plan([table_runs(name, args) for name in names], args.scale))
         elif args.print_commands:
-            print_commands([cfg for name in names for cell in table_runs(name, args)[1].values() for cfg in cell], command)
+            print_commands(
+                [
+                    cfg
+                    for name in names
+                    for cell in table_runs(name, args)[1].values()
+                    for cfg in cell
+                ],
+                command,
+            )
         else:
             for name in names:
                 reproduce(name, args, command)

@@ -19,13 +19,13 @@ the project reads goes through read_json: a malformed one is one UsageError line
 import atexit
 import contextlib
 import ctypes
-import math
-import signal
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
+import signal
 import stat
 import statistics
 import sys
@@ -40,27 +40,37 @@ from tqdm import tqdm
 
 from cli import command_line
 from config import CPU_VARIANTS, NOT_COMPUTED, TrainConfig, changed_settings, resolve, saved_config
-from errors import Diverged, UsageError
-from files import FINAL_KEYS, NUMBER, is_json_type, load_checkpoint, read_json, read_metrics, save_torch, write_atomic, write_json
 from devices import uses_bf16
+from errors import Diverged, UsageError
+from files import (
+    FINAL_KEYS,
+    NUMBER,
+    is_json_type,
+    load_checkpoint,
+    read_json,
+    read_metrics,
+    save_torch,
+    write_atomic,
+    write_json,
+)
 from model import model_name
 from paper import test_number
 
-
-
-
-
-
-
-
-
-
-
-
 # What train.py, reproduce.py and analyze.py write into a run directory (analyze.py's figures
 # are its *.png): --overwrite deletes a directory only if it holds nothing else.
-RUN_FILES = {"config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "final.json", "train_split.json",
-             "analysis.json", "analysis.md", "unseen.jsonl", ".lock", ".swap"}
+RUN_FILES = {
+    "config.json",
+    "metrics.jsonl",
+    "checkpoint.pt",
+    "model.pt",
+    "final.json",
+    "train_split.json",
+    "analysis.json",
+    "analysis.md",
+    "unseen.jsonl",
+    ".lock",
+    ".swap",
+}
 # In every directory a swap stages, hides or deletes (replace_old_run), holding the run's name: the
 # proof that this program made it, without which finish_swap never removes or moves a hidden
 # sibling.
@@ -68,7 +78,8 @@ SWAP_MARK = ".swap"
 
 
 def is_run_file(name):
-    """Whether runs write a file of this name: RUN_FILES, figures, or write_atomic's .<name>.<random>.tmp of one."""
+    """Whether runs write a file of this name: RUN_FILES, figures, or write_atomic's
+    .<name>.<random>.tmp of one."""
     if name.startswith(".") and name.endswith(".tmp"):
         name = name[1 : -len(".tmp")].rsplit(".", 1)[0]
     return name in RUN_FILES or name.endswith(".png")
@@ -105,9 +116,10 @@ class Start:
 
 
 def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
-    """Prepare the run directory for the loop, holding its lock (a second process on the run is refused), and
-    return where the loop starts: a new run staged, so that a failed start leaves nothing and an old run it would
-    --overwrite survives any failure; a resumed one at its checkpoint. Only rank 0 touches files."""
+    """Prepare the run directory for the loop, holding its lock (a second process on the run is
+    refused), and return where the loop starts: a new run staged, so that a failed start leaves
+    nothing and an old run it would --overwrite survives any failure; a resumed one at its
+    checkpoint. Only rank 0 touches files."""
     if resume:
         if lead:
             finish_swap(cfg.out)
@@ -164,14 +176,22 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
         raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
     for name, value in asdict(cfg).items():
         if name in saved and name not in NOT_COMPUTED and saved[name] != value:
-            raise UsageError(f"{checkpoint_path} was saved with {name} {saved[name]!r}, but "
-                             f"config.json says {value!r}; a run resumes with its checkpoint's "
-                             "settings: put them back in config.json")
+            raise UsageError(
+                f"{checkpoint_path} was saved with {name} {saved[name]!r}, but "
+                f"config.json says {value!r}; a run resumes with its checkpoint's "
+                "settings: put them back in config.json"
+            )
     try:
-        missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys  # frozen: drawn from the seed
-        untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
+        missing = model.load_state_dict(
+            checkpoint["model"], strict=False
+        ).missing_keys  # frozen: drawn from the seed
+        untrained = [
+            name for name, p in model.named_parameters() if p.requires_grad and name in missing
+        ]
         if untrained or any(name not in model.state_dict() for name in checkpoint["model"]):
-            raise KeyError(f"its weights are another model's ({(untrained or ['an unknown tensor'])[0]})")
+            raise KeyError(
+                f"its weights are another model's ({(untrained or ['an unknown tensor'])[0]})"
+            )
         optimizer.load_state_dict(checkpoint["optimizer"])
         rng = checkpoint["rng"]
         torch.set_rng_state(rng["torch"])
@@ -180,7 +200,10 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
             torch.cuda.set_rng_state_all(rng["cuda"])
         step, elapsed = int(checkpoint["step"]), float(checkpoint["elapsed"])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"{checkpoint_path} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+        raise UsageError(
+            f"{checkpoint_path} does not fit this run ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120]})"
+        ) from None
     if not 0 <= step <= cfg.steps:
         raise UsageError(f"{checkpoint_path} is at step {step}, outside this run's 0..{cfg.steps}")
     if lead:
@@ -206,32 +229,37 @@ def replace_old_run(out, start: Start):
         os.rename(staged, out)
     start.staged, start.made = None, []  # the folders made for the run now hold it
     for lock in start.locks:
-        lock.run_dir = out if lock.run_dir == staged else lock.run_dir  # the lock file moved with its run
+        lock.run_dir = (
+            out if lock.run_dir == staged else lock.run_dir
+        )  # the lock file moved with its run
     if hidden:
         shutil.rmtree(hidden, ignore_errors=True)
     os.remove(os.path.join(out, SWAP_MARK))  # the new run is in place, nothing hidden left to prove
 
 
 def finish_swap(out):
-    """Complete or undo what a killed command left of replace_old_run, read from the hidden siblings on disk:
+    """Complete or undo what a killed command left of replace_old_run, read from the hidden siblings
+    on disk:
       - out missing, .NAME.old and .NAME.new: killed between the two renames: the new run, past its
         first step, takes out, and the old run it was asked to replace goes;
       - out missing, .NAME.old alone: the old run goes back to out;
       - .NAME.old beside out: killed while deleting the replaced run: the rest of it goes;
-      - .NAME.new beside out, or alone: a new run killed before its first step (out is as it was), or
-        the old run an exchange replaced: it goes.
-    A hidden sibling without SWAP_MARK naming out is no swap's: UsageError, nothing touched (an
-    empty one goes: nothing is lost). Then tidy(out). Without hidden siblings nothing else is
-    touched; while another process holds a lock there (it is starting or swapping now),
-    UsageError."""
+      - .NAME.new beside out, or alone: a new run killed before its first step (out is as it was),
+        or the old run an exchange replaced: it goes. A hidden sibling without SWAP_MARK naming out
+        is no swap's: UsageError, nothing touched (an empty one goes: nothing is lost). Then
+        tidy(out). Without hidden siblings nothing else is touched; while another process holds a
+        lock there (it is starting or swapping now), UsageError."""
     new, old = beside(out, "new"), beside(out, "old")
     if os.path.lexists(out) and not os.path.isdir(out):
         return
     # each hidden sibling: whether it is a swap's (else it is empty)
     hidden = {path: check_swapped(path, out) for path in (new, old) if os.path.lexists(path)}
     # only where a swap left something: the locks of the directories it moves or deletes
-    locks = [RunLock(path) for path in (out, *hidden)
-             if hidden and os.path.isdir(path) and os.listdir(path)]
+    locks = [
+        RunLock(path)
+        for path in (out, *hidden)
+        if hidden and os.path.isdir(path) and os.listdir(path)
+    ]
     try:
         if not os.path.exists(out) and hidden.get(old):
             back = new if hidden.get(new) else old
@@ -250,8 +278,10 @@ def finish_swap(out):
 def mark(run_dir, out):
     """Write SWAP_MARK, out's name, into run_dir: a directory a swap of out stages, hides or
     deletes."""
-    write_atomic(os.path.join(run_dir, SWAP_MARK),
-                 lambda f: f.write(os.path.basename(os.path.abspath(out)).encode()))
+    write_atomic(
+        os.path.join(run_dir, SWAP_MARK),
+        lambda f: f.write(os.path.basename(os.path.abspath(out)).encode()),
+    )
 
 
 def check_swapped(hidden, out) -> bool:
@@ -264,9 +294,11 @@ def check_swapped(hidden, out) -> bool:
             if f.read() == name and not os.path.islink(hidden):
                 return True
     if not os.path.isdir(hidden) or os.path.islink(hidden) or os.listdir(hidden):
-        raise UsageError(f"{hidden} is in the way: a run hides there only while it replaces "
-                         f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "
-                         "move it away")
+        raise UsageError(
+            f"{hidden} is in the way: a run hides there only while it replaces "
+            f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "
+            "move it away"
+        )
     return False
 
 
@@ -277,8 +309,13 @@ def tidy(out):
     if not os.path.isdir(out) or os.path.islink(out):
         return
     finished, names = os.path.exists(os.path.join(out, "final.json")), os.listdir(out)
-    stale = [name for name in names if name == SWAP_MARK or finished and (
-             name == "checkpoint.pt" or name.endswith(".tmp") and is_run_file(name))]
+    stale = [
+        name
+        for name in names
+        if name == SWAP_MARK
+        or finished
+        and (name == "checkpoint.pt" or name.endswith(".tmp") and is_run_file(name))
+    ]
     if not stale and not (finished and ".lock" in names):
         return
     try:
@@ -300,7 +337,10 @@ def exchange(a, b) -> bool:
     """Swap the directories at paths a and b in one step (Linux's renameat2 with RENAME_EXCHANGE);
     False, touching nothing, where the system or the file system cannot."""
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # the C library's
-    if renameat2 is None or renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+    if (
+        renameat2 is None
+        or renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0
+    ):
         return renameat2 is not None
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
@@ -315,20 +355,24 @@ def beside(out, what):
 
 
 class RunLock:
-    """An exclusive lock on run_dir/.lock, held until release() and freed by the OS when this process
-    ends however it ends; UsageError naming the holder if another process has it. The file is opened
-    without following a symbolic link, which would lead the pid into a file outside the run."""
+    """An exclusive lock on run_dir/.lock, held until release() and freed by the OS when this
+    process ends however it ends; UsageError naming the holder if another process has it. The file
+    is opened without following a symbolic link, which would lead the pid into a file outside the
+    run."""
 
     def __init__(self, run_dir):
         self.run_dir = run_dir
         path = os.path.join(run_dir, ".lock")
         try:
             self.file = open(
-                os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), "r+")
+                os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), "r+"
+            )
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
-            raise UsageError(f"{path} is a symbolic link, not a lock of this run; remove it") from None
+            raise UsageError(
+                f"{path} is a symbolic link, not a lock of this run; remove it"
+            ) from None
         if not stat.S_ISREG(os.fstat(self.file.fileno()).st_mode):
             self.file.close()
             raise UsageError(f"{path} is not a plain file, so not a lock of this run; remove it")
@@ -336,9 +380,11 @@ class RunLock:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             with self.file:  # closed as the error leaves
-                raise UsageError(f"{run_dir} is being written by another process (pid "
-                                 f"{self.file.read().strip() or 'unknown'}); wait for it to finish "
-                                 "or stop it") from None
+                raise UsageError(
+                    f"{run_dir} is being written by another process (pid "
+                    f"{self.file.read().strip() or 'unknown'}); wait for it to finish "
+                    "or stop it"
+                ) from None
         try:
             self.file.truncate(0)
             print(os.getpid(), file=self.file, flush=True)
@@ -363,8 +409,9 @@ def lock_held(run_dir) -> bool:
     """Whether a live process holds run_dir's lock (RunLock). The probe takes a shared lock for
     an instant, so its caller probes rarely: a run starting in that instant would be refused."""
     try:
-        with open(os.open(os.path.join(run_dir, ".lock"),
-                          os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
+        with open(
+            os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        ) as f:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # closing the file frees it
         return False
     except BlockingIOError:
@@ -374,8 +421,9 @@ def lock_held(run_dir) -> bool:
 
 
 def check_run_dir(cfg, lead):
-    """UsageError unless cfg.out may become a new run: a path of its own, absent, empty, or (with --overwrite)
-    an old run: a directory holding config.json and only files that this program writes."""
+    """UsageError unless cfg.out may become a new run: a path of its own, absent, empty, or (with
+    --overwrite) an old run: a directory holding config.json and only files that this program
+    writes."""
     out = cfg.out
     if not out or not out.strip():
         raise UsageError("--out is empty; name a run directory")
@@ -383,7 +431,9 @@ def check_run_dir(cfg, lead):
         raise UsageError(f"--out {out} is a symbolic link; give the directory it points to")
     real, cwd = os.path.realpath(out), os.path.realpath(os.getcwd())
     if cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
-        raise UsageError(f"--out {out} holds the current directory; a run needs a directory of its own")
+        raise UsageError(
+            f"--out {out} holds the current directory; a run needs a directory of its own"
+        )
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out {out} is a file, not a directory")
     parent = next(p for p in Path(real).parents if os.path.exists(p))  # the nearest that exists
@@ -396,9 +446,11 @@ def check_run_dir(cfg, lead):
     if not cfg.overwrite:  # a finished run cannot be resumed
         raise UsageError(
             f"{out} holds a finished run; pass --overwrite to replace it, or --out another "
-            "directory" if os.path.exists(os.path.join(out, "final.json")) else
-            f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
-            "continue it")
+            "directory"
+            if os.path.exists(os.path.join(out, "final.json"))
+            else f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
+            "continue it"
+        )
     foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
     if foreign or not os.path.exists(os.path.join(out, "config.json")):
         what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
@@ -408,21 +460,12 @@ def check_run_dir(cfg, lead):
 def run_state(run_dir) -> str:
     """finished (final.json), resume (a run past its first step: --resume continues it from its
     checkpoint, or starts it over in place if it has none yet) or fresh (no run here)."""
-    present = [name for name in ("final.json", "checkpoint.pt", "config.json")
-               if os.path.exists(os.path.join(run_dir, name))]
+    present = [
+        name
+        for name in ("final.json", "checkpoint.pt", "config.json")
+        if os.path.exists(os.path.join(run_dir, name))
+    ]
     return "finished" if "final.json" in present else "resume" if present else "fresh"
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, losses=()):
@@ -432,13 +475,23 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
     rng = {"torch": torch.get_rng_state(), "data": generator.get_state()}
     if generator.device.type == "cuda":  # never touch CUDA on a CPU run, even where a GPU exists
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    # Only the weights that train: resuming builds the model from the seed again, which redraws the frozen ones bit
-    # for bit, so a random transformer's checkpoint is a few MB, not its 100 MB of frozen blocks at width 1024.
+    # Only the weights that train: resuming builds the model from the seed again, which redraws the
+    # frozen ones bit for bit, so a random transformer's checkpoint is a few MB, not its 100 MB of
+    # frozen blocks at width 1024.
     trains = {name for name, p in model.named_parameters() if p.requires_grad}
-    save_torch(os.path.join(cfg.out, "checkpoint.pt"), {
-        "model": {name: t for name, t in model.state_dict().items() if name in trains},
-        "optimizer": optimizer.state_dict(), "rng": rng, "step": step,
-        "elapsed": elapsed, "metrics": metrics, "losses": list(losses), "config": asdict(cfg)})
+    save_torch(
+        os.path.join(cfg.out, "checkpoint.pt"),
+        {
+            "model": {name: t for name, t in model.state_dict().items() if name in trains},
+            "optimizer": optimizer.state_dict(),
+            "rng": rng,
+            "step": step,
+            "elapsed": elapsed,
+            "metrics": metrics,
+            "losses": list(losses),
+            "config": asdict(cfg),
+        },
+    )
 
 
 def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix=""):
@@ -449,48 +502,69 @@ def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix="
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, "a") as f:
-            f.write(json.dumps({"step": step, "loss": loss, "lr": lr,
-                                **{f"test_{k}": v for k, v in metrics.items()},
-                                "elapsed": elapsed, "steps_per_s": steps_per_s}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "loss": loss,
+                        "lr": lr,
+                        **{f"test_{k}": v for k, v in metrics.items()},
+                        "elapsed": elapsed,
+                        "steps_per_s": steps_per_s,
+                    }
+                )
+                + "\n"
+            )
     except OSError as e:  # a full disk fails in write or close, unnamed
         raise OSError(e.errno, e.strerror, path) from None
     if not sys.stderr.isatty():
-        parts = ([f"{prefix}step {step}/{steps}"]
-                 + ([f"loss {loss:.4f}"] if loss is not None else [])
-                 + [f"test {k} {v:.4f}" for k, v in metrics.items()]
-                 + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else []))
+        parts = (
+            [f"{prefix}step {step}/{steps}"]
+            + ([f"loss {loss:.4f}"] if loss is not None else [])
+            + [f"test {k} {v:.4f}" for k, v in metrics.items()]
+            + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else [])
+        )
         print(", ".join(parts), flush=True)
 
 
-
-
-
-
 def roll_back(run_dir, step):
-    """Drop what a killed run left after `step`, the checkpoint it resumes (0: none): write_atomic's temp files
-    of files runs write (no other file), and metrics.jsonl's later records and a line cut short by the kill."""
+    """Drop what a killed run left after `step`, the checkpoint it resumes (0: none): write_atomic's
+    temp files of files runs write (no other file), and metrics.jsonl's later records and a line cut
+    short by the kill."""
     for name in os.listdir(run_dir):
         if name.endswith(".tmp") and is_run_file(name):
             os.remove(os.path.join(run_dir, name))
     path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(path):
-        kept = [json.dumps(record) + "\n" for record in read_metrics(run_dir) if record["step"] <= step]
+        kept = [
+            json.dumps(record) + "\n" for record in read_metrics(run_dir) if record["step"] <= step
+        ]
         write_atomic(path, lambda f: f.write("".join(kept).encode()))
 
 
 def save_final(cfg, state_dict, model_cfg, metrics, final):
-    """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`), written last
-    because it marks the run finished. A finished run cannot be resumed, so its checkpoint.pt (model and optimizer,
-    3x model.pt) goes."""
+    """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`),
+    written last because it marks the run finished. A finished run cannot be resumed, so its
+    checkpoint.pt (model and optimizer, 3x model.pt) goes."""
     final = {**metrics, **final}
-    save_torch(os.path.join(cfg.out, "model.pt"), {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)})
+    save_torch(
+        os.path.join(cfg.out, "model.pt"),
+        {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)},
+    )
     write_json(os.path.join(cfg.out, "final.json"), final)
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(cfg.out, "checkpoint.pt"))
-    print(f"{cfg.out} final: " + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items()) + f" ({final['elapsed']:.1f}s)")
+    print(
+        f"{cfg.out} final: "
+        + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items())
+        + f" ({final['elapsed']:.1f}s)"
+    )
     if "bits" in final:
-        print(f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable parameter "
-              f"(loss-based estimate {final['loss_bits']:,.0f} bits)")
+        print(
+            f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable "
+            "parameter "
+            f"(loss-based estimate {final['loss_bits']:,.0f} bits)"
+        )
 
 
 def aggregate(run_dirs) -> dict:
@@ -499,9 +573,15 @@ def aggregate(run_dirs) -> dict:
     first = read_json(paths[0], optional=FINAL_KEYS)
     names = {k: NUMBER for k, v in first.items() if is_json_type(v, NUMBER)}
     finals = [first] + [read_json(path, keys=names) for path in paths[1:]]
-    return {"runs": list(run_dirs), "metrics": {
-        name: dict(zip(("median", "min", "max"), median_range([final[name] for final in finals])))
-        for name in names}}
+    return {
+        "runs": list(run_dirs),
+        "metrics": {
+            name: dict(
+                zip(("median", "min", "max"), median_range([final[name] for final in finals]))
+            )
+            for name in names
+        },
+    }
 
 
 def median_range(values) -> tuple:
@@ -514,16 +594,27 @@ def write_seed_summary(runs):
     path = runs[0].out.removesuffix(f"-s{runs[0].seed}") + "-seeds.json"
     summary = aggregate([run.out for run in runs])
     write_json(path, summary)
-    print(f"{len(runs)} seeds -> {path}: " + ", ".join(
-        f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" for k, v in summary["metrics"].items() if k not in ("step", "elapsed")))
+    print(
+        f"{len(runs)} seeds -> {path}: "
+        + ", ".join(
+            f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]"
+            for k, v in summary["metrics"].items()
+            if k not in ("step", "elapsed")
+        )
+    )
 
 
 def run_record(cfg, counts: dict, device, threads: int) -> dict:
-    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, CPU threads,
-    torch version)."""
-    return {**asdict(cfg), "parameters": counts, "device": str(device),
-            "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32", "threads": threads,
-            "torch": torch.__version__}
+    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, CPU
+    threads, torch version)."""
+    return {
+        **asdict(cfg),
+        "parameters": counts,
+        "device": str(device),
+        "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32",
+        "threads": threads,
+        "torch": torch.__version__,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -532,51 +623,94 @@ def run_record(cfg, counts: dict, device, threads: int) -> dict:
 
 
 class Run:
-    """Everything a training loop needs besides the algorithm, so that train.train() reads as the algorithm.
+    """Everything a training loop needs besides the algorithm, so that train.train() reads as the
+    algorithm.
 
     On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
     caught, and a first line saying what trains and how long it will take here (spare_step: a
     training step to time). place() moves a new run's staged directory into place once its first
-    step has succeeded. log() checks for divergence, appends metrics.jsonl, saves the
-    checkpoint and prints. On exit: a finished run's model.pt and final.json; one stopped by a
-    signal, its checkpoint, then KeyboardInterrupt; one that ended early otherwise (train's
-    stop_after), nothing more, as if killed. Under torchrun the lead rank (0) alone writes files and prints.
+    step has succeeded. log() checks for divergence, appends metrics.jsonl, saves the checkpoint and
+    prints. On exit: a finished run's model.pt and final.json; one stopped by a signal, its
+    checkpoint, then KeyboardInterrupt; one that ended early otherwise (train's stop_after), nothing
+    more, as if killed. Under torchrun the lead rank (0) alone writes files and prints.
     """
 
-    def __init__(self, cfg, task, model, optimizer, generator, counts, device, ranks, resume=False, spare_step=None):
+    def __init__(
+        self,
+        cfg,
+        task,
+        model,
+        optimizer,
+        generator,
+        counts,
+        device,
+        ranks,
+        resume=False,
+        spare_step=None,
+    ):
         self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
         self.counts, self.ranks, self.summary = counts, ranks, task.summary
-        # timed before config.json is written, which records the threads: float sums, so the last bits, follow them
-        self.threads, seconds = thread_choice(spare_step, device) if resume or cfg.steps else (THREADS, 0.0)
+        # timed before config.json is written, which records the threads: float sums, so the last
+        # bits, follow them
+        self.threads, seconds = (
+            thread_choice(spare_step, device) if resume or cfg.steps else (THREADS, 0.0)
+        )
         self.start = self.begin(resume, device)
-        self.step, self.metrics, self.losses = self.start.step, self.start.metrics, self.start.losses
+        self.step, self.metrics, self.losses = (
+            self.start.step,
+            self.start.metrics,
+            self.start.losses,
+        )
         self.stop_requested = False
         if ranks.lead:  # the first lines, before any step, wherever the output goes
             print(self.first_line(device, seconds), flush=True)
 
     def begin(self, resume, device) -> Start:
-        return start_or_resume(self.cfg, resume, self.model, self.optimizer, self.generator,
-                               run_record(self.cfg, self.counts, device, self.threads),
-                               self.ranks.lead)
+        return start_or_resume(
+            self.cfg,
+            resume,
+            self.model,
+            self.optimizer,
+            self.generator,
+            run_record(self.cfg, self.counts, device, self.threads),
+            self.ranks.lead,
+        )
 
     def first_line(self, device, seconds) -> str:
-        return (first_line(self.cfg, self.counts, device, seconds, self.cfg.steps - self.step,
-                           threads=self.threads)
-                + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
-                f"{self.counts['frozen']:,} frozen parameters on {device} -> {self.cfg.out}")
+        return (
+            first_line(
+                self.cfg,
+                self.counts,
+                device,
+                seconds,
+                self.cfg.steps - self.step,
+                threads=self.threads,
+            )
+            + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
+            f"{self.counts['frozen']:,} frozen parameters on {device} -> {self.cfg.out}"
+        )
 
     def __enter__(self):
-        self.began, self.lap_began = time.time() - self.start.elapsed, time.time()  # a resumed run carries its earlier time
+        self.began, self.lap_began = (
+            time.time() - self.start.elapsed,
+            time.time(),
+        )  # a resumed run carries its earlier time
         self.handlers = {  # the ones the signals had before the run (request_stop: where caught)
             s: signal.signal(s, self.request_stop)
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-            if self.ranks.world == 1 and threading.current_thread() is threading.main_thread()}
-        self.bar = tqdm(total=self.cfg.steps, initial=self.step, dynamic_ncols=True, disable=None if self.ranks.lead else True)
+            if self.ranks.world == 1 and threading.current_thread() is threading.main_thread()
+        }
+        self.bar = tqdm(
+            total=self.cfg.steps,
+            initial=self.step,
+            dynamic_ncols=True,
+            disable=None if self.ranks.lead else True,
+        )
         return self
 
     def place(self):
-        """Put a staged new run where it belongs once a step has succeeded (or it has no step to take),
-        unless a stop came during that step: then the old run stays as it was."""
+        """Put a staged new run where it belongs once a step has succeeded (or it has no step to
+        take), unless a stop came during that step: then the old run stays as it was."""
         if self.start.staged and not self.stop_requested:
             replace_old_run(self.cfg.out, self.start)
 
@@ -585,9 +719,11 @@ class Run:
         self.place()
         if self.start.staged:  # stopped in its first step: the run is dropped
             return
-        # the mean training loss since the last evaluation, over every rank (a list for batched seeds); its .tolist()
-        # waits for every queued step, so the lap is true training time
-        loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist() if self.losses else None
+        # the mean training loss since the last evaluation, over every rank (a list for batched
+        # seeds); its .tolist() waits for every queued step, so the lap is true training time
+        loss = (
+            (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist() if self.losses else None
+        )
         steps_per_s = len(self.losses) / (time.time() - self.lap_began) if self.losses else None
         self.check_finite(step, loss, metrics)
         self.metrics = metrics
@@ -600,28 +736,45 @@ class Run:
 
     @staticmethod
     def check_finite(step, loss, metrics):
-        """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot hold it."""
-        bad = {name: value for name, value in [("training loss", loss), *metrics.items()]
-               if value is not None and not math.isfinite(value)}
+        """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot
+        hold it."""
+        bad = {
+            name: value
+            for name, value in [("training loss", loss), *metrics.items()]
+            if value is not None and not math.isfinite(value)
+        }
         if bad:
-            raise Diverged(f"training diverged by step {step} ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
-                           "the run stops at its last checkpoint; a lower --lr may help")
+            raise Diverged(
+                f"training diverged by step {step} "
+                f"({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+                "the run stops at its last checkpoint; a lower --lr may help"
+            )
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
         if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
             log_eval(self.cfg.out, step, self.cfg.steps, loss, lr, metrics, elapsed, steps_per_s)
-            save_checkpoint(self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics)
-        # every headline metric (addition: exact sums beside per-token accuracy); the log line has them all
-        self.bar.set_postfix(loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s)
+            save_checkpoint(
+                self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics
+            )
+        # every headline metric (addition: exact sums beside per-token accuracy); the log line has
+        # them all
+        self.bar.set_postfix(
+            loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s
+        )
 
     def request_stop(self, signum, frame):
-        """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the loop at the next step
-        boundary, where a checkpoint resumes exactly, instead of mid-step; a second signal acts at once. Caught only in
-        the main thread of a single process: data-parallel ranks would stop at different steps."""
+        """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the
+        loop at the next step boundary, where a checkpoint resumes exactly, instead of mid-step; a
+        second signal acts at once. Caught only in the main thread of a single process:
+        data-parallel ranks would stop at different steps."""
         self.stop_requested = True
         self.restore_signals()
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        tqdm.write(f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to stop now", file=sys.stderr)
+        tqdm.write(
+            f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to "
+            "stop now",
+            file=sys.stderr,
+        )
 
     def restore_signals(self):
         while self.handlers:
@@ -636,7 +789,10 @@ class Run:
             if error:
                 return
             if self.stop_requested and self.start.staged:
-                print(f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr)
+                print(
+                    f"interrupted before the first step; {self.cfg.out} is as it was",
+                    file=sys.stderr,
+                )
             elif self.stop_requested and self.step < self.cfg.steps:
                 self.save_stopped()
             elif self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it
@@ -649,15 +805,35 @@ class Run:
 
     def save_stopped(self):
         if self.ranks.lead:
-            save_checkpoint(self.cfg, self.step, self.model, self.optimizer, self.generator,
-                            self.elapsed(), self.metrics, self.losses)
-            print(f"interrupted at step {self.step}; checkpoint saved, continue with: "
-                  f"python train.py --resume {self.cfg.out}", file=sys.stderr)
+            save_checkpoint(
+                self.cfg,
+                self.step,
+                self.model,
+                self.optimizer,
+                self.generator,
+                self.elapsed(),
+                self.metrics,
+                self.losses,
+            )
+            print(
+                f"interrupted at step {self.step}; checkpoint saved, continue with: "
+                f"python train.py --resume {self.cfg.out}",
+                file=sys.stderr,
+            )
 
     def save_finished(self):
-        save_final(self.cfg, self.model.state_dict(), self.model.cfg, self.metrics, {
-            "step": self.step, "elapsed": self.elapsed(), "parameters": self.counts,
-            **self.summary(self.metrics, self.counts["trainable"])})
+        save_final(
+            self.cfg,
+            self.model.state_dict(),
+            self.model.cfg,
+            self.metrics,
+            {
+                "step": self.step,
+                "elapsed": self.elapsed(),
+                "parameters": self.counts,
+                **self.summary(self.metrics, self.counts["trainable"]),
+            },
+        )
         print(result_line(self.cfg, self.metrics), flush=True)
 
 
@@ -669,9 +845,9 @@ def resumed_config(run_dir):
 
 
 def seed_state(cfg, seeds: int) -> str:
-    """What train.py does with one of `seeds` seed runs: new (trains it; train() refuses another run's
-    directory), resume (it was stopped) or finished (skips it, and says so). So the same --seeds
-    command, run again, goes on with each seed."""
+    """What train.py does with one of `seeds` seed runs: new (trains it; train() refuses another
+    run's directory), resume (it was stopped) or finished (skips it, and says so). So the same
+    --seeds command, run again, goes on with each seed."""
     if seeds == 1 or cfg.overwrite:
         return "new"
     cfg = resolve(cfg)[0]  # its directory named
@@ -683,30 +859,47 @@ def seed_state(cfg, seeds: int) -> str:
 
 
 def result_line(cfg, metrics) -> str:
-    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has one."""
-    scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its own settings")
+    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has
+    one."""
+    scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(
+        cfg.scale, "its own settings"
+    )
     model = "LSTM" if cfg.arch == "lstm" else model_name(cfg.mode).lower()
-    what = f"{cfg.task}, {'linearized ' if cfg.arch == 'linear' else ''}{model} {cfg.width} ({scale})"
+    what = (
+        f"{cfg.task}, {'linearized ' if cfg.arch == 'linear' else ''}{model} {cfg.width} ({scale})"
+    )
     # an untrained (0-step) run stands for no model of the paper's: they all train
     published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width) if cfg.steps else None
     if published is None or published[1] not in metrics:
-        return f"{what}: " + ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items()) + "; the paper has no comparable number"
+        return (
+            f"{what}: "
+            + ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items())
+            + "; the paper has no comparable number"
+        )
     name, metric, value, table = published
-    return f"{what}: {100 * metrics[metric]:.3g}% test {metric}; the paper's {name}: {value:g} ({table})"
+    return (
+        f"{what}: {100 * metrics[metric]:.3g}% test {metric}; the paper's {name}: {value:g} "
+        f"({table})"
+    )
 
 
 def slow_run_hint(cfg, seconds):
-    """For a CPU run of over an hour that is not its task's laptop variant: the command that runs the variant; else None."""
-    if seconds <= 3600 or all(getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")):
+    """For a CPU run of over an hour that is not its task's laptop variant: the command that runs
+    the variant; else None."""
+    if seconds <= 3600 or all(
+        getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")
+    ):
         return None
-    return ("the task's laptop variant shows its result in under an hour: "
-            f"{command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch))} --scale cpu")
+    return (
+        "the task's laptop variant shows its result in under an hour: "
+        f"{command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch))} --scale cpu"
+    )
 
 
 def typical_seconds(step, cpu: bool) -> float:
-    """On a CPU, the second of two calls of step (the first allocates), or the first alone where it took
-    over 5 s. On a GPU, the fastest of five: its first steps load kernels and choose algorithms for each
-    new shape, which can take longer than a short run's every other step."""
+    """On a CPU, the second of two calls of step (the first allocates), or the first alone where it
+    took over 5 s. On a GPU, the fastest of five: its first steps load kernels and choose algorithms
+    for each new shape, which can take longer than a short run's every other step."""
     seconds = []
     while len(seconds) < (2 if cpu else 5) and not (cpu and sum(seconds) > 5):
         start = time.time()
@@ -719,9 +912,9 @@ THREADS = torch.get_num_threads()  # torch's own choice, a thread per core, befo
 
 
 def thread_choice(step, device) -> tuple:
-    """(threads, seconds a step takes on them). On a CPU where OMP_NUM_THREADS does not say, the faster of
-    torch's default and one thread, kept for the run: on a busy machine the default's threads wait for
-    each other, and one thread can be several times faster."""
+    """(threads, seconds a step takes on them). On a CPU where OMP_NUM_THREADS does not say, the
+    faster of torch's default and one thread, kept for the run: on a busy machine the default's
+    threads wait for each other, and one thread can be several times faster."""
     cpu = device.type == "cpu"
     if not cpu or "OMP_NUM_THREADS" in os.environ or THREADS == 1:
         return torch.get_num_threads(), typical_seconds(step, cpu)
@@ -736,21 +929,42 @@ def thread_choice(step, device) -> tuple:
 
 def thread_text(threads) -> str:
     """How many threads a CPU run uses, and whether thread_choice chose them."""
-    chosen = f" (faster here than {THREADS + 1 - threads})" if "OMP_NUM_THREADS" not in os.environ and THREADS > 1 else ""
+    chosen = (
+        f" (faster here than {THREADS + 1 - threads})"
+        if "OMP_NUM_THREADS" not in os.environ and THREADS > 1
+        else ""
+    )
     return f", {threads} thread{'s' * (threads > 1)}{chosen}"
 
 
 def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1) -> str:
     """What the run trains, by whose protocol, and how long it will take on this machine."""
     linear = "linearized " if cfg.arch == "linear" else ""
-    model = "the LSTM" if cfg.arch == "lstm" else f"the {model_name(cfg.mode).lower()} {linear}transformer"
-    protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(cfg.scale, "its saved settings")
+    model = (
+        "the LSTM"
+        if cfg.arch == "lstm"
+        else f"the {model_name(cfg.mode).lower()} {linear}transformer"
+    )
+    protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
+        cfg.scale, "its saved settings"
+    )
     minutes = seconds * steps_left / 60
-    took = f"{60 * minutes:.0f} s" if minutes < 1 else f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
-    hint = ("--scale paper insists on the paper's protocol" if cfg.scale == "cpu"
-            else device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left))
-    return (f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
-            f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
-            f"{steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
-            f"({timed}, {seconds:.2g} s{thread_text(threads) if device.type == 'cpu' else ''})"
-            + (f"; {hint}" if hint else ""))
+    took = (
+        f"{60 * minutes:.0f} s"
+        if minutes < 1
+        else f"{minutes:.0f} min"
+        if minutes < 90
+        else f"{minutes / 60:.1f} h"
+    )
+    hint = (
+        "--scale paper insists on the paper's protocol"
+        if cfg.scale == "cpu"
+        else device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left)
+    )
+    return (
+        f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
+        f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
+        f"{steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
+        f"({timed}, {seconds:.2g} s{thread_text(threads) if device.type == 'cpu' else ''})"
+        + (f"; {hint}" if hint else "")
+    )

@@ -11,13 +11,15 @@ import math
 
 import torch
 
-from errors import OneLineParser, UsageError, usage_errors
 from config import load_run
 from devices import pick_device
+from errors import OneLineParser, UsageError, usage_errors
 
 
 @torch.no_grad()
-def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None) -> str:
+def sample_text(
+    model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=40, generator=None
+) -> str:
     """The prompt followed by a continuation sampled from an lm model, stopping at <|endoftext|>."""
     idx = torch.tensor([task.encode(prompt)], device=next(model.parameters()).device)  # (1, T)
     start = idx.size(1)
@@ -32,10 +34,14 @@ def sample_text(model, task, prompt, max_new_tokens=200, temperature=0.8, top_k=
     return prompt + task.decode(idx[0, start:].tolist())
 
 
-def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto") -> str:
+def generate(
+    run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto"
+) -> str:
     """sample_text from the finished lm run in run_dir."""
     if not prompt:
-        raise UsageError("--prompt must not be empty: the model needs at least one token to continue")
+        raise UsageError(
+            "--prompt must not be empty: the model needs at least one token to continue"
+        )
     if not (math.isfinite(temperature) and temperature > 0):
         raise UsageError(f"--temperature must be a finite number > 0, got {temperature}")
     if top_k < 1 or max_new_tokens < 0:
@@ -47,21 +53,41 @@ def generate(run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, see
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
     device = pick_device(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    return sample_text(model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator)
+    return sample_text(
+        model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator
+    )
 
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run", metavar="RUN_DIR", help="a finished lm run directory written by train.py")
+    parser.add_argument(
+        "run", metavar="RUN_DIR", help="a finished lm run directory written by train.py"
+    )
     parser.add_argument("--prompt", default="Once upon a time", help="text to continue")
-    parser.add_argument("--temperature", type=float, default=0.8, help="divides the logits before sampling")
-    parser.add_argument("--top-k", type=int, default=40, help="sample only among the k most likely tokens")
-    parser.add_argument("--max-new-tokens", type=int, default=200, help="longest continuation in tokens")
+    parser.add_argument(
+        "--temperature", type=float, default=0.8, help="divides the logits before sampling"
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=40, help="sample only among the k most likely tokens"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=200, help="longest continuation in tokens"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling")
     parser.add_argument("--device", default="auto", help="auto picks cuda, then mps, then cpu")
     args = parser.parse_args(argv)
     with usage_errors("sample.py"):
-        print(generate(args.run, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed, args.device))
+        print(
+            generate(
+                args.run,
+                args.prompt,
+                args.max_new_tokens,
+                args.temperature,
+                args.top_k,
+                args.seed,
+                args.device,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Train a table's runs, or hand them to a scheduler, or price them: reproduce.py's sweep machinery.
 
-    OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # train what is not finished, draw
+    OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # train what is left, draw
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a scheduler
 
-Serves every table and figure reproduce.py regenerates. sweep trains each unfinished run with train.train, in this
-process or in a pool of --jobs worker processes (one per GPU by default), longest first. --print-commands hands the
-runs to a scheduler instead, a line each, for a SLURM job array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`)
-or `xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then draws the tables. --plan prices each run.
+Serves every table and figure reproduce.py regenerates. sweep trains each unfinished run with
+train.train, in this process or in a pool of --jobs worker processes (one per GPU by default),
+longest first. --print-commands hands the runs to a scheduler instead, a line each, for a SLURM job
+array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`) or `xargs -d '\\n' -n 1 -P 8 bash -c <
+commands.txt`; the plain command then draws the tables. --plan prices each run.
 """
 
 import ctypes
@@ -27,9 +28,16 @@ import analyze
 import train
 from bench import useful_flops
 from cli import command_line
+from config import (
+    TrainConfig,
+    build_task,
+    changed_settings,
+    load_run,
+    resolve,
+    saved_config,
+    with_paper_defaults,
+)
 from errors import UsageError
-from config import (TrainConfig, build_task, changed_settings, load_run, resolve, saved_config,
-                    with_paper_defaults)
 from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
 from rundir import run_state
 from tasks import TASKS, StreamTask
@@ -40,83 +48,141 @@ from tasks import TASKS, StreamTask
 
 
 def check_same_config(cfg: TrainConfig):
-    """A run directory made by another protocol must not pass as this one's: its saved settings must equal the
-    cell's resolved ones, defaults filled in (one left to the scale counts too). UsageError naming the first that differs."""
+    """A run directory made by another protocol must not pass as this one's: its saved settings must
+    equal the cell's resolved ones, defaults filled in (one left to the scale counts too).
+    UsageError naming the first that differs."""
     resolved = resolve(cfg)[0]
     changed = changed_settings(resolved, cfg.out)  # config.NOT_COMPUTED aside
     if changed:
         name = changed[0]
-        raise UsageError(f"{cfg.out} was trained with other settings ({name} "
-                         f"{getattr(saved_config(cfg.out), name)!r}, this cell's "
-                         f"{getattr(resolved, name)!r}); delete it to rerun")
+        raise UsageError(
+            f"{cfg.out} was trained with other settings ({name} "
+            f"{getattr(saved_config(cfg.out), name)!r}, this cell's "
+            f"{getattr(resolved, name)!r}); delete it to rerun"
+        )
 
 
 def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
-    """The unit of work of a sweep's pool: finish run k of n (fresh, or resumed from its checkpoint) and make the
-    analyze.py analyses its table reads; returns (its final.json, its run_state before, seconds)."""
+    """The unit of work of a sweep's pool: finish run k of n (fresh, or resumed from its checkpoint)
+    and make the analyze.py analyses its table reads; returns (its final.json, its run_state before,
+    seconds)."""
     state, start = run_state(cfg.out), time.time()
     if state != "finished":
-        print(f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})", flush=True)
+        print(
+            f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})",
+            flush=True,
+        )
         train.train(replace(cfg, overwrite=True), resume=state == "resume")
     split = os.path.join(cfg.out, "train_split.json")
-    if cfg.task == "modadd" and not os.path.exists(split):  # Table 2's train accuracy: the run scored on its training split
+    if cfg.task == "modadd" and not os.path.exists(
+        split
+    ):  # Table 2's train accuracy: the run scored on its training split
         saved, task, model, _ = load_run(cfg.out)
-        write_json(split, train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype))
-    for name in analyses:  # now, while model.pt is here: git keeps a run's analysis.json, not its weights
-        if read_analysis(cfg.out, name) is None and os.path.exists(os.path.join(cfg.out, "model.pt")):
+        write_json(
+            split,
+            train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype),
+        )
+    for (
+        name
+    ) in analyses:  # now, while model.pt is here: git keeps a run's analysis.json, not its weights
+        if read_analysis(cfg.out, name) is None and os.path.exists(
+            os.path.join(cfg.out, "model.pt")
+        ):
             analyze.main([cfg.out, "--only", name])
-    return (read_json(os.path.join(cfg.out, "final.json"),
-                      optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)}),
-            state, time.time() - start)
+    return (
+        read_json(
+            os.path.join(cfg.out, "final.json"),
+            optional={**FINAL_KEYS, **dict.fromkeys(("loss", "accuracy", "kl"), NUMBER)},
+        ),
+        state,
+        time.time() - start,
+    )
 
 
 def run_cost(cfg: TrainConfig) -> float:
-    """A run's training time relative to others': the longest start first, so --jobs workers finish together."""
-    tokens = cfg.context if cfg.task == "lm" else build_task(cfg).seq_len  # lm would read its corpus
-    return ((10_000 if cfg.steps is None else cfg.steps)  # 0: an untrained run, nearly free
-            * (cfg.batch_size or 1000) * tokens * (cfg.width or 1024) ** 2
-            * (1.5 if cfg.mode == "full" else 1.0))  # a trained body's weight gradients
+    """A run's training time relative to others': the longest start first, so --jobs workers finish
+    together."""
+    tokens = (
+        cfg.context if cfg.task == "lm" else build_task(cfg).seq_len
+    )  # lm would read its corpus
+    return (
+        (10_000 if cfg.steps is None else cfg.steps)  # 0: an untrained run, nearly free
+        * (cfg.batch_size or 1000)
+        * tokens
+        * (cfg.width or 1024) ** 2
+        * (1.5 if cfg.mode == "full" else 1.0)
+    )  # a trained body's weight gradients
 
 
 def sweep(table, runs: dict, jobs: int) -> int:
-    """Train the table's unfinished runs, longest first, printing a line per run; returns how many it trained (or resumed)."""
-    todo = sorted({cfg.out: cfg for cell in runs.values() for cfg in cell}.values(), key=run_cost, reverse=True)
+    """Train the table's unfinished runs, longest first, printing a line per run; returns how many
+    it trained (or resumed)."""
+    todo = sorted(
+        {cfg.out: cfg for cell in runs.values() for cfg in cell}.values(),
+        key=run_cost,
+        reverse=True,
+    )
     for cfg in todo:
         check_same_config(cfg)
     start, trained, cost_left, cost_done = time.time(), 0, sum(map(run_cost, todo)), 0.0
     with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
-        results = (pool.map if pool else map)(train_one, todo, range(1, len(todo) + 1), [len(todo)] * len(todo),
-                                              [table.analyses] * len(todo))
+        results = (pool.map if pool else map)(
+            train_one,
+            todo,
+            range(1, len(todo) + 1),
+            [len(todo)] * len(todo),
+            [table.analyses] * len(todo),
+        )
         for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
-            done = "skipped, finished before" if state == "finished" else ("resumed" if state == "resume" else "trained")
-            metrics = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final)
+            done = (
+                "skipped, finished before"
+                if state == "finished"
+                else ("resumed" if state == "resume" else "trained")
+            )
+            metrics = ", ".join(
+                f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final
+            )
             cost_left -= run_cost(cfg)
             cost_done += run_cost(cfg) * (state != "finished")
-            left = f", about {(time.time() - start) * cost_left / cost_done / 60:.0f} min left" if cost_done and cost_left else ""
-            print(f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, {time.time() - start:.0f}s so far{left})", flush=True)
+            left = (
+                f", about {(time.time() - start) * cost_left / cost_done / 60:.0f} min left"
+                if cost_done and cost_left
+                else ""
+            )
+            print(
+                f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, "
+                f"{time.time() - start:.0f}s so far{left})",
+                flush=True,
+            )
             trained += state != "finished"
     return trained
 
 
 def worker_pool(jobs: int) -> ProcessPoolExecutor:
-    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from one that has used
-    it) and given a GPU of its own where there are GPUs (start_worker)."""
+    """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from
+    one that has used it) and given a GPU of its own where there are GPUs (start_worker)."""
     context = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker,
-                               initargs=(context.Value("i", 0), visible_gpus()))
+    return ProcessPoolExecutor(
+        jobs,
+        mp_context=context,
+        initializer=start_worker,
+        initargs=(context.Value("i", 0), visible_gpus()),
+    )
 
 
 def visible_gpus() -> list:
-    """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); [] without one."""
+    """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); []
+    without one."""
     count = torch.cuda.device_count()
     names = os.environ.get("CUDA_VISIBLE_DEVICES")
     return (names.split(",") if names else [str(i) for i in range(count)])[:count]
 
 
 def start_worker(started, gpus: list):
-    """A pool worker's first act, before anything in it touches CUDA (which reads CUDA_VISIBLE_DEVICES once):
-    end when reproduce.py ends, however it ends, so a killed sweep leaves no run training behind it (Linux;
-    elsewhere a worker finishes its run first), and take the next of gpus (round robin if workers outnumber them)."""
+    """A pool worker's first act, before anything in it touches CUDA (which reads
+    CUDA_VISIBLE_DEVICES once): end when reproduce.py ends, however it ends, so a killed sweep
+    leaves no run training behind it (Linux; elsewhere a worker finishes its run first), and take
+    the next of gpus (round robin if workers outnumber them)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     if gpus:
@@ -131,16 +197,28 @@ def start_worker(started, gpus: list):
 
 
 def print_commands(cfgs: list, command: str):
-    """--print-commands: a shell line per run of cfgs not yet finished, each once (tables share runs), longest first,
-    that finishes the run from any state, so a scheduler may rerun it after a kill: config.json marks a run past its
-    first step, which --resume continues (from its checkpoint, or from the start if killed before one)."""
-    todo = sorted({cfg.out: cfg for cfg in cfgs if run_state(cfg.out) != "finished"}.values(), key=run_cost, reverse=True)
+    """--print-commands: a shell line per run of cfgs not yet finished, each once (tables share
+    runs), longest first, that finishes the run from any state, so a scheduler may rerun it after a
+    kill: config.json marks a run past its first step, which --resume continues (from its
+    checkpoint, or from the start if killed before one)."""
+    todo = sorted(
+        {cfg.out: cfg for cfg in cfgs if run_state(cfg.out) != "finished"}.values(),
+        key=run_cost,
+        reverse=True,
+    )
     for cfg in todo:
         check_same_config(cfg)
-        print(f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
-              f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi")
-    print(f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once they finish, "
-          f"`{command.replace(' --print-commands', '')}` draws the tables without training them again", file=sys.stderr)
+        print(
+            f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
+            f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi"
+        )
+    print(
+        f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once "
+        "they finish, "
+        f"`{command.replace(' --print-commands', '')}` draws the tables without training them "
+        "again",
+        file=sys.stderr,
+    )
 
 
 # What --plan assumes where no run record gives a measured pace (PLAN_NOTE says why).
@@ -163,82 +241,145 @@ the pace, else assumed.
   the steps. Model FLOPs: bench.py's useful_flops of that batch (its docstring says what counts),
   times the steps: frozen blocks still carry the embeddings' gradients, so a random transformer
   costs about 2x its forward, a fully trained one and the LSTM 3x. Evaluation not counted.
-- Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the larger of
-  FLOPs / ({ASSUMED_MFU:.0%} MFU x {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense bf16 peak; runs use
-  bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host syncs, Python), which decides the
-  long runs of small models (Table 3, Figure 4's narrow widths). Both are assumptions:
-  {ASSUMED_MFU:.0%} is within the 20-35% usually assumed for small models, towards its low end, for 2-4
-  layers of width <= 1024 over short sequences whose step also makes its data and cuts 4 length
-  chunks. On an H100, `python bench.py --device cuda --task needle --frozen` measures a step's MFU.
-- Figure 4: TinyStories-train.txt taken as {TINYSTORIES_TOKENS / 1e6:.0f} million tokens (2.1 million
-  stories, 1.9 GB at about 4 bytes a token of its 10,000-token BPE; the corpus is not read), 5 epochs
-  of 20 windows of 512 tokens."""
+- Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the
+  larger of FLOPs / ({ASSUMED_MFU:.0%} MFU x {H100_PEAK / 1e12:.0f} TFLOP/s, the H100 SXM's dense
+  bf16 peak; runs use bf16 on CUDA) and {STEP_FLOOR * 1000:.0f} ms a step (launches, host syncs,
+  Python), which decides the long runs of small models (Table 3, Figure 4's narrow widths). Both
+  are assumptions: {ASSUMED_MFU:.0%} is within the 20-35% usually assumed for small models,
+  towards its low end, for 2-4 layers of width <= 1024 over short sequences whose step also makes
+  its data and cuts 4 length chunks. On an H100, `python bench.py --device cuda --task needle
+  --frozen` measures a step's MFU.
+- Figure 4: TinyStories-train.txt taken as {TINYSTORIES_TOKENS / 1e6:.0f} million tokens (2.1
+  million stories, 1.9 GB at about 4 bytes a token of its 10,000-token BPE; the corpus is not
+  read), 5 epochs of 20 windows of 512 tokens."""
 
 
-# The settings that decide what a training step costs: two runs equal in these take equal time a step on one GPU.
-STEP_COST = ("task", "mode", "arch", "pos", "width", "layers", "heads", "batch_size", "dtype", "compile",
-             "p", "max_pairs", "digits", "max_parens", "keys", "target_width", "context", "vocab")
+# The settings that decide what a training step costs: two runs equal in these take equal time a
+# step on one GPU.
+STEP_COST = (
+    "task",
+    "mode",
+    "arch",
+    "pos",
+    "width",
+    "layers",
+    "heads",
+    "batch_size",
+    "dtype",
+    "compile",
+    "p",
+    "max_pairs",
+    "digits",
+    "max_parens",
+    "keys",
+    "target_width",
+    "context",
+    "vocab",
+)
 
 
 def measured_speeds(root="runs") -> dict:
-    """{STEP_COST settings: (median steps/s, run directory)} of every run record under root that trained on CUDA.
-    A metrics.jsonl line's steps/s counts training time alone (evaluation excluded), so the median is a step's pace."""
+    """{STEP_COST settings: (median steps/s, run directory)} of every run record under root that
+    trained on CUDA. A metrics.jsonl line's steps/s counts training time alone (evaluation
+    excluded), so the median is a step's pace."""
     speeds = {}
-    for run in map(os.path.dirname,
-                   sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True))):
+    for run in map(
+        os.path.dirname, sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True))
+    ):
         try:
             saved = read_json(os.path.join(run, "config.json"))
-            rates = sorted(line["steps_per_s"] for line in read_metrics(run) if isinstance(line.get("steps_per_s"), NUMBER))
+            rates = sorted(
+                line["steps_per_s"]
+                for line in read_metrics(run)
+                if isinstance(line.get("steps_per_s"), NUMBER)
+            )
         except (OSError, UsageError, AttributeError):
             continue  # not a readable run record: nothing measured here
         if saved.get("device") == "cuda" and rates:
-            speeds.setdefault(tuple(saved.get(name) for name in STEP_COST), (rates[len(rates) // 2], run))
+            speeds.setdefault(
+                tuple(saved.get(name) for name in STEP_COST), (rates[len(rates) // 2], run)
+            )
     return speeds
 
 
 def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
-    """(steps, tokens, model FLOPs, predicted GPU seconds, where the seconds come from) of cfg's run from its
-    settings: a measured pace from speeds (measured_speeds) where a record has cfg's STEP_COST settings, else
-    the assumed MFU. Nothing trains, no corpus is read."""
-    if cfg.task == "lm":  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
+    """(steps, tokens, model FLOPs, predicted GPU seconds, where the seconds come from) of cfg's run
+    from its settings: a measured pace from speeds (measured_speeds) where a record has cfg's
+    STEP_COST settings, else the assumed MFU. Nothing trains, no corpus is read."""
+    if (
+        cfg.task == "lm"
+    ):  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
         lm = TASKS["lm"]
         batch_size = cfg.batch_size or lm.batch_size
-        steps = cfg.steps or math.ceil((cfg.epochs or lm.epochs) * TINYSTORIES_TOKENS / (batch_size * cfg.context))
+        steps = cfg.steps or math.ceil(
+            (cfg.epochs or lm.epochs) * TINYSTORIES_TOKENS / (batch_size * cfg.context)
+        )
         cfg = with_paper_defaults(replace(cfg, steps=steps), lm)
-        lengths, answers, vocab = torch.full((batch_size,), cfg.context), torch.arange(cfg.context).repeat(batch_size), cfg.vocab
+        lengths, answers, vocab = (
+            torch.full((batch_size,), cfg.context),
+            torch.arange(cfg.context).repeat(batch_size),
+            cfg.vocab,
+        )
     else:
         cfg, task = resolve(cfg)
-        # generate, not sample: the stream's lengths without building the test set it excludes (seconds for imitate)
+        # generate, not sample: the stream's lengths without building the test set it excludes
+        # (seconds for imitate)
         batch = (task.generate if isinstance(task, StreamTask) else task.sample)(
-            cfg.batch_size, torch.Generator().manual_seed(0))
+            cfg.batch_size, torch.Generator().manual_seed(0)
+        )
         lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
     step = useful_flops(cfg, vocab, lengths, answers)
     measured = (speeds or {}).get(tuple(getattr(cfg, name) for name in STEP_COST))
-    seconds = RUN_START + (cfg.steps / measured[0] if measured
-                           else max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK),
-                                    STEP_FLOOR * cfg.steps))
+    seconds = RUN_START + (
+        cfg.steps / measured[0]
+        if measured
+        else max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
+    )
     source = f"measured, {measured[0]:.1f} steps/s ({measured[1]})" if measured else "assumed"
     return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds, source
 
 
 def plan(tables: list, scale: str) -> str:
-    """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost, and the GPU-hours of each and all."""
-    lines, estimates, speeds = [PLAN_NOTE], {}, measured_speeds()  # estimates: run directory -> (runs, *run_estimate)
+    """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost, and the
+    GPU-hours of each and all."""
+    lines, estimates, speeds = (
+        [PLAN_NOTE],
+        {},
+        measured_speeds(),
+    )  # estimates: run directory -> (runs, *run_estimate)
     for table, runs in tables:
         rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row
         for (row, col), cell in runs.items():
             rows.setdefault(cell[0].out, (cell, []))[1].append(f"{row}, {col}")
-        lines += ["", f"### {table.title} ({scale} scale)", "", "| cells | runs | steps | tokens per run | "
-                  "model FLOPs per run | GPU minutes per run | pace |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### {table.title} ({scale} scale)",
+            "",
+            "| cells | runs | steps | tokens per run | "
+            "model FLOPs per run | GPU minutes per run | pace |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for out, (cell, labels) in rows.items():
             estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0], speeds))
             count, steps, tokens, flops, seconds, source = estimates[out]
-            owner = os.path.basename(os.path.dirname(out)).split("-")[0]  # Figure 7 trains some of Table 1's cells
+            owner = os.path.basename(os.path.dirname(out)).split("-")[
+                0
+            ]  # Figure 7 trains some of Table 1's cells
             shared = "" if owner == table.name else f" ({owner}'s runs)"
-            lines.append(f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | {flops:.3g} | {seconds / 60:.1f} | {source} |")
-        lines += ["", f"Total: {sum(estimates[out][0] for out in rows)} runs, "
-                  f"{sum(estimates[out][0] * estimates[out][4] for out in rows) / 3600:.1f} GPU-hours."]
+            lines.append(
+                f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | "
+                f"{flops:.3g} | {seconds / 60:.1f} | {source} |"
+            )
+        lines += [
+            "",
+            f"Total: {sum(estimates[out][0] for out in rows)} runs, "
+            f"{sum(estimates[out][0] * estimates[out][4] for out in rows) / 3600:.1f} GPU-hours.",
+        ]
     if len(tables) > 1:
-        lines += ["", f"All {len(tables)} tables and figures: {sum(e[0] for e in estimates.values())} runs, "
-                  f"{sum(e[0] * e[4] for e in estimates.values()) / 3600:.1f} GPU-hours (runs that tables share counted once)."]
+        lines += [
+            "",
+            f"All {len(tables)} tables and figures: {sum(e[0] for e in estimates.values())} runs, "
+            f"{sum(e[0] * e[4] for e in estimates.values()) / 3600:.1f} GPU-hours (runs that "
+            "tables share counted once).",
+        ]
     return "\n".join(lines)

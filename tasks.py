@@ -5,8 +5,8 @@
     batch = task.sample(1000, torch.Generator().manual_seed(0))
     test = task.test_set()
 
-Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic tasks, memorization, circuit imitation
-and language modeling; token ids follow docs/protocol.md §4 exactly.
+Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic tasks, memorization, circuit
+imitation and language modeling; token ids follow docs/protocol.md §4 exactly.
 """
 
 import math
@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from corpus import END_OF_TEXT, STORY_DIR, load_or_tokenize, load_or_train_tokenizer, validation_path, write_story_corpus
+from corpus import (
+    END_OF_TEXT,
+    STORY_DIR,
+    load_or_tokenize,
+    load_or_train_tokenizer,
+    validation_path,
+    write_story_corpus,
+)
 from model import GPT, GPTConfig
 
 TEST_SEED = 1_000_003  # every test set is drawn from this seed, whatever the run's seed
@@ -26,12 +33,15 @@ TEST_SEED = 1_000_003  # every test set is drawn from this seed, whatever the ru
 
 @dataclass
 class Batch:
-    """What every task hands the trainer. The model runs its unembedding only at pos, so the loss never sees padding."""
+    """What every task hands the trainer. The model runs its unembedding only at pos, so the loss
+    never sees padding."""
 
     x: torch.Tensor  # (B, T) input tokens
     pos: torch.Tensor  # (B, A) positions whose logits are scored
     y: torch.Tensor  # (B, A) answer token at each position, -1 = no answer there
-    target: torch.Tensor = None  # (B, A, V) target log-probabilities where labels are distributions (imitate)
+    target: torch.Tensor = (
+        None  # (B, A, V) target log-probabilities where labels are distributions (imitate)
+    )
 
     def __len__(self):
         return self.x.size(0)
@@ -47,7 +57,8 @@ class Batch:
         return Batch(*(None if t is None else fn(t) for t in vars(self).values()))
 
     def length_chunks(self) -> list:
-        """[(chunk, weight)]: rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed after their longest row.
+        """[(chunk, weight)]: rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed
+        after their longest row.
 
         Causal attention means no token after a row's last answer can change any answer, so the
         trim leaves loss and gradient unchanged up to float rounding. weight = the chunk's share of
@@ -57,28 +68,41 @@ class Batch:
         """
         answers = (self.y >= 0).sum((-2, -1))
         last = self.pos.amax(-1)  # (..., B) each row's last answer position
-        chunks = [rows for rows in last.argsort(-1).tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)]
+        chunks = [
+            rows for rows in last.argsort(-1).tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)
+        ]
         ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
         # Every row the same length: no sorting, one chunk.
         chunks, ends = ([None], ends[:1]) if ends[0] == ends[-1] else (chunks, ends[1:])
-        trimmed = [replace(chunk, x=chunk.x[..., : end + 1].contiguous())  # one memory layout for every chunk: no recompile
-                   for chunk, end in zip([self if rows is None else self.take_rows(rows) for rows in chunks], ends)]
+        trimmed = [
+            replace(
+                chunk, x=chunk.x[..., : end + 1].contiguous()
+            )  # one memory layout for every chunk: no recompile
+            for chunk, end in zip(
+                [self if rows is None else self.take_rows(rows) for rows in chunks], ends
+            )
+        ]
         return [(chunk, (chunk.y >= 0).sum((-2, -1)) / answers) for chunk in trimmed]
 
     def take_rows(self, rows):
         """The given rows (indices (..., b) into the row dimension, the second to last of pos)."""
-        return self.apply(lambda t: torch.take_along_dim(
-            t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), self.pos.dim() - 2))
+        return self.apply(
+            lambda t: torch.take_along_dim(
+                t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), self.pos.dim() - 2
+            )
+        )
 
 
-# Rows are sorted by length and cut into this many chunks, each trimmed after its own last answer. With uniform
-# lengths (needle, parens) n chunks feed (n + 1) / 2n of the padded tokens: 1, 3/4, 5/8, 9/16 for n = 1, 2, 4, 8,
-# so past 4 the saving is small while each chunk costs its own kernel launches.
+# Rows are sorted by length and cut into this many chunks, each trimmed after its own last answer.
+# With uniform lengths (needle, parens) n chunks feed (n + 1) / 2n of the padded tokens: 1, 3/4,
+# 5/8, 9/16 for n = 1, 2, 4, 8, so past 4 the saving is small while each chunk costs its own kernel
+# launches.
 LENGTH_CHUNKS = 4
 
 
 def join_batches(batches, join=torch.cat):
-    """One batch from several, field by field: join=torch.cat appends rows, torch.stack adds a leading dimension."""
+    """One batch from several, field by field: join=torch.cat appends rows, torch.stack adds a
+    leading dimension."""
     columns = zip(*(vars(b).values() for b in batches))
     return Batch(*(None if c[0] is None else join(c) for c in columns))
 
@@ -97,7 +121,8 @@ class Task:
     eval_batch_size = 1000  # test examples per forward pass
 
     def test_set(self) -> Batch:
-        """The fixed evaluation set `self.test` (CPU), identical across runs, seeds and architectures."""
+        """The fixed evaluation set `self.test` (CPU), identical across runs, seeds and
+        architectures."""
         return self.test
 
     def loss(self, logits, batch: Batch):
@@ -105,13 +130,20 @@ class Task:
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.y.flatten(), ignore_index=-1)
 
     def metrics(self, logits, batch: Batch) -> dict:
-        """Per-item scores: each value is a 1-D tensor whose mean over the test set is the metric."""
+        """Per-item scores: each value is a 1-D tensor whose mean over the test set is the
+        metric."""
         answered = batch.y >= 0
-        per_token_loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.y.flatten(), ignore_index=-1, reduction="none")
-        return {"loss": per_token_loss[answered.flatten()], "accuracy": (logits.argmax(-1) == batch.y)[answered].float()}
+        per_token_loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), batch.y.flatten(), ignore_index=-1, reduction="none"
+        )
+        return {
+            "loss": per_token_loss[answered.flatten()],
+            "accuracy": (logits.argmax(-1) == batch.y)[answered].float(),
+        }
 
     def summary(self, metrics: dict, trainable: int) -> dict:
-        """Numbers a finished run adds to its final.json beside the test metrics (Table 3's, for memorize)."""
+        """Numbers a finished run adds to its final.json beside the test metrics (Table 3's, for
+        memorize)."""
         return {}
 
 
@@ -135,43 +167,63 @@ class StreamTask(Task):
         return self.generate(self.test_size, torch.Generator().manual_seed(TEST_SEED))
 
     def sample(self, batch_size, generator):
-        if getattr(self, "_test_hashes", None) is None or self._test_hashes.device != generator.device:
+        if (
+            getattr(self, "_test_hashes", None) is None
+            or self._test_hashes.device != generator.device
+        ):
             self._test_hashes = row_hashes(self.test_set().x.to(generator.device))
         kept = []
         while sum(map(len, kept)) < batch_size:
             batch = self.generate(batch_size, generator)
-            # integer rows, not a boolean mask per field: one wait on the host per draw, not one per field
-            kept.append(batch[(~torch.isin(row_hashes(batch.x), self._test_hashes)).nonzero().squeeze(1)])
+            # integer rows, not a boolean mask per field: one wait on the host per draw, not one per
+            # field
+            kept.append(
+                batch[(~torch.isin(row_hashes(batch.x), self._test_hashes)).nonzero().squeeze(1)]
+            )
         return join_batches(kept)[:batch_size] if len(kept) > 1 else kept[0]
 
 
-_HASH_WEIGHTS = torch.randint(-(2**62), 2**62, (512,), generator=torch.Generator().manual_seed(0)) | 1
+_HASH_WEIGHTS = (
+    torch.randint(-(2**62), 2**62, (512,), generator=torch.Generator().manual_seed(0)) | 1
+)
 
 
 def row_hashes(x):
-    """A 64-bit hash of each row of tokens: distinct rows collide with probability ~2^-60, dropping one training example."""
+    """A 64-bit hash of each row of tokens: distinct rows collide with probability ~2^-60, dropping
+    one training example."""
     return (x * _HASH_WEIGHTS[: x.size(1)].to(x.device)).sum(1)
 
 
 def uniform_below(n, generator):
-    """One integer uniform in [0, n_i) for each entry of the tensor n (exact up to float64 rounding)."""
-    return (torch.rand(n.shape, generator=generator, device=n.device, dtype=torch.float64) * n).long()
+    """One integer uniform in [0, n_i) for each entry of the tensor n (exact up to float64
+    rounding)."""
+    return (
+        torch.rand(n.shape, generator=generator, device=n.device, dtype=torch.float64) * n
+    ).long()
 
 
 class FiniteTask(Task):
-    """A task with a fixed training set, `self.train_set`, passed over `epochs` times, and test set `self.test`.
+    """A task with a fixed training set, `self.train_set`, passed over `epochs` times, and test set
+    `self.test`.
 
-    Each batch draws rows uniformly with replacement, so the paper's shuffled epochs become the same number of steps
-    with the same expected passes over every example.
+    Each batch draws rows uniformly with replacement, so the paper's shuffled epochs become the same
+    number of steps with the same expected passes over every example.
     """
 
     def steps_for(self, batch_size: int) -> int:
         return math.ceil(self.epochs * len(self.train_set) / batch_size)
 
     def sample(self, batch_size, generator):
-        if getattr(self, "_train_on_device", None) is None or self._train_on_device.x.device != generator.device:
-            self._train_on_device = self.train_set.to(generator.device)  # train_set stays on the CPU for evaluation
-        rows = torch.randint(len(self.train_set), (batch_size,), generator=generator, device=generator.device)
+        if (
+            getattr(self, "_train_on_device", None) is None
+            or self._train_on_device.x.device != generator.device
+        ):
+            self._train_on_device = self.train_set.to(
+                generator.device
+            )  # train_set stays on the CPU for evaluation
+        rows = torch.randint(
+            len(self.train_set), (batch_size,), generator=generator, device=generator.device
+        )
         return self._train_on_device[rows]
 
 
@@ -200,7 +252,11 @@ class ModularAddition(FiniteTask):
             raise ValueError(f"modadd needs a modulus p >= 2, got {self.p}")
         a, b = torch.cartesian_prod(torch.arange(self.p), torch.arange(self.p)).T
         order = torch.randperm(self.p**2, generator=torch.Generator().manual_seed(TEST_SEED))
-        pairs = Batch(torch.stack([a, b], 1), torch.ones(self.p**2, 1, dtype=torch.long), ((a + b) % self.p)[:, None])[order]
+        pairs = Batch(
+            torch.stack([a, b], 1),
+            torch.ones(self.p**2, 1, dtype=torch.long),
+            ((a + b) % self.p)[:, None],
+        )[order]
         # The published split is 37,619 train / 1,982 test for p = 199 (docs/protocol.md §4.1).
         n_train = int(0.95 * self.p**2) - 1
         self.train_set, self.test = pairs[:n_train], pairs[n_train:]
@@ -215,8 +271,9 @@ class ModularAddition(FiniteTask):
 class Needle(StreamTask):
     """Recall the value stored after a queried marker.
 
-    Example: a 1 b 2 c 3 d 4 b -> x = [128, 1, 129, 2, 130, 3, 131, 4, 159], scored at position 8 (the query,
-    marker b = 129 plus 30), answer 2. k ~ U[1, max_pairs] distinct markers, values from [1, 127], padding 0.
+    Example: a 1 b 2 c 3 d 4 b -> x = [128, 1, 129, 2, 130, 3, 131, 4, 159], scored at position 8
+    (the query, marker b = 129 plus 30), answer 2. k ~ U[1, max_pairs] distinct markers, values from
+    [1, 127], padding 0.
     """
 
     max_pairs: int = 30
@@ -226,7 +283,10 @@ class Needle(StreamTask):
     seq_len = property(lambda self: 2 * self.max_pairs + 1)
     MARKERS = 30  # the marker alphabet [128, 157]; queries are [158, 187]
     distinct_inputs = property(  # k ordered distinct markers, k values, one of k queried
-        lambda self: sum(math.perm(self.MARKERS, k) * 127**k * k for k in range(1, self.max_pairs + 1)))
+        lambda self: sum(
+            math.perm(self.MARKERS, k) * 127**k * k for k in range(1, self.max_pairs + 1)
+        )
+    )
 
     def __post_init__(self):
         if not 1 <= self.max_pairs <= self.MARKERS:
@@ -235,10 +295,14 @@ class Needle(StreamTask):
     def generate(self, n, generator):
         device, K = generator.device, self.max_pairs
         k = 1 + torch.randint(K, (n,), generator=generator, device=device)
-        markers = 128 + torch.rand(n, self.MARKERS, generator=generator, device=device).argsort(1)[:, :K]
+        markers = (
+            128 + torch.rand(n, self.MARKERS, generator=generator, device=device).argsort(1)[:, :K]
+        )
         values = torch.randint(1, 128, (n, K), generator=generator, device=device)
         x = torch.stack([markers, values], 2).view(n, 2 * K)  # m1 c1 m2 c2 ...
-        x = F.pad(torch.where(torch.arange(2 * K, device=device) < 2 * k[:, None], x, 0), (0, 1))  # + the query slot
+        x = F.pad(
+            torch.where(torch.arange(2 * K, device=device) < 2 * k[:, None], x, 0), (0, 1)
+        )  # + the query slot
         rows, queried = torch.arange(n, device=device), uniform_below(k, generator)
         x[rows, 2 * k] = markers[rows, queried] + self.MARKERS
         return Batch(x, (2 * k)[:, None], values[rows, queried][:, None])
@@ -255,9 +319,10 @@ PLUS, EQUALS, ADD_PAD, SUM_DIGIT0, SUM_END = 10, 11, 12, 20, 30
 class Addition(StreamTask):
     """Add two `digits`-digit numbers, every number written least significant digit first.
 
-    Example (digits = 3): 123 + 989 = 1112 -> x = [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21] (the input is the full
-    sequence minus its last token), answers [22, 21, 21, 21, 30] at positions 7..11: sum digits as tokens 20..29,
-    then the end token 30; pad 12. Scored per answer token (every sum digit and the end token) and by exact match.
+    Example (digits = 3): 123 + 989 = 1112 -> x = [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21] (the
+    input is the full sequence minus its last token), answers [22, 21, 21, 21, 30] at positions
+    7..11: sum digits as tokens 20..29, then the end token 30; pad 12. Scored per answer token
+    (every sum digit and the end token) and by exact match.
     """
 
     digits: int = 10
@@ -277,13 +342,21 @@ class Addition(StreamTask):
         a, b = (torch.randint(lo, hi, (n,), generator=generator, device=device) for _ in range(2))
         s = a + b
         # (n, m): v's m lowest digits, least significant first
-        digits = lambda v, m: v[:, None] // 10 ** torch.arange(m, device=device) % 10  # noqa: E731
+        digits = lambda v, m: v[:, None] // 10 ** torch.arange(m, device=device) % 10
         sum_len = d + (s >= hi).long()  # d or d + 1 digits
-        answer = torch.where(torch.arange(d + 2, device=device) < sum_len[:, None], SUM_DIGIT0 + digits(s, d + 2), ADD_PAD)
+        answer = torch.where(
+            torch.arange(d + 2, device=device) < sum_len[:, None],
+            SUM_DIGIT0 + digits(s, d + 2),
+            ADD_PAD,
+        )
         answer[torch.arange(n, device=device), sum_len] = SUM_END
-        col = lambda v: torch.full((n, 1), v, device=device)  # noqa: E731
-        seq = torch.cat([digits(a, d), col(PLUS), digits(b, d), col(EQUALS), answer], 1)  # (n, 3d + 4)
-        pos = 2 * d + 1 + torch.arange(d + 2, device=device).expand(n, -1)  # each answer is predicted at the token before it
+        col = lambda v: torch.full((n, 1), v, device=device)
+        seq = torch.cat(
+            [digits(a, d), col(PLUS), digits(b, d), col(EQUALS), answer], 1
+        )  # (n, 3d + 4)
+        pos = (
+            2 * d + 1 + torch.arange(d + 2, device=device).expand(n, -1)
+        )  # each answer is predicted at the token before it
         return Batch(seq[:, :-1], pos, torch.where(answer == ADD_PAD, -1, answer))
 
     def metrics(self, logits, batch):
@@ -302,10 +375,11 @@ OPEN, CLOSE, QUERY = 1, 2, 3
 class Parens(StreamTask):
     """Is a string of up to `max_parens` parentheses balanced?
 
-    Example: ( ) ( ( ) ? -> x = [1, 2, 1, 1, 2, 3], scored at position 5 (the '?'), answer 1 (unbalanced); a
-    balanced string is answered 2. Generate-then-mutate exactly as the authors' sampler (docs/protocol.md §4.4): 1/3
-    uniformly random strings, 2/3 random balanced strings of t ~ U[1, max_parens/2] pairs, then random swaps and
-    flips. Vectorized over the batch with the same distribution as the per-example recursive sampler.
+    Example: ( ) ( ( ) ? -> x = [1, 2, 1, 1, 2, 3], scored at position 5 (the '?'), answer 1
+    (unbalanced); a balanced string is answered 2. Generate-then-mutate exactly as the authors'
+    sampler (docs/protocol.md §4.4): 1/3 uniformly random strings, 2/3 random balanced strings of t
+    ~ U[1, max_parens/2] pairs, then random swaps and flips. Vectorized over the batch with the same
+    distribution as the per-example recursive sampler.
     """
 
     max_parens: int = 60
@@ -313,7 +387,9 @@ class Parens(StreamTask):
     vocab_size = 4
     n_positions = 80
     seq_len = property(lambda self: self.max_parens + 1)
-    distinct_inputs = property(lambda self: 2 ** (self.max_parens + 1) - 2)  # every string of 1 to max_parens brackets
+    distinct_inputs = property(
+        lambda self: 2 ** (self.max_parens + 1) - 2
+    )  # every string of 1 to max_parens brackets
 
     def __post_init__(self):
         if self.max_parens < 2:
@@ -321,7 +397,9 @@ class Parens(StreamTask):
 
     def generate(self, n, generator):
         device, L = generator.device, self.max_parens
-        randint = lambda high, *shape: torch.randint(high, shape, generator=generator, device=device)  # noqa: E731
+        randint = lambda high, *shape: torch.randint(
+            high, shape, generator=generator, device=device
+        )
         mutation = randint(4, n)
         is_random = randint(3, n) == 0
         mutation = torch.where(~is_random & randint(2, n).bool(), 0, mutation)
@@ -329,7 +407,12 @@ class Parens(StreamTask):
         pairs = 1 + randint(L // 2, n)
         length = torch.where(is_random, 1 + randint(L, n), 2 * pairs)
         inside = torch.arange(L, device=device) < length[:, None]
-        s = torch.where(is_random[:, None], 1 + randint(2, n, L), balanced_strings(pairs, L, generator)) * inside
+        s = (
+            torch.where(
+                is_random[:, None], 1 + randint(2, n, L), balanced_strings(pairs, L, generator)
+            )
+            * inside
+        )
 
         swaps = torch.where(mutation & 1 == 1, geometric_count(n, generator), 0)
         rows = torch.arange(n, device=device)
@@ -339,13 +422,20 @@ class Parens(StreamTask):
             sp, sq = s[rows, p], s[rows, q]
             s[rows, p], s[rows, q] = torch.where(do, sq, sp), torch.where(do, sp, sq)
 
-        flips = (torch.where(mutation & 2 == 2, geometric_count(n, generator), 0)
-                 * torch.where(randint(3, n) > 0, 2, 1))
+        flips = torch.where(mutation & 2 == 2, geometric_count(n, generator), 0) * torch.where(
+            randint(3, n) > 0, 2, 1
+        )
         if most_flips := int(flips.max()):
-            # Flips at distinct indices commute and a double flip cancels, so only each index's parity matters.
+            # Flips at distinct indices commute and a double flip cancels, so only each index's
+            # parity matters.
             at = uniform_below(length[:, None].expand(-1, most_flips), generator)
             active = torch.arange(at.size(1), device=device) < flips[:, None]
-            parity = torch.zeros(n, L, dtype=torch.long, device=device).scatter_add_(1, at, active.long()) % 2
+            parity = (
+                torch.zeros(n, L, dtype=torch.long, device=device).scatter_add_(
+                    1, at, active.long()
+                )
+                % 2
+            )
             s = torch.where(parity == 1, 3 - s, s)
 
         depth = torch.where(s == OPEN, 1, torch.where(s == CLOSE, -1, 0)).cumsum(1)
@@ -364,14 +454,17 @@ def geometric_count(n, generator):
 def balanced_strings(pairs, width, generator):
     """Random balanced strings of `pairs` pairs each, by the authors' recursion.
 
-    balanced(1) = "()"; balanced(t) = "(" + balanced(t-1) + ")" with prob 1/2, else balanced(u) + balanced(t-u) with
-    u ~ U[1, t-1]. Instead of recursing per example, every pending sub-string of the whole batch is one row of
-    (example, offset, t) and each loop expands all of them one level. The rows are masked rather than selected, so a
-    level waits on the host once (how many rows are still pending: the next level's random draws need that count),
-    and a batch at most max_parens / 2 times.
+    balanced(1) = "()"; balanced(t) = "(" + balanced(t-1) + ")" with prob 1/2, else balanced(u) +
+    balanced(t-u) with u ~ U[1, t-1]. Instead of recursing per example, every pending sub-string of
+    the whole batch is one row of (example, offset, t) and each loop expands all of them one level.
+    The rows are masked rather than selected, so a level waits on the host once (how many rows are
+    still pending: the next level's random draws need that count), and a batch at most max_parens /
+    2 times.
     """
     device = pairs.device
-    out = torch.zeros(len(pairs), width + 1, dtype=torch.long, device=device)  # a split row writes to the extra column
+    out = torch.zeros(
+        len(pairs), width + 1, dtype=torch.long, device=device
+    )  # a split row writes to the extra column
     row, offset, t = torch.arange(len(pairs), device=device), torch.zeros_like(pairs), pairs
     while len(row):
         wrap = (t == 1) | (torch.randint(2, t.shape, generator=generator, device=device) == 1)
@@ -379,9 +472,12 @@ def balanced_strings(pairs, width, generator):
         out[row, torch.where(wrap, offset, width)] = OPEN
         out[row, torch.where(wrap, offset + 2 * t - 1, width)] = CLOSE
         u = 1 + uniform_below(t - 1, generator)
-        # The sub-strings to expand next, in the recursion's order: every wrap's inside, then every split's two halves.
+        # The sub-strings to expand next, in the recursion's order: every wrap's inside, then every
+        # split's two halves.
         row, offset = row.repeat(3), torch.cat([offset + 1, offset, offset + 2 * u])
-        t = torch.cat([torch.where(wrap, t - 1, 0), torch.where(wrap, 0, u), torch.where(wrap, 0, t - u)])
+        t = torch.cat(
+            [torch.where(wrap, t - 1, 0), torch.where(wrap, 0, u), torch.where(wrap, 0, t - u)]
+        )
         pending = (t > 0).nonzero().squeeze(1)
         row, offset, t = row[pending], offset[pending], t[pending]
     return out[:, :width]
@@ -396,9 +492,9 @@ def balanced_strings(pairs, width, generator):
 class Memorization(FiniteTask):
     """Memorize a random map from key pairs to values; the training set is the test set.
 
-    Example: x = [7, 600] (keys 7 and 600 - 512 = 88), scored at position 1, answer z = the value drawn for that
-    pair, uniform in [0, 511]. The paper uses keys = 512: 262,144 pairs x 9 bits. Vocab and positions stay 1024 and 5
-    at every size so parameter counts match Table 3.
+    Example: x = [7, 600] (keys 7 and 600 - 512 = 88), scored at position 1, answer z = the value
+    drawn for that pair, uniform in [0, 511]. The paper uses keys = 512: 262,144 pairs x 9 bits.
+    Vocab and positions stay 1024 and 5 at every size so parameter counts match Table 3.
     """
 
     keys: int = 512
@@ -416,23 +512,34 @@ class Memorization(FiniteTask):
         if not 1 <= self.keys <= 512:
             raise ValueError(f"memorize needs 1 <= keys <= 512, got {self.keys}")
         x, y = torch.cartesian_prod(torch.arange(self.keys), 512 + torch.arange(self.keys)).T
-        z = torch.randint(self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED))
-        self.train_set = self.test = Batch(torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None])
+        z = torch.randint(
+            self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED)
+        )
+        self.train_set = self.test = Batch(
+            torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None]
+        )
 
     def summary(self, metrics, trainable):
-        return memorization_capacity(metrics["accuracy"], metrics["loss"], len(self.train_set), self.VALUES, trainable)
+        return memorization_capacity(
+            metrics["accuracy"], metrics["loss"], len(self.train_set), self.VALUES, trainable
+        )
 
 
 def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:
     """Table 3's measures of how much a memorization run stored.
 
-    bits: each exactly recalled pair counts its full value (Table 3: accuracy 0.8054 over 262,144 pairs -> 1,900,177
-    bits). loss_bits: the information the predicted distribution carries beyond a uniform guess (loss in nats per pair).
+    bits: each exactly recalled pair counts its full value (Table 3: accuracy 0.8054 over 262,144
+    pairs -> 1,900,177 bits). loss_bits: the information the predicted distribution carries beyond a
+    uniform guess (loss in nats per pair).
     """
     value_bits = math.log2(n_values)
     bits = round(accuracy * n_pairs * value_bits)
-    return {"accuracy": accuracy, "bits": bits, "bits_per_parameter": bits / trainable,
-            "loss_bits": n_pairs * (value_bits - loss / math.log(2))}
+    return {
+        "accuracy": accuracy,
+        "bits": bits,
+        "bits_per_parameter": bits / trainable,
+        "loss_bits": n_pairs * (value_bits - loss / math.log(2)),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -441,12 +548,14 @@ def memorization_capacity(accuracy, loss, n_pairs, n_values, trainable) -> dict:
 
 
 def imitation_target(width: int, seed: int) -> GPT:
-    """The random target transformer: GPT-2 init drawn from `seed` (the global RNG is left untouched), then scaled as
-    the authors' code does (docs/protocol.md §4.6, §7.7) so its predictions vary strongly across inputs; the
-    unembedding ends with std 2/sqrt(width)."""
+    """The random target transformer: GPT-2 init drawn from `seed` (the global RNG is left
+    untouched), then scaled as the authors' code does (docs/protocol.md §4.6, §7.7) so its
+    predictions vary strongly across inputs; the unembedding ends with std 2/sqrt(width)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        target = GPT(GPTConfig(vocab_size=512, n_positions=40, n_embd=width, n_layer=3, n_head=2)).requires_grad_(False)
+        target = GPT(
+            GPTConfig(vocab_size=512, n_positions=40, n_embd=width, n_layer=3, n_head=2)
+        ).requires_grad_(False)
     for block in target.h:
         block.mlp.c_proj.weight.mul_(20)
         block.mlp.c_proj.bias.mul_(20)
@@ -459,9 +568,9 @@ def imitation_target(width: int, seed: int) -> GPT:
 class Imitation(StreamTask):
     """Match a random target transformer's next-token distribution at the last position.
 
-    Example: x = 40 tokens uniform in [0, 511], e.g. [17, 402, ..., 88], scored at position 39; the label is the
-    target's full distribution there (batch.target, log-probabilities) and the loss KL(target || model). y holds the
-    target's most likely token, so "accuracy" is top-1 agreement.
+    Example: x = 40 tokens uniform in [0, 511], e.g. [17, 402, ..., 88], scored at position 39; the
+    label is the target's full distribution there (batch.target, log-probabilities) and the loss
+    KL(target || model). y holds the target's most likely token, so "accuracy" is top-1 agreement.
     """
 
     target_width: int = 16
@@ -475,7 +584,9 @@ class Imitation(StreamTask):
 
     def __post_init__(self):
         if not (self.target_width >= 2 and self.target_width % 2 == 0):
-            raise ValueError(f"imitate needs an even target width >= 2 (2 heads), got {self.target_width}")
+            raise ValueError(
+                f"imitate needs an even target width >= 2 (2 heads), got {self.target_width}"
+            )
         self.target = imitation_target(self.target_width, self.target_seed)
 
     def generate(self, n, generator):
@@ -483,20 +594,26 @@ class Imitation(StreamTask):
         self.target.to(device)
         x = torch.randint(self.vocab_size, (n, self.seq_len), generator=generator, device=device)
         pos = torch.full((n, 1), self.seq_len - 1, device=device)
-        target = self.target(x, pos).float().log_softmax(-1)  # (n, 1, V); no graph: the target is frozen
+        target = (
+            self.target(x, pos).float().log_softmax(-1)
+        )  # (n, 1, V); no graph: the target is frozen
         return Batch(x, pos, target.argmax(-1), target)
 
     def loss(self, logits, batch):
         return kl_divergence(logits, batch.target).mean()
 
     def metrics(self, logits, batch):
-        return {"kl": kl_divergence(logits, batch.target).flatten(),
-                "accuracy": (logits.argmax(-1) == batch.y).float().flatten()}
+        return {
+            "kl": kl_divergence(logits, batch.target).flatten(),
+            "accuracy": (logits.argmax(-1) == batch.y).float().flatten(),
+        }
 
 
 def kl_divergence(logits, target_logprobs):
     """KL(target || model) in nats at each scored position: (B, A, V) -> (B, A)."""
-    return F.kl_div(logits.float().log_softmax(-1), target_logprobs, log_target=True, reduction="none").sum(-1)
+    return F.kl_div(
+        logits.float().log_softmax(-1), target_logprobs, log_target=True, reduction="none"
+    ).sum(-1)
 
 
 # ---------------------------------------------------------------------------
@@ -508,11 +625,11 @@ def kl_divergence(logits, target_logprobs):
 class LanguageModeling(Task):
     """Next-token prediction on stories, every position scored.
 
-    Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64, 301],
-    pos = [0, 1, 2, 3], y = [389, 64, 301, 11]: y is x shifted by one.
-    `data` is a TinyStories-style train file with its validation file beside it (corpus.validation_path); without
-    it the shipped story corpus is written to data/stories/. corpus.py trains a byte-level BPE of `vocab` tokens on
-    the train file and caches it and both files' tokens beside the data.
+    Example (context 4): tokens "Once| upon| a| time|," -> x = [412, 389, 64, 301], pos = [0, 1, 2,
+    3], y = [389, 64, 301, 11]: y is x shifted by one. `data` is a TinyStories-style train file with
+    its validation file beside it (corpus.validation_path); without it the shipped story corpus is
+    written to data/stories/. corpus.py trains a byte-level BPE of `vocab` tokens on the train file
+    and caches it and both files' tokens beside the data.
     """
 
     data: str = None
@@ -528,15 +645,22 @@ class LanguageModeling(Task):
 
     def __post_init__(self):
         if self.context < 2 or self.vocab < 257 or self.vocab > 2**16:
-            raise ValueError(f"lm needs context >= 2 and 257 <= vocab <= 65536, got {self.context} and {self.vocab}")
+            raise ValueError(
+                f"lm needs context >= 2 and 257 <= vocab <= 65536, got {self.context} and "
+                f"{self.vocab}"
+            )
         train_path = self.data or write_story_corpus(STORY_DIR)
         paths = train_path, validation_path(train_path)
         tokenizer_path = load_or_train_tokenizer(train_path, self.vocab)
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
-        self.train_tokens, self.valid_tokens = (load_or_tokenize(path, tokenizer_path, self.vocab) for path in paths)
+        self.train_tokens, self.valid_tokens = (
+            load_or_tokenize(path, tokenizer_path, self.vocab) for path in paths
+        )
         for path, tokens in zip(paths, (self.train_tokens, self.valid_tokens)):
             if len(tokens) <= self.context:
-                raise ValueError(f"{path} has {len(tokens)} tokens, fewer than context + 1 = {self.context + 1}")
+                raise ValueError(
+                    f"{path} has {len(tokens)} tokens, fewer than context + 1 = {self.context + 1}"
+                )
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.end_of_text = self.tokenizer.token_to_id(END_OF_TEXT)
 
@@ -544,16 +668,25 @@ class LanguageModeling(Task):
         return math.ceil(self.epochs * len(self.train_tokens) / (batch_size * self.context))
 
     def windows(self, tokens, starts):
-        rows = torch.from_numpy(tokens[starts[:, None] + np.arange(self.context + 1)].astype(np.int64))  # (B, C + 1)
+        rows = torch.from_numpy(
+            tokens[starts[:, None] + np.arange(self.context + 1)].astype(np.int64)
+        )  # (B, C + 1)
         return Batch(rows[:, :-1], torch.arange(self.context).expand(len(starts), -1), rows[:, 1:])
 
     def sample(self, batch_size, generator):
-        starts = torch.randint(len(self.train_tokens) - self.context, (batch_size,), generator=generator, device=generator.device)
+        starts = torch.randint(
+            len(self.train_tokens) - self.context,
+            (batch_size,),
+            generator=generator,
+            device=generator.device,
+        )
         return self.windows(self.train_tokens, starts.cpu().numpy()).to(generator.device)
 
     @cached_property
     def test(self):
-        return self.windows(self.valid_tokens, np.arange(0, len(self.valid_tokens) - self.context, self.context))
+        return self.windows(
+            self.valid_tokens, np.arange(0, len(self.valid_tokens) - self.context, self.context)
+        )
 
     def encode(self, text: str) -> list:
         return self.tokenizer.encode(text).ids
@@ -566,7 +699,18 @@ class LanguageModeling(Task):
 # Registry
 # ---------------------------------------------------------------------------
 
-TASKS = {cls.name: cls for cls in (ModularAddition, Needle, Addition, Parens, Memorization, Imitation, LanguageModeling)}
+TASKS = {
+    cls.name: cls
+    for cls in (
+        ModularAddition,
+        Needle,
+        Addition,
+        Parens,
+        Memorization,
+        Imitation,
+        LanguageModeling,
+    )
+}
 
 
 def make_task(name: str, **sizes) -> Task:

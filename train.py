@@ -41,8 +41,12 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
-    with deterministic_kernels(cfg.deterministic), Run(cfg, task, model, optimizer, generator, counts, device, ranks,
-                                                       resume, timed_step) as run:
+    with (
+        deterministic_kernels(cfg.deterministic),
+        Run(
+            cfg, task, model, optimizer, generator, counts, device, ranks, resume, timed_step
+        ) as run,
+    ):
         for step in range(run.start.step, cfg.steps + 1):
             run.step = step
             last = step == cfg.steps
@@ -52,16 +56,20 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
                 break
             set_lr(optimizer, lr_at(step, cfg))
             batch = task.sample(cfg.batch_size, generator).to(device)
-            run.losses.append(train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision))
+            run.losses.append(
+                train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
+            )
             run.bar.update()
-            if run.start.staged:  # a new run takes its directory's place once its first step has succeeded
+            if (
+                run.start.staged
+            ):  # a new run takes its directory's place once its first step has succeeded
                 run.place()
     return run.metrics
 
 
 def train_step(model, loss_fn, chunks: list, optimizer, clip, precision):
-    """One optimizer step on a batch given as its length chunks (Batch.length_chunks), whose gradients
-    add up; returns the batch's mean answer loss (a tensor: no host sync)."""
+    """One optimizer step on a batch given as its length chunks (Batch.length_chunks), whose
+    gradients add up; returns the batch's mean answer loss (a tensor: no host sync)."""
     batch_loss = 0.0
     for chunk, weight in chunks:
         with precision:
@@ -76,9 +84,10 @@ def train_step(model, loss_fn, chunks: list, optimizer, clip, precision):
 
 @torch.no_grad()
 def evaluate(model, task, test: Batch, device, dtype="auto") -> dict:
-    """Every metric of the task, averaged over the whole test set, task.eval_batch_size rows at a time.
-    Causal attention means nothing after a row's last answer affects any answer, so rows are taken
-    shortest first and each chunk is cut after its last answer: the same logits as the padded batch, less work."""
+    """Every metric of the task, averaged over the whole test set, task.eval_batch_size rows at a
+    time. Causal attention means nothing after a row's last answer affects any answer, so rows are
+    taken shortest first and each chunk is cut after its last answer: the same logits as the padded
+    batch, less work."""
     scores = {}
     by_length = test.pos.amax(1).argsort()
     for start in range(0, len(test), task.eval_batch_size):
@@ -105,23 +114,36 @@ def set_lr(optimizer, lr: float) -> None:
 
 
 def make_optimizer(params, cfg, device) -> torch.optim.AdamW:
-    """AdamW over the trainable params only. Matrices and embeddings decay; biases and LayerNorms do not."""
+    """AdamW over the trainable params only. Matrices and embeddings decay; biases and LayerNorms do
+    not."""
     trainable = [p for p in params if p.requires_grad]
-    groups = [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda")
+    groups = [
+        {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda"
+    )
 
 
 def spare_step(cfg, task, model, device, ranks):
-    """A training step on copies of the model (uncompiled) and optimizer, with a batch of their own, for
-    the run's time estimate (rundir.typical_seconds): the run's weights, optimizer state and data stay
-    untouched."""
+    """A training step on copies of the model (uncompiled) and optimizer, with a batch of their own,
+    for the run's time estimate (rundir.typical_seconds): the run's weights, optimizer state and
+    data stay untouched."""
     model = copy.deepcopy(model)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
-    generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)  # not the run's data
-    return lambda: train_step(model, task.loss, task.sample(cfg.batch_size, generator).to(device).length_chunks(),
-                              optimizer, clip, precision).item()
+    generator = torch.Generator(device=device).manual_seed(
+        (cfg.seed + 1) % 2**64
+    )  # not the run's data
+    return lambda: train_step(
+        model,
+        task.loss,
+        task.sample(cfg.batch_size, generator).to(device).length_chunks(),
+        optimizer,
+        clip,
+        precision,
+    ).item()
 
 
 def main(argv=None):

@@ -9,14 +9,12 @@ import torch
 
 import analyze
 import compare
+import config
 import corpus
 import tasks
-import config
-
 import train
 from config import TrainConfig
 from rundir import RunLock
-
 
 # ---------------------------------------------------------------------------
 # Known answers on constructed inputs
@@ -43,33 +41,53 @@ def test_neuron_basis_sees_only_axis_aligned_variance():
 
 
 def test_isotropic_states_have_top_10_fractions_near_10_over_d():
-    pc, neuron = analyze.top_k_variance_fractions(torch.randn(20_000, 100, generator=torch.Generator().manual_seed(0)))
+    pc, neuron = analyze.top_k_variance_fractions(
+        torch.randn(20_000, 100, generator=torch.Generator().manual_seed(0))
+    )
     assert 0.1 < neuron < pc < 0.14
 
 
 def circle_embedding(p, frequencies, amplitudes, width=32, noise=0.0):
-    """Token t -> amplitude * (cos, sin)(2 pi k t / p) per frequency k, rotated into `width` dims."""
+    """Token t -> amplitude * (cos, sin)(2 pi k t / p) per frequency k, rotated into `width`
+    dims."""
     t = torch.arange(p).double()
-    planes = [a * torch.stack([torch.cos(2 * math.pi * k * t / p), torch.sin(2 * math.pi * k * t / p)], 1)
-              for k, a in zip(frequencies, amplitudes)]
+    planes = [
+        a * torch.stack([torch.cos(2 * math.pi * k * t / p), torch.sin(2 * math.pi * k * t / p)], 1)
+        for k, a in zip(frequencies, amplitudes)
+    ]
     E = torch.cat(planes, 1)  # (p, 2 * len(frequencies))
-    rotation, _ = torch.linalg.qr(torch.randn(width, width, dtype=torch.double, generator=torch.Generator().manual_seed(0)))
-    return E @ rotation[: E.size(1)] + noise * torch.randn(p, width, dtype=torch.double, generator=torch.Generator().manual_seed(1))
+    rotation, _ = torch.linalg.qr(
+        torch.randn(width, width, dtype=torch.double, generator=torch.Generator().manual_seed(0))
+    )
+    return E @ rotation[: E.size(1)] + noise * torch.randn(
+        p, width, dtype=torch.double, generator=torch.Generator().manual_seed(1)
+    )
 
 
 def test_hand_made_circular_embedding_scores_as_circular():
     p = 31
-    result = analyze.circularity(circle_embedding(p, frequencies=[3, 7], amplitudes=[2.0, 1.0], noise=1e-3))
+    result = analyze.circularity(
+        circle_embedding(p, frequencies=[3, 7], amplitudes=[2.0, 1.0], noise=1e-3)
+    )
     assert result["mean"] > 0.99
-    # PCs 1-2 trace frequency 3, PCs 3-4 frequency 7; reading tokens in the order t * f turns them into one cycle.
-    assert [k * f % p in (1, p - 1) for k, f in zip([3, 3, 7, 7], result["frequencies"])] == [True] * 4
+    # PCs 1-2 trace frequency 3, PCs 3-4 frequency 7; reading tokens in the order t * f turns them
+    # into one cycle.
+    assert [k * f % p in (1, p - 1) for k, f in zip([3, 3, 7, 7], result["frequencies"])] == [
+        True
+    ] * 4
 
 
 def test_circle_score_is_one_for_a_circle_and_a_quarter_for_two_frequencies():
     p = 31
-    projections, _ = analyze.principal_components(circle_embedding(p, frequencies=[3, 7], amplitudes=[2.0, 1.0]))
-    assert analyze.circle_score(projections[:, 0], projections[:, 1]) == pytest.approx(1.0)  # frequency 3's plane
-    assert analyze.circle_score(projections[:, 0], projections[:, 2]) == pytest.approx(0.25)  # a cosine of 3 and one of 7
+    projections, _ = analyze.principal_components(
+        circle_embedding(p, frequencies=[3, 7], amplitudes=[2.0, 1.0])
+    )
+    assert analyze.circle_score(projections[:, 0], projections[:, 1]) == pytest.approx(
+        1.0
+    )  # frequency 3's plane
+    assert analyze.circle_score(projections[:, 0], projections[:, 2]) == pytest.approx(
+        0.25
+    )  # a cosine of 3 and one of 7
     noise = torch.randn(p, 2, dtype=torch.double, generator=torch.Generator().manual_seed(0))
     assert analyze.circle_score(*(noise - noise.mean(0)).T) < 0.25
 
@@ -91,15 +109,21 @@ def test_distance_irrelevance_is_one_for_sum_only_logits_and_zero_for_distance_o
 def test_distance_irrelevance_with_an_even_modulus_is_the_std_over_each_differences_pairs():
     p = 8
     L = torch.randn(p, p, dtype=torch.double, generator=torch.Generator().manual_seed(0))
-    by_difference = [[L[a, b] for a in range(p) for b in range(p) if (a - b) % p == d] for d in range(p)]
+    by_difference = [
+        [L[a, b] for a in range(p) for b in range(p) if (a - b) % p == d] for d in range(p)
+    ]
     expected = torch.tensor(by_difference).std(1, correction=0).mean() / L.std(correction=0)
     assert analyze.distance_irrelevance_from_logits(L) == pytest.approx(expected.item())
 
 
 def test_clock_pizza_of_an_even_modulus_model_reads_no_unwritten_memory(monkeypatch):
-    p = 6  # even: the sum and the difference of a pair share their parity, so (a, b) -> (s, d) is not one-to-one
+    # even: the sum and the difference of a pair share their parity, so (a, b) -> (s, d) is not
+    # one-to-one
+    p = 6
     torch.manual_seed(0)
-    _, _, model, _ = config.build(TrainConfig(task="modadd", mode="frozen", p=p, width=16, heads=2, device="cpu"))
+    _, _, model, _ = config.build(
+        TrainConfig(task="modadd", mode="frozen", p=p, width=16, heads=2, device="cpu")
+    )
     model.eval()
     first = [analyze.gradient_symmetricity(model, p), analyze.distance_irrelevance(model, p)]
     empty = torch.empty
@@ -107,15 +131,31 @@ def test_clock_pizza_of_an_even_modulus_model_reads_no_unwritten_memory(monkeypa
     def nan_filled(*args, **kwargs):  # an entry read before it is written now reads NaN
         t = empty(*args, **kwargs)
         return t.fill_(math.nan) if t.is_floating_point() else t
+
     monkeypatch.setattr(torch, "empty", nan_filled)
-    assert [analyze.gradient_symmetricity(model, p), analyze.distance_irrelevance(model, p)] == first
+    assert [
+        analyze.gradient_symmetricity(model, p),
+        analyze.distance_irrelevance(model, p),
+    ] == first
     assert all(math.isfinite(v) for v in first)
 
 
 def test_token_labels_name_each_tasks_tokens():
-    assert analyze.token_labels(tasks.Needle(), analyze.NEEDLE_EXAMPLE) == ["a", "1", "b", "2", "c", "3", "d", "4", "b?"]
+    assert analyze.token_labels(tasks.Needle(), analyze.NEEDLE_EXAMPLE) == [
+        "a",
+        "1",
+        "b",
+        "2",
+        "c",
+        "3",
+        "d",
+        "4",
+        "b?",
+    ]
     addition = tasks.Addition(digits=3)  # 123 + 989 = 1112, the task's worked example
-    assert analyze.token_labels(addition, [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21, 30]) == list("321+989=2111") + ["end"]
+    assert analyze.token_labels(addition, [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21, 30]) == list(
+        "321+989=2111"
+    ) + ["end"]
     assert analyze.token_labels(tasks.Parens(), [1, 2, 1, 3, 0]) == ["(", ")", "(", "?", "_"]
     assert analyze.token_labels(tasks.Memorization(keys=4), [3, 514]) == ["x3", "y2"]
     assert analyze.token_labels(tasks.ModularAddition(p=7), [5, 6]) == ["5", "6"]
@@ -129,7 +169,9 @@ def test_hand_set_needle_attention_pattern_is_recovered():
         query = int(batch.pos[row, 0])
         marker = int(batch.x[row, query]) - tasks.Needle.MARKERS
         value = batch.x[row].tolist().index(marker) + 1
-        patterns[1, row, 2, query, value] = 1.0  # layer 2, head 3: the query reads the matching value
+        patterns[1, row, 2, query, value] = (
+            1.0  # layer 2, head 3: the query reads the matching value
+        )
         for v in range(1, query, 2):
             patterns[0, row, 0, v, v - 1] = 1.0  # layer 1, head 1: every value reads its marker
     scores = analyze.needle_attention_scores(patterns, batch)
@@ -166,8 +208,20 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     sizes = {"modadd": {"p": 7}, "needle": {"max_pairs": 4}, "parens": {"max_parens": 8}}
     for task, size in sizes.items():
-        train.train(TrainConfig(task=task, mode="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
-                               device="cpu", out=str(root / task), **size))
+        train.train(
+            TrainConfig(
+                task=task,
+                mode="frozen",
+                width=16,
+                steps=3,
+                batch_size=16,
+                warmup=1,
+                test_size=32,
+                device="cpu",
+                out=str(root / task),
+                **size,
+            )
+        )
     return root
 
 
@@ -184,16 +238,27 @@ def assert_figure(path):
 @pytest.mark.slow
 def test_modadd_run_gets_every_modadd_analysis(runs):
     result = analyzed(runs / "modadd")
-    assert set(result) == {"curves", "variance", "projection", "embedding", "clock_pizza",
-                           "attention"}
+    assert set(result) == {
+        "curves",
+        "variance",
+        "projection",
+        "embedding",
+        "clock_pizza",
+        "attention",
+    }
     variance = result["variance"]
     assert variance["layers"] == ["Emb", "L1", "L2"]
     assert all(0 <= v <= 1 + 1e-9 for v in variance["pc_top10"] + variance["neuron_top10"])
-    assert all(n <= pc + 1e-9 for n, pc in zip(variance["neuron_top10"], variance["pc_top10"]))  # PCs are the best 10 directions
+    assert all(
+        n <= pc + 1e-9 for n, pc in zip(variance["neuron_top10"], variance["pc_top10"])
+    )  # PCs are the best 10 directions
     circle = result["embedding"]["circularity"]
     assert len(circle["components"]) == 4 and 0 <= circle["mean"] <= 1
     circles = result["embedding"]["circles"]
-    assert 0 <= circles["pcs_1_3"] <= circles["best"]["score"] <= 1 + 1e-9 and len(circles["best"]["pcs"]) == 2
+    assert (
+        0 <= circles["pcs_1_3"] <= circles["best"]["score"] <= 1 + 1e-9
+        and len(circles["best"]["pcs"]) == 2
+    )
     assert len(result["embedding"]["projections"][0]) == 4
     assert -1 <= result["clock_pizza"]["gradient_symmetricity"] <= 1
     assert result["clock_pizza"]["distance_irrelevance"] >= 0
@@ -219,8 +284,12 @@ def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
     report = (runs / "needle" / "analysis.md").read_text()
     assert "is largest in layer" in report and "for attention spread evenly" in report
     assert "Input: `a 1 b 2 c 3 d 4 b?`" in report  # the tokens decoded, the query marked
-    assert f"At width 16 the top {analyze.TOP_K} directions are" in report  # a narrow model's fractions say little
-    assert len(attention["patterns"]) == 2 and len(attention["patterns"][0][0]) == len(analyze.NEEDLE_EXAMPLE)
+    assert (
+        f"At width 16 the top {analyze.TOP_K} directions are" in report
+    )  # a narrow model's fractions say little
+    assert len(attention["patterns"]) == 2 and len(attention["patterns"][0][0]) == len(
+        analyze.NEEDLE_EXAMPLE
+    )
 
 
 def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
@@ -228,15 +297,29 @@ def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
 
     def keep_labels(plt, fig, path, **savefig):
         drawn[path.rsplit("/", 1)[-1]] = fig
+
     monkeypatch.setattr(analyze, "save_figure", keep_labels)
     analyze.main([str(runs / "needle"), "--only", "attention"])
     analyze.main([str(runs / "needle"), "--only", "curves"])
     attention = drawn["attention.png"].axes
     assert len(attention) == 2 * 4 + 1  # a panel per layer and head, and the colour bar
-    assert [t.get_text() for t in attention[0].get_xticklabels()] == ["a", "1", "b", "2", "c", "3", "d", "4", "b?"]
+    assert [t.get_text() for t in attention[0].get_xticklabels()] == [
+        "a",
+        "1",
+        "b",
+        "2",
+        "c",
+        "3",
+        "d",
+        "4",
+        "b?",
+    ]
     assert "attention weight" in attention[-1].get_ylabel()
     loss_ax = drawn["curves.png"].axes[0]
-    assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == ["training loss (answer tokens)", "test loss (answer tokens)"]
+    assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == [
+        "training loss (answer tokens)",
+        "test loss (answer tokens)",
+    ]
     assert "nats per answer token" in loss_ax.get_ylabel()
 
 
@@ -253,8 +336,14 @@ def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
 def test_parens_lengths_split_the_test_set_by_what_training_shows(runs):
     lengths = analyzed(runs / "parens", "--only", "lengths")["lengths"]
     rows = {(r["length"], r["answer"]): r for r in lengths["rows"]}
-    assert not rows[(2, "balanced")]["in_training"]  # "()" is a test string, so the exclusion rule keeps it out of training
-    assert sum(r["test"] for r in rows.values()) == lengths["unseen"]["test"] + lengths["seen"]["test"] == 32
+    assert not rows[(2, "balanced")][
+        "in_training"
+    ]  # "()" is a test string, so the exclusion rule keeps it out of training
+    assert (
+        sum(r["test"] for r in rows.values())
+        == lengths["unseen"]["test"] + lengths["seen"]["test"]
+        == 32
+    )
     pooled = sum(r["accuracy"] * r["test"] for r in rows.values()) / 32
     assert lengths["accuracy"] == pytest.approx(pooled)
     assert "| 2 | balanced |" in (runs / "parens" / "analysis.md").read_text()
@@ -290,8 +379,18 @@ def test_corrupt_checkpoint_is_a_one_line_error(runs, tmp_path, capsys):
 @pytest.mark.slow
 def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
     run = tmp_path / "memorize"
-    train.train(TrainConfig(task="memorize", mode="frozen", keys=4, steps=3, batch_size=16, warmup=1,
-                           device="cpu", out=str(run)))
+    train.train(
+        TrainConfig(
+            task="memorize",
+            mode="frozen",
+            keys=4,
+            steps=3,
+            batch_size=16,
+            warmup=1,
+            device="cpu",
+            out=str(run),
+        )
+    )
     final = json.loads((run / "final.json").read_text())
     result = analyzed(run)
     assert set(result) == {"curves", "variance", "attention", "memorization"}
@@ -304,15 +403,37 @@ def test_memorize_run_reports_capacity_by_the_tasks_formula(tmp_path):
 def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
     stories = corpus.write_story_corpus(str(tmp_path / "stories"), n_train=100, n_valid=10)
     run = tmp_path / "lm"
-    train.train(TrainConfig(task="lm", mode="frozen", data=stories, vocab=400, context=32, width=16, heads=2,
-                           steps=3, batch_size=4, warmup=1, device="cpu", out=str(run)))
+    train.train(
+        TrainConfig(
+            task="lm",
+            mode="frozen",
+            data=stories,
+            vocab=400,
+            context=32,
+            width=16,
+            heads=2,
+            steps=3,
+            batch_size=4,
+            warmup=1,
+            device="cpu",
+            out=str(run),
+        )
+    )
     samples = analyzed(run, "--only", "samples")["samples"]
     assert samples["prompts"] == analyze.LM_PROMPTS
-    assert all(text.startswith(prompt) for prompt, text in zip(samples["prompts"], samples["continuations"]))
-    assert any(len(text) > len(prompt) for prompt, text in zip(samples["prompts"], samples["continuations"]))
+    assert all(
+        text.startswith(prompt)
+        for prompt, text in zip(samples["prompts"], samples["continuations"])
+    )
+    assert any(
+        len(text) > len(prompt)
+        for prompt, text in zip(samples["prompts"], samples["continuations"])
+    )
     tokens = analyzed(run, "--only", "attention")["attention"]["tokens"]
     task = analyze.Run(str(run)).task
-    labels = analyze.token_labels(task, tokens)  # each token's text, spaces and newlines made visible
+    labels = analyze.token_labels(
+        task, tokens
+    )  # each token's text, spaces and newlines made visible
     assert "".join(labels).replace("␣", " ").replace("↵", "\n") == task.tokenizer.decode(tokens)
 
 
@@ -338,14 +459,18 @@ def refused(run, capsys, *flags):
     return err
 
 
-def test_run_killed_between_model_and_final_json_is_refused_with_how_to_finish_it(runs, tmp_path, capsys):
+def test_run_killed_between_model_and_final_json_is_refused_with_how_to_finish_it(
+    runs, tmp_path, capsys
+):
     run = copied(runs, "modadd", tmp_path)
     (run / "final.json").unlink()
     assert f"finish it with: python train.py --resume {run}" in refused(run, capsys)
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", '"curves"', '{"curves": {"figure": "curves.png"}}'])
-def test_earlier_analysis_json_this_program_cannot_read_is_a_one_line_error(runs, tmp_path, capsys, text):
+def test_earlier_analysis_json_this_program_cannot_read_is_a_one_line_error(
+    runs, tmp_path, capsys, text
+):
     run = copied(runs, "parens", tmp_path)
     (run / "analysis.json").write_text(text)
     assert "is not results this analyze.py can read" in refused(run, capsys, "--only", "curves")
@@ -361,7 +486,10 @@ def test_diverged_run_is_a_one_line_error(runs, tmp_path, capsys):
 
 def test_nan_in_the_metrics_is_reported_as_nan(runs, tmp_path):
     run = copied(runs, "needle", tmp_path)
-    log = [{**json.loads(line), "loss": math.nan, "test_loss": math.nan} for line in (run / "metrics.jsonl").read_text().splitlines()]
+    log = [
+        {**json.loads(line), "loss": math.nan, "test_loss": math.nan}
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in log))
     curves = analyzed(run, "--only", "curves")["curves"]
     assert math.isnan(curves["final"]["test_loss"])
@@ -369,12 +497,18 @@ def test_nan_in_the_metrics_is_reported_as_nan(runs, tmp_path):
     assert_figure(run / "curves.png")
 
 
-def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compare_draws_it(runs, tmp_path):
+def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compare_draws_it(
+    runs, tmp_path
+):
     run = copied(runs, "parens", tmp_path)
     analyze.main(["--watch", str(run)])  # finished already: scores model.pt once and ends
     (record,) = [json.loads(line) for line in (run / "unseen.jsonl").read_text().splitlines()]
     lengths = analyze.parens_lengths(analyze.Run(str(run)))
-    assert record["step"] == 3 and record["unseen"] == lengths["unseen"]["accuracy"] and record["n_unseen"] == lengths["unseen"]["test"]
+    assert (
+        record["step"] == 3
+        and record["unseen"] == lengths["unseen"]["accuracy"]
+        and record["n_unseen"] == lengths["unseen"]["test"]
+    )
     compare.main([str(run), "--plot", str(tmp_path / "unseen.png")])
     assert_figure(tmp_path / "unseen.png")
     assert [r.get("unseen") for r in compare.load(str(run)).log][-1] == record["unseen"]
@@ -383,30 +517,62 @@ def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compa
 def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
     steps = range(0, 1100, 100)
     lr = [1e-3 * (1 - s / 1000) for s in steps]  # a linear decay to zero stands in for the cosine
-    converged = [{"step": s, "lr": r, "test_accuracy": min(1.0, s / 400)} for s, r in zip(steps, lr)]
-    stopped = [{"step": s, "lr": r, "test_accuracy": 0.1 * s / 1000 if s < 900 else 0.09} for s, r in zip(steps, lr)]
-    assert analyze.flat_from(converged) == (400, pytest.approx(60.0))  # flat from step 400, its lr at 60% of the peak
+    converged = [
+        {"step": s, "lr": r, "test_accuracy": min(1.0, s / 400)} for s, r in zip(steps, lr)
+    ]
+    stopped = [
+        {"step": s, "lr": r, "test_accuracy": 0.1 * s / 1000 if s < 900 else 0.09}
+        for s, r in zip(steps, lr)
+    ]
+    assert analyze.flat_from(converged) == (
+        400,
+        pytest.approx(60.0),
+    )  # flat from step 400, its lr at 60% of the peak
     assert analyze.flat_from(stopped) == (900, pytest.approx(10.0))
     assert analyze.flat_from([{"step": 0, "lr": 1e-3}]) is None  # no accuracy logged: no verdict
 
 
-def test_watch_waits_while_a_process_holds_the_run_and_ends_with_one_line_once_none_does(tmp_path, monkeypatch, capsys):
+def test_watch_waits_while_a_process_holds_the_run_and_ends_with_one_line_once_none_does(
+    tmp_path, monkeypatch, capsys
+):
     run = tmp_path / "stopped"
-    train.train(TrainConfig(task="parens", mode="frozen", width=16, steps=3, batch_size=16, warmup=1, test_size=32,
-                            eval_every=1, max_parens=8, device="cpu", out=str(run)), stop_after=2)
+    train.train(
+        TrainConfig(
+            task="parens",
+            mode="frozen",
+            width=16,
+            steps=3,
+            batch_size=16,
+            warmup=1,
+            test_size=32,
+            eval_every=1,
+            max_parens=8,
+            device="cpu",
+            out=str(run),
+        ),
+        stop_after=2,
+    )
     lock, sleeps = RunLock(str(run)), []  # a process training it, as far as the lock tells
 
     def sleep(seconds):
         sleeps.append(seconds)
         if len(sleeps) == 3:
             lock.release()  # the process ends, nothing more is written
+
     monkeypatch.setattr(analyze, "WATCH_IDLE_S", 0)
     monkeypatch.setattr(analyze.time, "sleep", sleep)
     with pytest.raises(SystemExit) as exit:
         analyze.main(["--watch", str(run)])
     err = capsys.readouterr().err.strip()
-    assert exit.value.code == 2 and len(sleeps) >= 3 and len(err.splitlines()) == 1 and "is not training" in err, err
-    assert [json.loads(line)["step"] for line in (run / "unseen.jsonl").read_text().splitlines()] == [2]
+    assert (
+        exit.value.code == 2
+        and len(sleeps) >= 3
+        and len(err.splitlines()) == 1
+        and "is not training" in err
+    ), err
+    assert [
+        json.loads(line)["step"] for line in (run / "unseen.jsonl").read_text().splitlines()
+    ] == [2]
 
 
 # ---------------------------------------------------------------------------
@@ -423,9 +589,23 @@ def test_projection_ks_run_from_one_to_the_width():
 @pytest.mark.slow
 def test_trained_needle_keeps_its_accuracy_in_few_principal_components_not_neurons(tmp_path):
     run = tmp_path / "needle"
-    final = train.train(TrainConfig(task="needle", mode="frozen", width=64, heads=4, max_pairs=3,
-                                    test_size=200, steps=300, batch_size=64, lr=3e-3, warmup=30,
-                                    eval_every=300, device="cpu", out=str(run)))
+    final = train.train(
+        TrainConfig(
+            task="needle",
+            mode="frozen",
+            width=64,
+            heads=4,
+            max_pairs=3,
+            test_size=200,
+            steps=300,
+            batch_size=64,
+            lr=3e-3,
+            warmup=30,
+            eval_every=300,
+            device="cpu",
+            out=str(run),
+        )
+    )
     result = analyzed(run, "--only", "projection")["projection"]
     assert result["k"] == [1, 2, 5, 10, 20, 50, 64] and result["layers"] == ["Emb", "L1", "L2"]
     assert result["accuracy"] == pytest.approx(final["accuracy"])
@@ -440,10 +620,23 @@ def test_trained_needle_keeps_its_accuracy_in_few_principal_components_not_neuro
 
 def test_an_untrained_run_is_labelled_so_and_never_set_beside_the_papers_numbers(tmp_path):
     needle, modadd = tmp_path / "needle", tmp_path / "modadd"
-    train.train(TrainConfig(task="needle", mode="frozen", width=512, max_pairs=4, test_size=32,
-                            steps=0, device="cpu", out=str(needle)))
-    train.train(TrainConfig(task="modadd", mode="frozen", width=16, p=7, steps=0, device="cpu",
-                            out=str(modadd)))
+    train.train(
+        TrainConfig(
+            task="needle",
+            mode="frozen",
+            width=512,
+            max_pairs=4,
+            test_size=32,
+            steps=0,
+            device="cpu",
+            out=str(needle),
+        )
+    )
+    train.train(
+        TrainConfig(
+            task="modadd", mode="frozen", width=16, p=7, steps=0, device="cpu", out=str(modadd)
+        )
+    )
     variance = analyzed(needle, "--only", "variance", "--examples", "50")["variance"]
     assert variance["label"] == "needle untrained (0 steps) w512" and variance["paper"] is None
     analyzed(modadd, "--only", "clock_pizza")
@@ -455,8 +648,20 @@ def test_an_untrained_run_is_labelled_so_and_never_set_beside_the_papers_numbers
 
 def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
     run = tmp_path / "needle"
-    cfg = TrainConfig(task="needle", mode="frozen", width=16, max_pairs=3, test_size=100, steps=6,
-                      eval_every=3, batch_size=16, warmup=1, lr=3e-2, device="cpu", out=str(run))
+    cfg = TrainConfig(
+        task="needle",
+        mode="frozen",
+        width=16,
+        max_pairs=3,
+        test_size=100,
+        steps=6,
+        eval_every=3,
+        batch_size=16,
+        warmup=1,
+        lr=3e-2,
+        device="cpu",
+        out=str(run),
+    )
     train.train(cfg, stop_after=3)
     assert (run / "checkpoint.pt").is_file() and not (run / "model.pt").exists()
     result = analyzed(run)

@@ -1,4 +1,5 @@
-"""compare.py: the table shows what differs, seeds share a row, unfinished runs are marked, the figure is written."""
+"""compare.py: the table shows what differs, seeds share a row, unfinished runs are marked, the
+figure is written."""
 
 import json
 import shutil
@@ -12,8 +13,21 @@ from config import TrainConfig
 
 
 def tiny(out, **overrides):
-    settings = dict(task="needle", mode="frozen", width=16, heads=2, steps=4, batch_size=8, lr=3e-3, warmup=1,
-                    eval_every=2, max_pairs=2, test_size=50, device="cpu", out=str(out))
+    settings = dict(
+        task="needle",
+        mode="frozen",
+        width=16,
+        heads=2,
+        steps=4,
+        batch_size=8,
+        lr=3e-3,
+        warmup=1,
+        eval_every=2,
+        max_pairs=2,
+        test_size=50,
+        device="cpu",
+        out=str(out),
+    )
     return TrainConfig(**{**settings, **overrides})
 
 
@@ -42,7 +56,9 @@ def final(run_dir):
 
 
 def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys):
-    head, rows, _ = compared(capsys, root / "needle-a-s0", root / "needle-b-s0", plot=tmp_path / "c.png")
+    head, rows, _ = compared(
+        capsys, root / "needle-a-s0", root / "needle-b-s0", plot=tmp_path / "c.png"
+    )
     assert head == ["run", "width", "lr", "trainable", "loss", "accuracy", "minutes"]
     b = rows["needle-b-s0"]
     assert (b["width"], b["lr"]) == ("8", "0.01")
@@ -53,7 +69,9 @@ def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys):
 
 
 def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, capsys):
-    shutil.copytree(root / "needle-a-s1", tmp_path / "needle-a-s2")  # same name but for the seed, another lr: its own row
+    shutil.copytree(
+        root / "needle-a-s1", tmp_path / "needle-a-s2"
+    )  # same name but for the seed, another lr: its own row
     config = json.loads((tmp_path / "needle-a-s2" / "config.json").read_text())
     (tmp_path / "needle-a-s2" / "config.json").write_text(json.dumps({**config, "lr": 0.5}))
     for seed in (0, 1):
@@ -68,14 +86,23 @@ def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, caps
 
 
 def test_unfinished_run_shows_its_last_evaluation(root, tmp_path, capsys):
-    _, rows, _ = compared(capsys, root / "needle-a-s0", root / "needle-stopped-s0", plot=tmp_path / "c.png")
-    last = [json.loads(line) for line in (root / "needle-stopped-s0" / "metrics.jsonl").read_text().splitlines()][-1]
+    _, rows, _ = compared(
+        capsys, root / "needle-a-s0", root / "needle-stopped-s0", plot=tmp_path / "c.png"
+    )
+    last = [
+        json.loads(line)
+        for line in (root / "needle-stopped-s0" / "metrics.jsonl").read_text().splitlines()
+    ][-1]
     stopped = rows["needle-stopped-s0 (unfinished, step 2)"]
     assert stopped["accuracy"] == f"{last['test_accuracy']:.4g}"
 
 
-def test_figure_is_written_where_asked_and_by_default_under_runs(root, tmp_path, capsys, monkeypatch):
-    _, _, err = compared(capsys, root / "needle-a-s0", root / "needle-a-s1", plot=tmp_path / "curves.png")
+def test_figure_is_written_where_asked_and_by_default_under_runs(
+    root, tmp_path, capsys, monkeypatch
+):
+    _, _, err = compared(
+        capsys, root / "needle-a-s0", root / "needle-a-s1", plot=tmp_path / "curves.png"
+    )
     assert (tmp_path / "curves.png").stat().st_size > 1000 and str(tmp_path / "curves.png") in err
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
@@ -83,12 +110,15 @@ def test_figure_is_written_where_asked_and_by_default_under_runs(root, tmp_path,
     assert (tmp_path / "runs" / "compare.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("broken, message", [
-    ("no config", "is not a run directory"),
-    ("config.json", "is not JSON"),
-    ("final.json", "is not JSON"),
-    ("final list", "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "broken, message",
+    [
+        ("no config", "is not a run directory"),
+        ("config.json", "is not JSON"),
+        ("final.json", "is not JSON"),
+        ("final list", "not a JSON object"),
+    ],
+)
 def test_bad_run_is_a_one_line_error(root, tmp_path, capsys, broken, message):
     run = tmp_path / "run"
     shutil.copytree(root / "needle-a-s0", run)
@@ -101,18 +131,34 @@ def test_bad_run_is_a_one_line_error(root, tmp_path, capsys, broken, message):
     with pytest.raises(SystemExit) as exit_info:
         compare.main([str(root / "needle-b-s0"), str(run), "--plot", str(tmp_path / "c.png")])
     out, err = capsys.readouterr()
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert (
+        exit_info.value.code == 2
+        and err.count("\n") == 1
+        and message in err
+        and "Traceback" not in err
+    )
     assert out == "" and not (tmp_path / "c.png").exists()
 
 
 def test_imitation_runs_draw_their_kl_in_a_panel_that_says_so(tmp_path, monkeypatch):
     run = tmp_path / "imitate-s0"
-    train.train(tiny(run, task="imitate", target_width=4, layers=1, steps=2, eval_every=1, test_size=8))
+    train.train(
+        tiny(run, task="imitate", target_width=4, layers=1, steps=2, eval_every=1, test_size=8)
+    )
     drawn = {}
-    monkeypatch.setattr(compare, "save_figure", lambda plt, fig, path: drawn.update(
-        {ax.get_title(): [list(line.get_ydata()) for line in ax.get_lines()] for ax in fig.axes}))
+    monkeypatch.setattr(
+        compare,
+        "save_figure",
+        lambda plt, fig, path: drawn.update(
+            {ax.get_title(): [list(line.get_ydata()) for line in ax.get_lines()] for ax in fig.axes}
+        ),
+    )
     compare.plot(compare.seed_groups([compare.load(str(run))]), str(tmp_path / "curves.png"))
-    kl = [r["test_kl"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "test_kl" in r]
+    kl = [
+        r["test_kl"]
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if "test_kl" in r
+    ]
     assert drawn["test KL divergence (imitate)"] == [pytest.approx(kl)] and len(kl) == 2
 
 
@@ -120,8 +166,20 @@ def test_addition_panels_say_per_token_and_draw_exact_sums_dashed(tmp_path, monk
     run = tmp_path / "addition-s0"
     train.train(tiny(run, task="addition", digits=2, steps=2, eval_every=1, test_size=20))
     drawn = {}
-    monkeypatch.setattr(compare, "save_figure", lambda plt, fig, path: drawn.update(
-        {ax.get_title(): (ax.get_ylabel(), [line.get_linestyle() for line in ax.get_lines()], ax.get_ylim()) for ax in fig.axes}))
+    monkeypatch.setattr(
+        compare,
+        "save_figure",
+        lambda plt, fig, path: drawn.update(
+            {
+                ax.get_title(): (
+                    ax.get_ylabel(),
+                    [line.get_linestyle() for line in ax.get_lines()],
+                    ax.get_ylim(),
+                )
+                for ax in fig.axes
+            }
+        ),
+    )
     compare.plot(compare.seed_groups([compare.load(str(run))]), str(tmp_path / "curves.png"))
     label, styles, limits = drawn["test accuracy (addition: per token; dashed: whole sums exact)"]
     assert label == "% right" and styles == ["-", "--"] and limits == (0, 102)
@@ -138,6 +196,10 @@ def test_a_run_given_in_several_spellings_is_one_row(root, tmp_path, capsys, mon
 def test_a_mask_holding_a_bar_or_a_line_break_stays_in_its_cell(tmp_path, capsys):
     train.train(tiny(tmp_path / "bar", mode="[|w]te,\n*lm_head"))
     train.train(tiny(tmp_path / "plain"))
-    compare.main([str(tmp_path / "bar"), str(tmp_path / "plain"), "--plot", str(tmp_path / "c.png")])
+    compare.main(
+        [str(tmp_path / "bar"), str(tmp_path / "plain"), "--plot", str(tmp_path / "c.png")]
+    )
     header, rule, bar, plain = capsys.readouterr().out.strip().splitlines()[-4:]
-    assert "| [\\|w]te, *lm_head |" in bar and bar.replace("\\|", "").count("|") == header.count("|")
+    assert "| [\\|w]te, *lm_head |" in bar and bar.replace("\\|", "").count("|") == header.count(
+        "|"
+    )

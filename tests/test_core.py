@@ -9,14 +9,14 @@ import random
 import pytest
 import torch
 
-import cli
 import analyze
+import cli
 import config
 import rundir
 import train
+from config import TrainConfig
 from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
 from tasks import ADD_PAD, CLOSE, EQUALS, OPEN, PLUS, QUERY, SUM_DIGIT0, SUM_END, make_task
-from config import TrainConfig
 
 
 def gen(seed=0):
@@ -135,7 +135,8 @@ def test_parens_answer_is_the_strings_balance():
 
 
 def reference_parens(rng, max_parens=60):
-    """The authors' generate-then-mutate sampler, one example at a time, as docs/protocol.md §4.4 describes it."""
+    """The authors' generate-then-mutate sampler, one example at a time, as docs/protocol.md §4.4
+    describes it."""
 
     def balanced(t):
         if t == 1:
@@ -198,19 +199,26 @@ def count(model, group):
     return sum(p.numel() for name, p in model.named_parameters() if parameter_group(name) == group)
 
 
-@pytest.mark.parametrize("task, vocab, positions, e_token, e_pos", [
-    ("needle", 256, 100, 262_144, 102_400),
-    ("addition", 31, 40, 31_744, 40_960),
-    ("parens", 4, 80, 4_096, 81_920),
-    ("modadd", 199, 5, 203_776, 5_120),
-])
+@pytest.mark.parametrize(
+    "task, vocab, positions, e_token, e_pos",
+    [
+        ("needle", 256, 100, 262_144, 102_400),
+        ("addition", 31, 40, 31_744, 40_960),
+        ("parens", 4, 80, 4_096, 81_920),
+        ("modadd", 199, 5, 203_776, 5_120),
+    ],
+)
 def test_parameter_counts_match_spec(task, vocab, positions, e_token, e_pos):
     t = make_task(task)
     assert (t.vocab_size, t.n_positions) == (vocab, positions)
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab, positions, n_embd=1024, n_layer=2, n_head=4))
     assert count(model, "body") == 25_194_496
-    assert (count(model, "wte"), count(model, "wpe"), count(model, "lm_head")) == (e_token, e_pos, e_token)
+    assert (count(model, "wte"), count(model, "wpe"), count(model, "lm_head")) == (
+        e_token,
+        e_pos,
+        e_token,
+    )
 
 
 def test_memorization_counts_match_table_3():
@@ -221,10 +229,16 @@ def test_memorization_counts_match_table_3():
 
 
 def test_epochs_count_passes_at_the_batch_size_used():
-    for settings, steps in (({}, 47_024), ({"batch_size": 400}, 470_238), ({"epochs": 3, "batch_size": 100}, 1_129)):
+    for settings, steps in (
+        ({}, 47_024),
+        ({"batch_size": 400}, 470_238),
+        ({"epochs": 3, "batch_size": 100}, 1_129),
+    ):
         cfg = TrainConfig(task="modadd", **settings)
         cfg = config.with_paper_defaults(cfg, config.build_task(cfg))
-        assert cfg.steps == steps  # 37,619 training pairs; the paper's 5,000 epochs of batch 4,000 = 47,024 steps
+        assert (
+            cfg.steps == steps
+        )  # 37,619 training pairs; the paper's 5,000 epochs of batch 4,000 = 47,024 steps
 
 
 def test_init_statistics_match_gpt2():
@@ -283,7 +297,9 @@ def test_analysis_cache_matches_the_fused_path():
 
 @pytest.mark.parametrize("mode", list(TRAINING_MODES))
 def test_one_step_changes_exactly_the_trained_tensors(mode):
-    cfg = TrainConfig(task="needle", mode=mode, width=16, batch_size=8, steps=1, warmup=0, device="cpu")
+    cfg = TrainConfig(
+        task="needle", mode=mode, width=16, batch_size=8, steps=1, warmup=0, device="cpu"
+    )
     torch.manual_seed(0)
     cfg, task, model, counts = config.build(cfg)
     assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
@@ -295,15 +311,27 @@ def test_one_step_changes_exactly_the_trained_tensors(mode):
         assert (p.grad is not None) == (parameter_group(name) in TRAINING_MODES[mode]), name
     optimizer.step()
     changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
-    assert changed == {name for name, _ in model.named_parameters() if parameter_group(name) in TRAINING_MODES[mode]}
+    assert changed == {
+        name
+        for name, _ in model.named_parameters()
+        if parameter_group(name) in TRAINING_MODES[mode]
+    }
 
 
-@pytest.mark.parametrize("mask, trained", [
-    ("wte,wpe,lm_head,h.1.*", lambda name: name.split(".")[0] in ("wte", "wpe", "lm_head") or name.startswith("h.1.")),
-    ("h.0.attn", lambda name: name.startswith("h.0.attn.")),
-    ("ln_f", lambda name: name.startswith("ln_f.")),
-])
-def test_a_mask_trains_exactly_the_tensors_it_names_and_leaves_the_rest_bit_identical(mask, trained, tmp_path):
+@pytest.mark.parametrize(
+    "mask, trained",
+    [
+        (
+            "wte,wpe,lm_head,h.1.*",
+            lambda name: name.split(".")[0] in ("wte", "wpe", "lm_head") or name.startswith("h.1."),
+        ),
+        ("h.0.attn", lambda name: name.startswith("h.0.attn.")),
+        ("ln_f", lambda name: name.startswith("ln_f.")),
+    ],
+)
+def test_a_mask_trains_exactly_the_tensors_it_names_and_leaves_the_rest_bit_identical(
+    mask, trained, tmp_path
+):
     cfg = tiny(tmp_path, task="needle", mode=mask, steps=2, max_pairs=3, test_size=50)
     torch.manual_seed(cfg.seed)
     before = dict(config.build(cfg)[2].named_parameters())
@@ -315,23 +343,49 @@ def test_a_mask_trains_exactly_the_tensors_it_names_and_leaves_the_rest_bit_iden
 
 def test_a_mask_that_names_no_parameter_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        train.main(["--task", "needle", "--train", "wte,h.9.*", "--width", "16", "--heads", "2", "--out", str(tmp_path / "run")])
+        train.main(
+            [
+                "--task",
+                "needle",
+                "--train",
+                "wte,h.9.*",
+                "--width",
+                "16",
+                "--heads",
+                "2",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.count("\n") == 1 and "'h.9.*' names no parameter" in err and "h.1.mlp.c_fc" in err
+    assert (
+        stop.value.code == 2
+        and err.count("\n") == 1
+        and "'h.9.*' names no parameter" in err
+        and "h.1.mlp.c_fc" in err
+    )
     assert os.listdir(tmp_path) == []
 
 
 def test_a_mask_that_trains_a_block_takes_the_blocks_cpu_lr():
-    lr = lambda mode: config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=mode)))[0].lr  # noqa: E731
-    assert lr("wte,wpe,lm_head,h.1.*") == lr("full") == config.CPU_BLOCKS_LR["needle"] and lr("wte,wpe,lm_head") == lr("frozen")
+    lr = lambda mode: (
+        config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=mode)))[0].lr
+    )
+    assert lr("wte,wpe,lm_head,h.1.*") == lr("full") == config.CPU_BLOCKS_LR["needle"] and lr(
+        "wte,wpe,lm_head"
+    ) == lr("frozen")
 
 
 def test_optimizer_decays_matrices_not_biases_or_layernorms():
     cfg = TrainConfig(task="parens", mode="full", width=16, lr=1e-3, weight_decay=0.1)
     cfg, _, model, _ = config.build(cfg)
-    decay, no_decay = train.make_optimizer(model.parameters(), cfg, torch.device("cpu")).param_groups
+    decay, no_decay = train.make_optimizer(
+        model.parameters(), cfg, torch.device("cpu")
+    ).param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert all(p.dim() == 2 for p in decay["params"]) and all(
+        p.dim() == 1 for p in no_decay["params"]
+    )
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
@@ -348,8 +402,21 @@ def test_learning_rate_warms_up_linearly_then_decays_to_zero():
 
 
 def tiny(tmp_path, **overrides):
-    settings = dict(task="parens", mode="frozen", width=16, heads=2, steps=8, batch_size=32, lr=3e-3,
-                    warmup=2, eval_every=4, max_parens=10, test_size=200, device="cpu", out=str(tmp_path / "run"))
+    settings = dict(
+        task="parens",
+        mode="frozen",
+        width=16,
+        heads=2,
+        steps=8,
+        batch_size=32,
+        lr=3e-3,
+        warmup=2,
+        eval_every=4,
+        max_parens=10,
+        test_size=200,
+        device="cpu",
+        out=str(tmp_path / "run"),
+    )
     return TrainConfig(**{**settings, **overrides})
 
 
@@ -359,21 +426,32 @@ def test_run_writes_config_metrics_final_and_model(tmp_path):
     config = json.loads((run / "config.json").read_text())
     assert config["parameters"]["trainable"] > 0 and config["device"] == "cpu" and config["torch"]
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [4, 8] and lines[-1]["test_accuracy"] == metrics["accuracy"]
+    assert [line["step"] for line in lines] == [4, 8] and lines[-1]["test_accuracy"] == metrics[
+        "accuracy"
+    ]
     assert json.loads((run / "final.json").read_text())["accuracy"] == metrics["accuracy"]
     saved = torch.load(run / "model.pt")
     assert set(saved) >= {"model", "config", "model_config"}
 
 
-CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+CUDA = pytest.param(
+    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+)
 
 
-@pytest.mark.parametrize("device", ["cpu", CUDA])  # on CUDA, the RNG states a checkpoint restores must come back to the CPU
+@pytest.mark.parametrize(
+    "device", ["cpu", CUDA]
+)  # on CUDA, the RNG states a checkpoint restores must come back to the CPU
 def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
-    # On CUDA bit-equal weights need deterministic kernels (--deterministic); without them they agree to rounding.
+    # On CUDA bit-equal weights need deterministic kernels (--deterministic); without them they
+    # agree to rounding.
     exact = device == "cuda"
-    whole = train.train(tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "whole")))
-    train.train(tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "cut")), stop_after=4)
+    whole = train.train(
+        tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "whole"))
+    )
+    train.train(
+        tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "cut")), stop_after=4
+    )
     assert not torch.are_deterministic_algorithms_enabled()  # a run's choice ends with it
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt")["model"]
     assert set(saved) == {"wte.weight", "wpe.weight", "lm_head.weight"}  # the seed redraws the rest
@@ -384,7 +462,10 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
     a = torch.load(tmp_path / "whole" / "model.pt")["model"]
     b = torch.load(tmp_path / "cut" / "model.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [4, 8]
 
 
@@ -404,16 +485,43 @@ def test_frozen_model_learns_parentheses(tmp_path):
     # Long strings, so that the test set (whose strings never occur in training) does not
     # swallow every string of a short length; measured: 0.70 against a majority rate of 0.52.
     test_set = make_task("parens", max_parens=40, test_size=500).test_set()
-    majority = max((test_set.y == CLOSE).float().mean().item(), (test_set.y == OPEN).float().mean().item())
-    metrics = train.train(tiny(tmp_path, width=64, heads=4, max_parens=40, test_size=500, steps=300,
-                              batch_size=128, lr=3e-3, warmup=30, eval_every=300))
+    majority = max(
+        (test_set.y == CLOSE).float().mean().item(), (test_set.y == OPEN).float().mean().item()
+    )
+    metrics = train.train(
+        tiny(
+            tmp_path,
+            width=64,
+            heads=4,
+            max_parens=40,
+            test_size=500,
+            steps=300,
+            batch_size=128,
+            lr=3e-3,
+            warmup=30,
+            eval_every=300,
+        )
+    )
     assert majority < 0.56 and metrics["accuracy"] > 0.64
 
 
 @pytest.mark.slow
 def test_frozen_model_learns_needle(tmp_path):
-    metrics = train.train(tiny(tmp_path, task="needle", width=64, heads=4, max_pairs=3, test_size=1000,
-                              steps=300, batch_size=64, lr=3e-3, warmup=30, eval_every=300))
+    metrics = train.train(
+        tiny(
+            tmp_path,
+            task="needle",
+            width=64,
+            heads=4,
+            max_pairs=3,
+            test_size=1000,
+            steps=300,
+            batch_size=64,
+            lr=3e-3,
+            warmup=30,
+            eval_every=300,
+        )
+    )
     assert metrics["accuracy"] > 0.4  # chance is 1/127; measured 0.55 in fp32
 
 
@@ -421,7 +529,9 @@ def test_one_attention_path_trains_and_is_analyzed():
     # A temperature on the attention scores changes both what training optimizes (the loss at
     # the answers, through the fused kernel) and the pattern analyze.py reads (materialised).
     torch.manual_seed(0)
-    _, task, model, _ = config.build(TrainConfig(task="needle", mode="frozen", width=32, heads=4, max_pairs=3, test_size=50))
+    _, task, model, _ = config.build(
+        TrainConfig(task="needle", mode="frozen", width=32, heads=4, max_pairs=3, test_size=50)
+    )
     batch = task.sample(16, torch.Generator().manual_seed(0))
     names = ["blocks.0.attn.pattern", "blocks.1.attn.pattern"]
 
@@ -429,7 +539,9 @@ def test_one_attention_path_trains_and_is_analyzed():
         with torch.no_grad():
             logits = model(batch.x, batch.pos)
             patterns = analyze.run_with_cache(model, batch.x, names)
-            assert torch.allclose(logits, model(batch.x, batch.pos, cache={}), atol=1e-5)  # the two kernels agree
+            assert torch.allclose(
+                logits, model(batch.x, batch.pos, cache={}), atol=1e-5
+            )  # the two kernels agree
         return task.loss(logits, batch), patterns
 
     loss, patterns = observed()

@@ -11,19 +11,29 @@ import math
 import pytest
 import torch
 
-import sample
 import config
+import sample
 import train
-from model import GPT, LSTM, GPTConfig, apply_training_mode
-from corpus import write_story_corpus
-from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity
 from config import TrainConfig
+from corpus import write_story_corpus
+from model import GPT, LSTM, GPTConfig, apply_training_mode
+from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity
 
 
 def tiny(tmp_path, **overrides):
     """A config small enough to train in seconds on a slow CPU core."""
-    settings = dict(width=32, steps=200, batch_size=100, warmup=20, test_size=200, eval_every=10_000, compile=False,
-                    device="cpu", out=str(tmp_path / "run"), overwrite=True)
+    settings = dict(
+        width=32,
+        steps=200,
+        batch_size=100,
+        warmup=20,
+        test_size=200,
+        eval_every=10_000,
+        compile=False,
+        device="cpu",
+        out=str(tmp_path / "run"),
+        overwrite=True,
+    )
     return TrainConfig(**{**settings, **overrides})
 
 
@@ -32,15 +42,20 @@ def tiny(tmp_path, **overrides):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("accuracy, bits, trainable, per_parameter", [
-    (0.8054, 1_900_177, 659_584, 2.88),  # Table 3, Normal
-    (0.0453, 106_876, 262_784, 0.41),  # Table 3, Random
-])
+@pytest.mark.parametrize(
+    "accuracy, bits, trainable, per_parameter",
+    [
+        (0.8054, 1_900_177, 659_584, 2.88),  # Table 3, Normal
+        (0.0453, 106_876, 262_784, 0.41),  # Table 3, Random
+    ],
+)
 def test_memorization_bits_match_table_3(accuracy, bits, trainable, per_parameter):
     capacity = memorization_capacity(accuracy, math.log(512), 512 * 512, 512, trainable)
     assert capacity["bits"] == bits
     assert round(capacity["bits_per_parameter"], 2) == per_parameter
-    assert capacity["loss_bits"] == pytest.approx(0.0, abs=1e-6)  # a uniform prediction stores nothing
+    assert capacity["loss_bits"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # a uniform prediction stores nothing
 
 
 def test_memorization_trainable_counts_match_table_3():
@@ -69,7 +84,9 @@ def test_memorize_run_reports_bits_per_trainable_parameter(tmp_path):
     with open(tmp_path / "run" / "final.json") as f:
         final = json.load(f)
     assert final["bits"] == round(metrics["accuracy"] * 64 * 9)
-    assert final["bits_per_parameter"] == pytest.approx(final["bits"] / final["parameters"]["trainable"])
+    assert final["bits_per_parameter"] == pytest.approx(
+        final["bits"] / final["parameters"]["trainable"]
+    )
     assert 0 < final["loss_bits"] <= 64 * 9
 
 
@@ -105,12 +122,16 @@ def test_kl_of_the_target_against_itself_is_zero():
     scores = task.metrics(task.target(test.x, test.pos), test)
     assert scores["kl"].abs().max() < 1e-5
     assert scores["accuracy"].mean() == 1.0
-    assert task.loss(torch.zeros(50, 1, 512), test) > 1.0  # a uniform student is far from the target
+    assert (
+        task.loss(torch.zeros(50, 1, 512), test) > 1.0
+    )  # a uniform student is far from the target
 
 
 @pytest.mark.slow
 def test_frozen_student_imitates_a_narrow_target(tmp_path):
-    cfg = tiny(tmp_path, task="imitate", mode="frozen", target_width=4, layers=2, steps=150, lr=1e-2)
+    cfg = tiny(
+        tmp_path, task="imitate", mode="frozen", target_width=4, layers=2, steps=150, lr=1e-2
+    )
     _, task, untrained, _ = config.build(cfg)
     start = train.evaluate(untrained, task, task.test_set(), torch.device("cpu"))["kl"]
     assert train.train(cfg)["kl"] < 0.7 * start
@@ -129,14 +150,20 @@ def corpus(tmp_path_factory):
 def test_story_corpus_is_deterministic(tmp_path, corpus):
     again = write_story_corpus(str(tmp_path), n_train=300, n_valid=40)
     for split in ("train", "valid"):
-        with open(corpus.replace("train", split), "rb") as f, open(again.replace("train", split), "rb") as g:
+        with (
+            open(corpus.replace("train", split), "rb") as f,
+            open(again.replace("train", split), "rb") as g,
+        ):
             assert f.read() == g.read()
 
 
 def test_tokenizer_trains_on_the_corpus_and_round_trips(corpus):
     task = LanguageModeling(data=corpus, vocab=600, context=64)
     assert 257 < task.vocab_size <= 600
-    for text in ("Once upon a time, there was a little girl named Lily.", 'Zoë said, "café 🙂!"\n\tThe end.'):
+    for text in (
+        "Once upon a time, there was a little girl named Lily.",
+        'Zoë said, "café 🙂!"\n\tThe end.',
+    ):
         assert task.decode(task.encode(text)) == text
     assert task.train_tokens.dtype.name == "uint16"
     assert (task.train_tokens == task.end_of_text).sum() == 300  # one separator after each story
@@ -165,7 +192,9 @@ def test_missing_validation_file_is_a_one_line_error(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
-    cfg = tiny(tmp_path, task="lm", data=corpus, vocab=600, context=64, batch_size=16, steps=80, lr=3e-3)
+    cfg = tiny(
+        tmp_path, task="lm", data=corpus, vocab=600, context=64, batch_size=16, steps=80, lr=3e-3
+    )
     _, task, model, _ = config.build(cfg)
     start = train.evaluate(model, task, task.test_set(), torch.device("cpu"))["loss"]
     end = train.train(cfg)["loss"]
@@ -173,8 +202,12 @@ def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
     capsys.readouterr()  # the training log
     text = sample.generate(cfg.out, "Once upon a time", max_new_tokens=20, device="cpu")
     assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
-    sample.main([cfg.out, "--prompt", "Once upon a time", "--max-new-tokens", "20", "--device", "cpu"])
-    assert capsys.readouterr().out.strip() == text.strip()  # the command line samples the same text (seed 0)
+    sample.main(
+        [cfg.out, "--prompt", "Once upon a time", "--max-new-tokens", "20", "--device", "cpu"]
+    )
+    assert (
+        capsys.readouterr().out.strip() == text.strip()
+    )  # the command line samples the same text (seed 0)
 
 
 # ---------------------------------------------------------------------------
@@ -233,7 +266,9 @@ def test_sinusoidal_positions_are_fixed_and_uncounted():
 @pytest.mark.parametrize("arch", ["gpt", "lstm", "linear"])
 def test_every_training_mode_builds_for_every_arch(arch):
     for mode in ("full", "frozen", "unembed", "embed", "token+unembed"):
-        _, _, model, counts = config.build(TrainConfig(task="modadd", arch=arch, mode=mode, width=16))
+        _, _, model, counts = config.build(
+            TrainConfig(task="modadd", arch=arch, mode=mode, width=16)
+        )
         trainable = {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
         assert counts["trainable"] + counts["frozen"] == sum(p.numel() for p in model.parameters())
         if mode == "unembed":

@@ -1,6 +1,8 @@
-"""reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table and picture rendering (no training but a few tiny runs), scheduler commands, the plan, GPU workers."""
+"""reproduce.py and train.py's seed aggregate: known medians, resuming sweeps, table and picture
+rendering (no training but a few tiny runs), scheduler commands, the plan, GPU workers."""
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -14,7 +16,6 @@ import torch
 
 import cli
 import config
-import dataclasses
 import figures
 import reproduce
 import sweep
@@ -41,13 +42,38 @@ def test_aggregate_gives_median_min_max_of_known_values(tmp_path):
     assert summary["metrics"]["accuracy"] == pytest.approx({"median": 0.6, "min": 0.1, "max": 0.9})
     assert summary["metrics"]["loss"] == {"median": 1.5, "min": 0.0, "max": 3.0}
     assert "parameters" not in summary["metrics"]  # not a number
-    assert aggregate(dirs[:3])["metrics"]["accuracy"]["median"] == 0.5  # odd count: the middle value
+    assert (
+        aggregate(dirs[:3])["metrics"]["accuracy"]["median"] == 0.5
+    )  # odd count: the middle value
 
 
 def test_seeds_flag_writes_the_aggregate_beside_the_seed_runs(tmp_path):
     out = str(tmp_path / "needle")
-    train.main(["--task", "needle", "--frozen", "--width", "16", "--steps", "2", "--warmup", "1", "--batch-size", "8",
-               "--max-pairs", "2", "--test-size", "20", "--seeds", "2", "--device", "cpu", "--out", out])
+    train.main(
+        [
+            "--task",
+            "needle",
+            "--frozen",
+            "--width",
+            "16",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "8",
+            "--max-pairs",
+            "2",
+            "--test-size",
+            "20",
+            "--seeds",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            out,
+        ]
+    )
     with open(out + "-seeds.json") as f:
         summary = json.load(f)
     assert summary["runs"] == [out + "-s0", out + "-s1"]
@@ -61,8 +87,14 @@ def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeyp
         for cfg in cell if row != "parens" else []:
             write_final(cfg.out, accuracy=0.5, loss=1.0)
     trained = []
-    monkeypatch.setattr(sweep.train, "train", lambda cfg, resume: (trained.append((cfg.out, resume)),
-                                                                      write_final(cfg.out, accuracy=1.0, loss=0.0)))
+    monkeypatch.setattr(
+        sweep.train,
+        "train",
+        lambda cfg, resume: (
+            trained.append((cfg.out, resume)),
+            write_final(cfg.out, accuracy=1.0, loss=0.0),
+        ),
+    )
     sweep.sweep(table, runs, jobs=1)
     parens = runs["parens", "Softmax random"] + runs["parens", "Linearized random"]
     assert sorted(trained) == sorted((cfg.out, False) for cfg in parens)
@@ -76,29 +108,41 @@ def test_a_sweep_starts_the_longest_runs_first(tmp_path, monkeypatch):
     table = reproduce.table1("cpu")
     runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=1)
     trained = []
+
     def fake_train(cfg, resume):
         trained.append(cfg)
         write_final(cfg.out, accuracy=1.0, loss=0.0)
-        write_json(os.path.join(cfg.out, "train_split.json"), {})  # modadd's, written after training
+        write_json(
+            os.path.join(cfg.out, "train_split.json"), {}
+        )  # modadd's, written after training
 
     monkeypatch.setattr(sweep.train, "train", fake_train)
     sweep.sweep(table, runs, jobs=1)
     assert len(trained) == 20
-    assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12 and {cfg.width for cfg in trained[12:]} == {16}
-    assert trained[0].task == "parens" and trained[0].mode == "full"  # the longest sequences, every weight trained
+    assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12 and {
+        cfg.width for cfg in trained[12:]
+    } == {16}
+    assert (
+        trained[0].task == "parens" and trained[0].mode == "full"
+    )  # the longest sequences, every weight trained
     costs = [sweep.run_cost(cfg) for cfg in trained]
     assert costs == sorted(costs, reverse=True)
 
 
 def test_git_keeps_the_files_a_table_is_drawn_from_and_not_the_weights():
-    """A fresh clone redraws results/ from the committed runs/reproduce records and skips those runs;
-    modadd's train_split.json spares it the model.pt that git leaves out."""
+    """A fresh clone redraws results/ from the committed runs/reproduce records and skips those
+    runs; modadd's train_split.json spares it the model.pt that git leaves out."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def ignored(path):
         return subprocess.run(["git", "check-ignore", "-q", path], cwd=root).returncode == 0
+
     run = "runs/reproduce/table2-cpu/modadd-u-only-s0/"
-    assert [name for name in ("config.json", "final.json", "train_split.json", "metrics.jsonl") if ignored(run + name)] == []
+    assert [
+        name
+        for name in ("config.json", "final.json", "train_split.json", "metrics.jsonl")
+        if ignored(run + name)
+    ] == []
     assert ignored(run + "model.pt") and ignored(run + "checkpoint.pt")
     assert ignored("runs/needle-frozen-w16-s0/final.json")  # a run outside a sweep stays local
 
@@ -109,7 +153,11 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     open(os.path.join(cfg.out, "checkpoint.pt"), "w").close()
     assert reproduce.run_state(cfg.out) == "resume"
     calls = []
-    monkeypatch.setattr(sweep.train, "train", lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)))
+    monkeypatch.setattr(
+        sweep.train,
+        "train",
+        lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)),
+    )
     sweep.train_one(cfg)
     assert calls == [True]
     assert reproduce.run_state(cfg.out) == "finished"
@@ -129,13 +177,21 @@ def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path)
     for cfg, acc in zip(runs["needle", "Linearized random"], [0.2, 0.3, 0.25]):
         write_final(cfg.out, accuracy=acc, loss=1.0, elapsed=60.0)
     text = figures.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU")
-    rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in text.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[-2].strip()
+        for line in text.splitlines()
+        if line.startswith("| ")
+    }
     assert rows["needle"] == "25.0 [20.0, 30.0] (3/3); paper 17.7"
     assert rows["parens"] == "not run; paper 97.3"
-    assert "needle max_pairs 4" in text and "modadd" not in text  # the note names only this table's variants
+    assert (
+        "needle max_pairs 4" in text and "modadd" not in text
+    )  # the note names only this table's variants
     assert "3 runs, 3 min of training" in text
     commands = [line.split("`")[1] for line in text.splitlines() if line.startswith("- ")]
-    assert len(commands) == 6 and "table1-cpu/needle-random-512" in text  # softmax: Table 1's random runs
+    assert (
+        len(commands) == 6 and "table1-cpu/needle-random-512" in text
+    )  # softmax: Table 1's random runs
 
 
 def test_cell_commands_parse_back_to_the_cells_configs():
@@ -148,8 +204,12 @@ def test_cell_commands_parse_back_to_the_cells_configs():
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
-    for argv in (["table1", "--seeds", "0"], ["table1", "--plan"], ["claims", "--scale", "paper", "--plan"],
-                 ["table1", "--scale", "paper", "--plan", "--print-commands"]):
+    for argv in (
+        ["table1", "--seeds", "0"],
+        ["table1", "--plan"],
+        ["claims", "--scale", "paper", "--plan"],
+        ["table1", "--scale", "paper", "--plan", "--print-commands"],
+    ):
         with pytest.raises(SystemExit) as e:
             reproduce.main(argv)
         assert e.value.code == 2
@@ -161,27 +221,57 @@ def write_fake_runs(table, runs):
     for i, cell in enumerate(runs.values()):
         for cfg in cell:
             value = (i * 7 + cfg.seed * 3) % 10 / 10 + 0.05
-            write_final(cfg.out, accuracy=value, exact_match=value / 2, loss=1 + value, kl=value / 10, bits=1000 * value,
-                        bits_per_parameter=3 * value, elapsed=1.0)
+            write_final(
+                cfg.out,
+                accuracy=value,
+                exact_match=value / 2,
+                loss=1 + value,
+                kl=value / 10,
+                bits=1000 * value,
+                bits_per_parameter=3 * value,
+                elapsed=1.0,
+            )
             if cfg.task == "modadd":
                 write_json(os.path.join(cfg.out, "train_split.json"), {"accuracy": value / 2})
             write_json(os.path.join(cfg.out, "analysis.json"), fake_analysis(cfg, value))
 
 
 def fake_analysis(cfg, value):
-    """analysis.json as analyze.py writes it, with made-up numbers, for the explanation's tables to read."""
+    """analysis.json as analyze.py writes it, with made-up numbers, for the explanation's tables to
+    read."""
     layers, p, tokens = cfg.layers or 2, 5, ["a", "1", "b", "2", "b?"]
-    pattern = [[1.0 if j == max(0, i - 1) else 0.0 for j in range(len(tokens))] for i in range(len(tokens))]
-    return {"variance": {"pc_top10": [value] * (layers + 1), "neuron_top10": [value / 10] * (layers + 1)},
-            "attention": {"labels": tokens, "patterns": [[pattern, pattern]] * layers,
-                          "value_to_marker": [[value, value / 2]] * layers, "query_to_value": [[value / 2, value]] * layers},
-            "embedding": {"circles": {"pcs_1_3": value, "best": {"pcs": [1, 3], "score": value}},
-                          "projections": [[math.cos(2 * math.pi * t / p), 0.0, math.sin(2 * math.pi * t / p), 0.0] for t in range(p)]},
-            "clock_pizza": {"gradient_symmetricity": value, "distance_irrelevance": 1 - value},
-            "projection": {"k": [1, 2, 5, 10, 20, 50, 100, 200, 500, 512],
-                           "pc": [[value] * 10] * (layers + 1),
-                           "neuron": [[value / 2] * 10] * (layers + 1)},
-            "samples": {"prompts": ["Once upon a time"], "continuations": [f"Once upon a time there was a cat {value}."]}}
+    pattern = [
+        [1.0 if j == max(0, i - 1) else 0.0 for j in range(len(tokens))] for i in range(len(tokens))
+    ]
+    return {
+        "variance": {
+            "pc_top10": [value] * (layers + 1),
+            "neuron_top10": [value / 10] * (layers + 1),
+        },
+        "attention": {
+            "labels": tokens,
+            "patterns": [[pattern, pattern]] * layers,
+            "value_to_marker": [[value, value / 2]] * layers,
+            "query_to_value": [[value / 2, value]] * layers,
+        },
+        "embedding": {
+            "circles": {"pcs_1_3": value, "best": {"pcs": [1, 3], "score": value}},
+            "projections": [
+                [math.cos(2 * math.pi * t / p), 0.0, math.sin(2 * math.pi * t / p), 0.0]
+                for t in range(p)
+            ],
+        },
+        "clock_pizza": {"gradient_symmetricity": value, "distance_irrelevance": 1 - value},
+        "projection": {
+            "k": [1, 2, 5, 10, 20, 50, 100, 200, 500, 512],
+            "pc": [[value] * 10] * (layers + 1),
+            "neuron": [[value / 2] * 10] * (layers + 1),
+        },
+        "samples": {
+            "prompts": ["Once upon a time"],
+            "continuations": [f"Once upon a time there was a cat {value}."],
+        },
+    }
 
 
 def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
@@ -194,14 +284,27 @@ def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
     assert cells["parens", None, "Random 16"] == ([], 87.3)  # not run yet
     write_final(runs["addition", "Random 16"][0].out, accuracy=0.3, exact_match=0.01)
     cells = figures.picture_cells(table, runs)
-    assert cells["addition", "exact match", "Random 16"] == (pytest.approx([1.0]), None)  # beside per-token accuracy
-    fig7 = figures.picture_cells(reproduce.fig7("cpu"), reproduce.cell_runs(reproduce.fig7("cpu"), "cpu", str(tmp_path), 1))
-    assert {(line, x) for panel, line, x in fig7 if panel == "needle"} == {(k, w) for k in ("Random", "Normal") for w in (16, 128, 512)}
+    assert cells["addition", "exact match", "Random 16"] == (
+        pytest.approx([1.0]),
+        None,
+    )  # beside per-token accuracy
+    fig7 = figures.picture_cells(
+        reproduce.fig7("cpu"), reproduce.cell_runs(reproduce.fig7("cpu"), "cpu", str(tmp_path), 1)
+    )
+    assert {(line, x) for panel, line, x in fig7 if panel == "needle"} == {
+        (k, w) for k in ("Random", "Normal") for w in (16, 128, 512)
+    }
     assert fig7["needle", "Random", 16] == (pytest.approx([20.0]), None)  # Table 1's runs, shared
-    table3 = figures.picture_cells(reproduce.table3("cpu"), reproduce.cell_runs(reproduce.table3("cpu"), "cpu", str(tmp_path), 1))
-    assert table3 == {("bits per trainable parameter", None, "Normal"): ([], 2.88),
-                      ("bits per trainable parameter", None, "Random"): ([], 0.41),
-                      ("accuracy (%)", None, "Normal"): ([], 80.54), ("accuracy (%)", None, "Random"): ([], 4.53)}
+    table3 = figures.picture_cells(
+        reproduce.table3("cpu"),
+        reproduce.cell_runs(reproduce.table3("cpu"), "cpu", str(tmp_path), 1),
+    )
+    assert table3 == {
+        ("bits per trainable parameter", None, "Normal"): ([], 2.88),
+        ("bits per trainable parameter", None, "Random"): ([], 0.41),
+        ("accuracy (%)", None, "Normal"): ([], 80.54),
+        ("accuracy (%)", None, "Random"): ([], 4.53),
+    }
 
 
 @pytest.mark.slow
@@ -216,13 +319,36 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
 
     monkeypatch.setattr(reproduce, "sweep", fake_sweep)
     results = tmp_path / "results"
-    reproduce.main(["all", "--scale", "cpu", "--runs", str(tmp_path / "runs"), "--results", str(results)])
-    assert visited == ["table1", "table2", "table9", "table3", "fig4", "fig6", "fig7", "fig8", "fig2", "fig3", "table7", "table4",
-                       "table5", "fig5", "parens", "projection"]
+    reproduce.main(
+        ["all", "--scale", "cpu", "--runs", str(tmp_path / "runs"), "--results", str(results)]
+    )
+    assert visited == [
+        "table1",
+        "table2",
+        "table9",
+        "table3",
+        "fig4",
+        "fig6",
+        "fig7",
+        "fig8",
+        "fig2",
+        "fig3",
+        "table7",
+        "table4",
+        "table5",
+        "fig5",
+        "parens",
+        "projection",
+    ]
     # fig8 reads logs, which the fake runs lack
     analysed = ["fig2", "fig3", "table7", "table4", "table5", "fig5", "projection"]
-    assert "not analysed" not in "".join((results / f"{name}-cpu.md").read_text() for name in analysed)
-    assert "| Random | " in (results / "table5-cpu.md").read_text() and "PC L4" in (results / "table5-cpu.md").read_text()
+    assert "not analysed" not in "".join(
+        (results / f"{name}-cpu.md").read_text() for name in analysed
+    )
+    assert (
+        "| Random | " in (results / "table5-cpu.md").read_text()
+        and "PC L4" in (results / "table5-cpu.md").read_text()
+    )
     assert "*Once upon a time* there was a cat" in (results / "fig5-cpu.md").read_text()
     for name in visited:
         png = results / f"{name}-cpu.png"
@@ -242,18 +368,34 @@ def test_redraw_trains_and_analyses_nothing_and_says_what_is_missing(tmp_path, m
     cfg = runs["Random", "PC Emb"][0]
     write_final(cfg.out, accuracy=0.0, loss=2.0, elapsed=60.0)
     write_json(os.path.join(cfg.out, "analysis.json"), fake_analysis(cfg, 0.4))
-    reproduce.main(["table5", "--redraw", "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")])
+    reproduce.main(
+        [
+            "table5",
+            "--redraw",
+            "--runs",
+            str(tmp_path / "runs"),
+            "--results",
+            str(tmp_path / "results"),
+        ]
+    )
     text = (tmp_path / "results" / "table5-cpu.md").read_text()
-    assert "| Random | 40.0 [40.0, 40.0] (1/3); paper 43.0 |" in text and "| Normal | not run; paper 29.5 |" in text
+    assert (
+        "| Random | 40.0 [40.0, 40.0] (1/3); paper 43.0 |" in text
+        and "| Normal | not run; paper 29.5 |" in text
+    )
     assert "this command trained 0 runs" in text
 
 
 def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 50, "loss": 2.0}\n{"step": 100, "loss": 1.0, "test_accuracy": 0.5}\n'
-                                            '{"step": 200, "loss": 0.5, "test_accuracy": 0.75}\n{"step": 25')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 50, "loss": 2.0}\n{"step": 100, "loss": 1.0, "test_accuracy": 0.5}\n'
+        '{"step": 200, "loss": 0.5, "test_accuracy": 0.75}\n{"step": 25'
+    )
     assert figures.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
     assert figures.accuracy_curve(str(tmp_path / "not-started")) == []
-    (tmp_path / "metrics.jsonl").write_text('{"step": 100, "test_accuracy": 0.5}\nnot json\n{"step": 200, "test_accuracy": 0.75}\n')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 100, "test_accuracy": 0.5}\nnot json\n{"step": 200, "test_accuracy": 0.75}\n'
+    )
     with pytest.raises(UsageError, match="line 2 is not JSON"):
         figures.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
 
@@ -271,35 +413,82 @@ def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
         assert plt.imread(path).shape[0] > 100
 
 
-def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_markers(tmp_path, monkeypatch, capsys):
+def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_markers(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
-    cell = reproduce.cell_runs(reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3)["needle", "Linearized random"]
+    cell = reproduce.cell_runs(
+        reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3
+    )["needle", "Linearized random"]
     for cfg, accuracy in zip(cell, (0.2, 0.5, 0.4)):
         write_final(cfg.out, accuracy=accuracy, loss=1.0)
     os.makedirs("results")
-    write_json("results/claims.json", [{"claim": "needle fails", "table": "table9", "row": "needle", "col": "Linearized random",
-                                        "verdict": "direction only: {table9/needle/Linearized random/loss} nats, softmax {table1/needle/Random 512}"}])
-    (tmp_path / "RESULTS.md").write_text("# Results\n<!-- claims:begin -->\nold\n<!-- claims:end -->\nrest\n")
+    write_json(
+        "results/claims.json",
+        [
+            {
+                "claim": "needle fails",
+                "table": "table9",
+                "row": "needle",
+                "col": "Linearized random",
+                "verdict": "direction only: {table9/needle/Linearized random/loss} nats, softmax "
+                "{table1/needle/Random 512}",
+            }
+        ],
+    )
+    (tmp_path / "RESULTS.md").write_text(
+        "# Results\n<!-- claims:begin -->\nold\n<!-- claims:end -->\nrest\n"
+    )
     reproduce.main(["claims"])
     text = (tmp_path / "RESULTS.md").read_text()
     # a results table shown in RESULTS.md is pasted from its results/ file as the claims are written
-    (tmp_path / "results" / "table9-cpu.md").write_text("# Table 9\n\n| | a |\n|---|---|\n| needle | 40.0 |\n\nmore\n")
-    (tmp_path / "RESULTS.md").write_text(text + "<!-- table table9 -->\n| stale |\n<!-- table end -->\n")
+    (tmp_path / "results" / "table9-cpu.md").write_text(
+        "# Table 9\n\n| | a |\n|---|---|\n| needle | 40.0 |\n\nmore\n"
+    )
+    (tmp_path / "RESULTS.md").write_text(
+        text + "<!-- table table9 -->\n| stale |\n<!-- table end -->\n"
+    )
     reproduce.main(["claims"])
-    assert (tmp_path / "RESULTS.md").read_text().endswith("<!-- table table9 -->\n| | a |\n|---|---|\n| needle | 40.0 |\n<!-- table end -->\n")
+    assert (
+        (tmp_path / "RESULTS.md")
+        .read_text()
+        .endswith(
+            "<!-- table table9 -->\n| | a |\n|---|---|\n| needle | 40.0 |\n<!-- table end -->\n"
+        )
+    )
     (tmp_path / "RESULTS.md").write_text(text)
     # the paper's number, ours, and the verdict's numbers read from the cells it cites
-    assert "| needle fails | 17.7 | 40.0 [20.0, 50.0] | direction only: 1 nats, softmax (not run) |" in text
+    assert (
+        "| needle fails | 17.7 | 40.0 [20.0, 50.0] | direction only: 1 nats, softmax (not run) |"
+        in text
+    )
     assert "old" not in text and text.endswith("<!-- claims:end -->\nrest\n")
-    write_json("results/claims.json", [{"claim": "c", "table": "table9", "row": "needle", "col": "Linearized random",
-                                        "verdict": "{table9/needle/Random 512}"}])
+    write_json(
+        "results/claims.json",
+        [
+            {
+                "claim": "c",
+                "table": "table9",
+                "row": "needle",
+                "col": "Linearized random",
+                "verdict": "{table9/needle/Random 512}",
+            }
+        ],
+    )
     with pytest.raises(SystemExit):
         reproduce.main(["claims"])
-    assert "cites {table9/needle/Random 512}, which is no cell of a table" in capsys.readouterr().err
-    write_json("results/claims.json", [{"claim": "c", "table": "table9", "row": "needle", "col": "Nope", "verdict": "v"}])
+    assert (
+        "cites {table9/needle/Random 512}, which is no cell of a table" in capsys.readouterr().err
+    )
+    write_json(
+        "results/claims.json",
+        [{"claim": "c", "table": "table9", "row": "needle", "col": "Nope", "verdict": "v"}],
+    )
     with pytest.raises(SystemExit):
         reproduce.main(["claims"])
-    assert "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
+    assert (
+        "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
+    )
 
 
 def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, monkeypatch):
@@ -312,15 +501,23 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
     claimed = functools.partial(reproduce.claimed_cell, args)
     run = tmp_path / "runs" / "probes" / "p-s0"
     run.mkdir(parents=True)
-    strings = [{"answer": "balanced", "predicted": "unbalanced"},
-               {"answer": "unbalanced", "predicted": "unbalanced"},
-               {"answer": "balanced", "predicted": "balanced"}]
-    write_json(str(run / "analysis.json"), {"lengths": {"unseen": {"test": 3, "accuracy": 0.5},
-                                                        "unseen_strings": strings},
-                                            "attention": {"uniform": {"query_to_value": 0.25}}})
-    log = [{"step": 100, "loss": 2.0, "test_accuracy": 0.1},
-           {"step": 200, "loss": 1.0, "test_accuracy": 0.5},
-           {"step": 300, "loss": 0.5, "test_accuracy": 0.4}]
+    strings = [
+        {"answer": "balanced", "predicted": "unbalanced"},
+        {"answer": "unbalanced", "predicted": "unbalanced"},
+        {"answer": "balanced", "predicted": "balanced"},
+    ]
+    write_json(
+        str(run / "analysis.json"),
+        {
+            "lengths": {"unseen": {"test": 3, "accuracy": 0.5}, "unseen_strings": strings},
+            "attention": {"uniform": {"query_to_value": 0.25}},
+        },
+    )
+    log = [
+        {"step": 100, "loss": 2.0, "test_accuracy": 0.1},
+        {"step": 200, "loss": 1.0, "test_accuracy": 0.5},
+        {"step": 300, "loss": 0.5, "test_accuracy": 0.4},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     (run / "unseen.jsonl").write_text(json.dumps({"step": 100, "unseen": 0.25, "n_unseen": 3}))
 
@@ -354,8 +551,9 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
     os.makedirs("results")
     write_json("results/claims.json", [])
     heading = "### unseen at <!--{runs/probes/p-s0/unseen.jsonl:unseen from100}-->VALUE<!--/-->%\n"
-    (tmp_path / "RESULTS.md").write_text("<!-- claims:begin -->\n<!-- claims:end -->\n"
-                                         + heading.replace("VALUE", "1"))
+    (tmp_path / "RESULTS.md").write_text(
+        "<!-- claims:begin -->\n<!-- claims:end -->\n" + heading.replace("VALUE", "1")
+    )
     reproduce.main(["claims"])
     assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "25.0"))
     (run / "unseen.jsonl").write_text(json.dumps({"step": 100, "unseen": 0.5, "n_unseen": 3}))
@@ -364,55 +562,78 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
 
 
 def test_the_committed_tables_and_documents_are_what_the_committed_records_draw(monkeypatch):
-    """A retrained record leaves no stale number: every results/*-cpu.md, RESULTS.md's claims and the tables it shows,
-    and every number cited in RESULTS.md, README.md and docs/, drawn anew from the committed runs/ (writing nothing),
-    equal the committed files, the dates of the redraw lines aside."""
+    """A retrained record leaves no stale number: every results/*-cpu.md, RESULTS.md's claims and
+    the tables it shows, and every number cited in RESULTS.md, README.md and docs/, drawn anew from
+    the committed runs/ (writing nothing), equal the committed files, the dates of the redraw lines
+    aside."""
     monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = argparse.Namespace(scale="cpu", runs=os.path.join("runs", "reproduce"), seeds=3)
 
     def undated(text):
-        return [line for line in text.split("\n") if "redrawn from the finished runs by" not in line]
+        return [
+            line for line in text.split("\n") if "redrawn from the finished runs by" not in line
+        ]
 
-    drawn = {path: text for path, text in figures.claims(functools.partial(reproduce.claimed_cell, args), "results",
-                                                          "cpu").items()}
+    drawn = {
+        path: text
+        for path, text in figures.claims(
+            functools.partial(reproduce.claimed_cell, args), "results", "cpu"
+        ).items()
+    }
     for name, build in reproduce.TABLES.items():
         table = build("cpu")
         runs = reproduce.cell_runs(table, "cpu", args.runs, args.seeds)
-        drawn[f"results/{name}-cpu.md"] = figures.results_text(table, "cpu", runs, args.seeds, "redraw", "results", 0)
+        drawn[f"results/{name}-cpu.md"] = figures.results_text(
+            table, "cpu", runs, args.seeds, "redraw", "results", 0
+        )
     for path, text in drawn.items():
         with open(path) as f:
-            assert undated(text) == undated(f.read()), f"{path} is not what the records draw: python reproduce.py " \
-                                                      "all --scale cpu --redraw && python reproduce.py claims"
+            assert undated(text) == undated(f.read()), (
+                f"{path} is not what the records draw: python reproduce.py "
+                "all --scale cpu --redraw && python reproduce.py claims"
+            )
 
 
 @pytest.mark.slow
 def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for cell in reproduce.cell_runs(reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3).values():
+    for cell in reproduce.cell_runs(
+        reproduce.table9("cpu"), "cpu", os.path.join("runs", "reproduce"), 3
+    ).values():
         for cfg in cell:
             write_final(cfg.out, accuracy=0.5, loss=1.0, elapsed=60.0)
     os.makedirs("results")
     trained = "2020-01-01: this command trained 9 runs and found the others finished."
-    (tmp_path / "results" / "table9-cpu.md").write_text(f"# T\n\nScale `cpu`, 2020-01-01, a GPU; 9 runs.\nCommand: `train it`\n{trained}\n\nold\n")
+    (tmp_path / "results" / "table9-cpu.md").write_text(
+        f"# T\n\nScale `cpu`, 2020-01-01, a GPU; 9 runs.\nCommand: `train it`\n{trained}\n\nold\n"
+    )
     for _ in range(2):  # a second redraw keeps the training's lines too, and says only its own
         reproduce.main(["table9"])
         lines = (tmp_path / "results" / "table9-cpu.md").read_text().splitlines()
-        # the run count and minutes are the records' (6 cells x 3 seeds of 60 s), whatever the old header said
-        assert lines[2:5] == ["Scale `cpu`, 2020-01-01, a GPU; 18 runs, 18 min of training summed over runs.",
-                              "Command: `train it`", trained]
-        assert lines[5].endswith(": redrawn from the finished runs by `python reproduce.py table9`; nothing trained.")
+        # the run count and minutes are the records' (6 cells x 3 seeds of 60 s), whatever the old
+        # header said
+        assert lines[2:5] == [
+            "Scale `cpu`, 2020-01-01, a GPU; 18 runs, 18 min of training summed over runs.",
+            "Command: `train it`",
+            trained,
+        ]
+        assert lines[5].endswith(
+            ": redrawn from the finished runs by `python reproduce.py table9`; nothing trained."
+        )
         assert lines[6] == ""
 
 
 def gpu_once_both_workers_run(barrier):
-    """In a pool worker: its CUDA_VISIBLE_DEVICES, once the other worker runs too (so two calls take two workers)."""
+    """In a pool worker: its CUDA_VISIBLE_DEVICES, once the other worker runs too (so two calls take
+    two workers)."""
     barrier.wait(timeout=120)
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 @pytest.mark.slow
 def test_each_pool_worker_takes_a_gpu_of_its_own(monkeypatch):
-    """Two GPUs faked: the count torch reports, and the CUDA_VISIBLE_DEVICES a scheduler gave the job."""
+    """Two GPUs faked: the count torch reports, and the CUDA_VISIBLE_DEVICES a scheduler gave the
+    job."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert sweep.visible_gpus() == ["0", "1"]
@@ -435,81 +656,141 @@ def tiny_table9(scale):
     """Table 9 on models that train in a second, as separate processes from its printed commands."""
     table = reproduce.table9(scale)
     table.cols = ["Linearized random"]
-    table.configs = {key: dataclasses.replace(cfg, width=16, steps=3, batch_size=8, warmup=1, eval_every=1, test_size=20, device="cpu")
-                     for key, cfg in table.configs.items() if key[1] in table.cols}
+    table.configs = {
+        key: dataclasses.replace(
+            cfg, width=16, steps=3, batch_size=8, warmup=1, eval_every=1, test_size=20, device="cpu"
+        )
+        for key, cfg in table.configs.items()
+        if key[1] in table.cols
+    }
     return table
 
 
 @pytest.mark.slow
-def test_printed_commands_finish_each_run_even_after_a_kill_and_the_plain_command_then_trains_nothing(tmp_path, monkeypatch, capsys):
+def test_printed_commands_finish_each_run_after_a_kill_and_the_plain_command_then_trains_nothing(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.setitem(reproduce.TABLES, "table9", tiny_table9)
-    flags = ["table9", "--seeds", "1", "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    flags = [
+        "table9",
+        "--seeds",
+        "1",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "results"),
+    ]
     cells = reproduce.cell_runs(tiny_table9("cpu"), "cpu", str(tmp_path / "runs"), 1)
-    killed, finished, new = (cells[row, "Linearized random"][0] for row in ("needle", "addition", "parens"))
+    killed, finished, new = (
+        cells[row, "Linearized random"][0] for row in ("needle", "addition", "parens")
+    )
     train.train(killed, stop_after=2)  # killed after its checkpoint at step 2
     write_final(finished.out, accuracy=0.5, loss=1.0, elapsed=1.0)
     capsys.readouterr()
     reproduce.main(flags + ["--print-commands"])
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[2] for line in lines] == [new.out + "/final.json", killed.out + "/final.json"]  # longest first
+    assert [line.split()[2] for line in lines] == [
+        new.out + "/final.json",
+        killed.out + "/final.json",
+    ]  # longest first
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for line, cfg in zip(lines, (new, killed)):
-        done = subprocess.run(["bash", "-c", line], cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        done = subprocess.run(
+            ["bash", "-c", line],
+            cwd=root,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr
         assert reproduce.run_state(cfg.out) == "finished"
-        assert ("step 1/3" in done.stdout) == (cfg is new) and "step 3/3" in done.stdout  # the killed run went on from step 2
+        assert ("step 1/3" in done.stdout) == (
+            cfg is new
+        ) and "step 3/3" in done.stdout  # the killed run went on from step 2
     for line in lines:  # a scheduler that runs a line again finds its run finished and leaves it
         again = subprocess.run(["bash", "-c", line], cwd=root, capture_output=True, text=True)
         assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
 
-    monkeypatch.setattr(sweep.train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(
+        sweep.train,
+        "train",
+        lambda *args, **kwargs: pytest.fail("a finished run was trained again"),
+    )
     reproduce.main(flags)
     text = (tmp_path / "results" / "table9-cpu.md").read_text()
     assert "this command trained 0 runs" in text and "not run" not in text
 
 
 @pytest.mark.slow
-def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(tmp_path, monkeypatch, capsys):
+def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained"))
-    monkeypatch.setattr(tasks.LanguageModeling, "__post_init__", lambda self: pytest.fail("--plan read the lm corpus"))
+    monkeypatch.setattr(
+        tasks.LanguageModeling,
+        "__post_init__",
+        lambda self: pytest.fail("--plan read the lm corpus"),
+    )
     reproduce.main(["all", "--scale", "paper", "--plan"])
     text = capsys.readouterr().out
     assert os.listdir(tmp_path) == []
     for make in reproduce.TABLES.values():
         table = make("paper")
         section = text.split(f"### {table.title} (paper scale)")[1].split("###")[0]
-        rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "cells" not in line]
+        rows = [
+            line.split(" | ")
+            for line in section.splitlines()
+            if line.startswith("| ") and "cells" not in line
+        ]
         shared = re.compile(r" \(table\d's runs\)$")
-        assert {cell for row in rows for cell in shared.sub("", row[0].removeprefix("| ")).split(" / ")} == {
-            f"{row}, {col}" for row, col in table.configs}
-        assert {row[1] for row in rows} == {"10"} and all(float(row[-2]) > 0 and row[-1] == "assumed |" for row in rows)
+        assert {
+            cell for row in rows for cell in shared.sub("", row[0].removeprefix("| ")).split(" / ")
+        } == {f"{row}, {col}" for row, col in table.configs}
+        assert {row[1] for row in rows} == {"10"} and all(
+            float(row[-2]) > 0 and row[-1] == "assumed |" for row in rows
+        )
         total = section.split("Total: ")[1].split("\n")[0]
         assert total.startswith(f"{10 * len(rows)} runs, ") and float(total.split()[2]) > 0
     assert f"All {len(reproduce.TABLES)} tables and figures: " in text
 
 
-def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(tmp_path, monkeypatch, capsys):
+def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     cfg = sweep.resolve(reproduce.table1("paper").configs["needle", "Random 1024"])[0]
     for device, run in (("cuda", "gpu-run"), ("cpu", "cpu-run")):  # a CPU record is no GPU's pace
         record = tmp_path / "runs" / "probes" / run
         record.mkdir(parents=True)
-        (record / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "device": device}))
-        lines = [{"step": 500 * i, "steps_per_s": rate} for i, rate in enumerate([None, 40.0, 50.0, 45.0])]
+        (record / "config.json").write_text(
+            json.dumps({**dataclasses.asdict(cfg), "device": device})
+        )
+        lines = [
+            {"step": 500 * i, "steps_per_s": rate}
+            for i, rate in enumerate([None, 40.0, 50.0, 45.0])
+        ]
         (record / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     reproduce.main(["table1", "--scale", "paper", "--plan"])
-    rows = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split(" | ")[0]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ")
+    }
     # 10,000 steps at the median 45 steps/s, plus the assumed minute to start
-    assert rows["| needle, Random 1024"].endswith(f"| {(60 + 10_000 / 45) / 60:.1f} | measured, 45.0 steps/s (runs/probes/gpu-run) |")
+    assert rows["| needle, Random 1024"].endswith(
+        f"| {(60 + 10_000 / 45) / 60:.1f} | measured, 45.0 steps/s (runs/probes/gpu-run) |"
+    )
     assert rows["| needle, Normal 1024"].endswith("| assumed |")
 
 
 def test_variance_tables_gain_an_untrained_row_that_the_projection_table_shares():
     for table in (reproduce.table7("cpu"), reproduce.table4("cpu"), reproduce.table5("cpu")):
         untrained = [row for row in table.rows if "Untrained" in row]
-        assert untrained and all(row.replace("Untrained", "Random") in table.rows for row in untrained)
+        assert untrained and all(
+            row.replace("Untrained", "Random") in table.rows for row in untrained
+        )
         for row in untrained:  # the Random row's config at 0 steps, and no paper number beside it
             random = table.configs[row.replace("Untrained", "Random"), table.cols[0]]
             assert table.configs[row, table.cols[0]] == dataclasses.replace(random, steps=0)

@@ -9,27 +9,27 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import asdict, replace
 
 import pytest
 import torch
-from dataclasses import asdict, replace
+from test_core import tiny
 
 import analyze
 import batched_seeds
 import bench
-import compare
-import corpus
-import figures
-import reproduce
-import sample
 import cli
+import compare
+import config
+import corpus
 import devices
 import errors
-import config
+import figures
 import files
+import reproduce
 import rundir
+import sample
 import train
-from test_core import tiny
 from config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,10 +39,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bad input, across every command
 # ---------------------------------------------------------------------------
 
-SCRIPTS = {"train.py": train.main, "analyze.py": analyze.main, "reproduce.py": reproduce.main,
-           "bench.py": bench.main, "sample.py": sample.main, "compare.py": compare.main, "batched_seeds.py": batched_seeds.main}
-# Before the flags of a train.py or batched_seeds.py call that does not resume (with --out NEW where it names
-# none): a tiny model, no steps.
+SCRIPTS = {
+    "train.py": train.main,
+    "analyze.py": analyze.main,
+    "reproduce.py": reproduce.main,
+    "bench.py": bench.main,
+    "sample.py": sample.main,
+    "compare.py": compare.main,
+    "batched_seeds.py": batched_seeds.main,
+}
+# Before the flags of a train.py or batched_seeds.py call that does not resume (with --out NEW where
+# it names none): a tiny model, no steps.
 TRAIN_BASE = ["--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu"]
 
 # (script, argv, part of the error line); upper-case words name paths in the `world` fixture.
@@ -76,7 +83,11 @@ BAD_INPUTS = [
     ("train.py", ["--steps", "-1"], "--steps must be >= 0"),
     ("train.py", ["--warmup", "-1"], "--warmup must be >= 0"),
     ("train.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
-    ("train.py", ["--task", "memorize", "--batch-size", "0"], "--batch-size must be >= 1"),  # sets the steps: checked first
+    (
+        "train.py",
+        ["--task", "memorize", "--batch-size", "0"],
+        "--batch-size must be >= 1",
+    ),  # sets the steps: checked first
     ("train.py", ["--eval-every", "0"], "--eval-every must be >= 1"),
     ("train.py", ["--layers", "0"], "--layers must be >= 1"),
     ("train.py", ["--seeds", "0"], "--seeds must be between 1"),
@@ -95,7 +106,11 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "RUN"], "has finished"),
     ("train.py", ["--resume", "STOPPED", "--steps", "600"], "drop --steps"),
     ("train.py", ["--resume", "BADCHECKPOINT"], "does not load"),
-    ("train.py", ["--resume", "WIDECHECKPOINT"], "was saved with width 16, but config.json says 32"),
+    (
+        "train.py",
+        ["--resume", "WIDECHECKPOINT"],
+        "was saved with width 16, but config.json says 32",
+    ),
     ("train.py", ["--resume", "TENSORCHECKPOINT"], "is not a checkpoint of a run"),
     ("train.py", ["--resume", "KEYLESSCHECKPOINT"], "lacks optimizer, rng"),
     ("train.py", ["--resume", "NANLOG"], "line 2 is not an evaluation record"),
@@ -107,7 +122,11 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "UNKNOWNKEY"], "unknown setting 'colour'"),
     ("train.py", ["--task", "addition", "--digits", "1"], "81 distinct inputs"),
     ("train.py", ["--task", "parens", "--max-parens", "4"], "30 distinct inputs"),
-    ("train.py", ["--task", "needle", "--max-pairs", "1", "--scale", "paper"], "3,810 distinct inputs"),
+    (
+        "train.py",
+        ["--task", "needle", "--max-pairs", "1", "--scale", "paper"],
+        "3,810 distinct inputs",
+    ),
     ("train.py", ["--out", "PROJECT", "--overwrite"], "holds src, which no run writes"),
     ("train.py", ["--out", ""], "--out is empty"),
     ("train.py", ["--out", "."], "holds the current directory"),
@@ -120,7 +139,6 @@ BAD_INPUTS = [
     ("train.py", ["--width", "200000", "--heads", "1"], "(an estimate), more than this machine's"),
     ("train.py", ["--seeds", "100000"], "--seeds must be between 1 and 10,000"),
     ("analyze.py", ["NEW"], "not a run directory"),
-    ("analyze.py", ["STOPPED"], "has no model.pt"),
     ("analyze.py", ["RUN", "NEW"], "not a run directory"),
     ("analyze.py", ["CUTLOG"], "metrics.jsonl line 3 is not JSON"),
     ("analyze.py", ["BADANALYSIS", "--only", "curves"], "analysis.json is not JSON"),
@@ -138,7 +156,11 @@ BAD_INPUTS = [
     ("reproduce.py", ["table1", "--jobs", "0"], "--seeds and --jobs must be >= 1"),
     ("reproduce.py", ["table1", "--results", "FILE"], "--results"),
     ("reproduce.py", ["table1", "--runs", "FILE"], "--runs"),
-    ("reproduce.py", ["table1", "--data", "EMPTY/text-train.txt"], "--data applies to the language-modeling tables only"),
+    (
+        "reproduce.py",
+        ["table1", "--data", "EMPTY/text-train.txt"],
+        "--data applies to the language-modeling tables only",
+    ),
     ("reproduce.py", ["fig4", "--data", "NEW/text-train.txt"], "no training text at"),
     ("reproduce.py", ["table9", "--runs", "OTHERS"], "was trained with other settings"),
     ("bench.py", ["--steps-timed", "0"], "--steps-timed and --repeats must be >= 1"),
@@ -156,13 +178,30 @@ BAD_INPUTS = [
     ("sample.py", ["STOPPED"], "has no model.pt"),
     # Data loss: a lock that is a symbolic link would write the pid into the file it points to.
     ("train.py", ["--resume", "LOCKLINK"], "is a symbolic link, not a lock of this run"),
-    ("train.py", ["--out", "LOCKLINKRUN", "--overwrite"], "is a symbolic link, not a lock of this run"),
+    (
+        "train.py",
+        ["--out", "LOCKLINKRUN", "--overwrite"],
+        "is a symbolic link, not a lock of this run",
+    ),
     ("train.py", ["--resume", "LOCKDIR"], "Is a directory"),
-    ("batched_seeds.py", ["--seeds", "2", "--out", "LOCKLINKSEEDS", "--overwrite"], "is a symbolic link, not a lock of this run"),
-    # Wrong results: a sweep's run trained with another value of a setting the cell leaves to the scale's default.
+    (
+        "batched_seeds.py",
+        ["--seeds", "2", "--out", "LOCKLINKSEEDS", "--overwrite"],
+        "is a symbolic link, not a lock of this run",
+    ),
+    # Wrong results: a sweep's run trained with another value of a setting the cell leaves to the
+    # scale's default.
     ("reproduce.py", ["table9", "--runs", "OTHERLR"], "was trained with other settings (lr "),
-    ("reproduce.py", ["table9", "--runs", "OTHEREVAL"], "was trained with other settings (eval_every "),
-    ("reproduce.py", ["table9", "--runs", "OTHERS", "--print-commands"], "was trained with other settings"),
+    (
+        "reproduce.py",
+        ["table9", "--runs", "OTHEREVAL"],
+        "was trained with other settings (eval_every ",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--runs", "OTHERS", "--print-commands"],
+        "was trained with other settings",
+    ),
     # Malformed JSON, in every file the project reads: one line naming the file and what is wrong.
     ("train.py", ["--resume", "BYTESCONFIG"], "config.json is not UTF-8 text (byte 12 is 0xff)"),
     ("train.py", ["--resume", "DEEPCONFIG"], "config.json is nested deeper than 32 levels"),
@@ -170,32 +209,73 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "BYTESLOG"], "metrics.jsonl line 1 is not UTF-8 text"),
     ("train.py", ["--resume", "DEEPLOG"], "metrics.jsonl line 1 is nested deeper than 32 levels"),
     ("train.py", ["--seeds", "2", "--out", "SEEDJSON"], "SEEDJSON-s0/final.json is not JSON"),
-    ("train.py", ["--seeds", "2", "--out", "SEEDTYPE"], 'SEEDTYPE-s1/final.json: accuracy is "high", not an integer or a number'),
-    ("train.py", ["--seeds", "2", "--out", "SEEDLIST"], "SEEDLIST-s1/final.json holds a JSON array, not a JSON object"),
-    ("train.py", ["--seeds", "2", "--out", "SEEDDEEP"], "SEEDDEEP-s0/final.json is nested deeper than 32 levels"),
+    (
+        "train.py",
+        ["--seeds", "2", "--out", "SEEDTYPE"],
+        'SEEDTYPE-s1/final.json: accuracy is "high", not an integer or a number',
+    ),
+    (
+        "train.py",
+        ["--seeds", "2", "--out", "SEEDLIST"],
+        "SEEDLIST-s1/final.json holds a JSON array, not a JSON object",
+    ),
+    (
+        "train.py",
+        ["--seeds", "2", "--out", "SEEDDEEP"],
+        "SEEDDEEP-s0/final.json is nested deeper than 32 levels",
+    ),
     ("compare.py", ["BYTESLOG"], "metrics.jsonl line 1 is not UTF-8 text"),
     ("compare.py", ["DEEPLOG"], "metrics.jsonl line 1 is nested deeper"),
     ("compare.py", ["FINALSTRING"], 'final.json: elapsed is "1.5", not an integer or a number'),
     ("compare.py", ["BYTESCONFIG"], "config.json is not UTF-8 text"),
     ("analyze.py", ["FINALGARBAGE"], "final.json is not JSON"),
-    ("analyze.py", ["DEEPANALYSIS", "--only", "curves"], "analysis.json is nested deeper than 32 levels"),
+    (
+        "analyze.py",
+        ["DEEPANALYSIS", "--only", "curves"],
+        "analysis.json is nested deeper than 32 levels",
+    ),
     ("analyze.py", ["BYTESANALYSIS", "--only", "curves"], "analysis.json is not UTF-8 text"),
     ("reproduce.py", ["claims", "--results", "CLAIMSJSON"], "claims.json is not JSON"),
     ("reproduce.py", ["claims", "--results", "CLAIMSNOROW"], "claims.json item 1 lacks 'row'"),
-    ("reproduce.py", ["claims", "--results", "CLAIMSOBJECT"], "claims.json holds a JSON object, not a JSON array"),
-    ("reproduce.py", ["claims", "--results", "CLAIMSRUNS"], "claims.json item 1: runs is [3], not a JSON array of strings"),
-    ("reproduce.py", ["claims", "--results", "CLAIMSDEEP"], "claims.json is nested deeper than 32 levels"),
-    ("reproduce.py", ["claims", "--results", "CLAIMSFINALLIST"], "final.json holds a JSON array, not a JSON object"),
+    (
+        "reproduce.py",
+        ["claims", "--results", "CLAIMSOBJECT"],
+        "claims.json holds a JSON object, not a JSON array",
+    ),
+    (
+        "reproduce.py",
+        ["claims", "--results", "CLAIMSRUNS"],
+        "claims.json item 1: runs is [3], not a JSON array of strings",
+    ),
+    (
+        "reproduce.py",
+        ["claims", "--results", "CLAIMSDEEP"],
+        "claims.json is nested deeper than 32 levels",
+    ),
+    (
+        "reproduce.py",
+        ["claims", "--results", "CLAIMSFINALLIST"],
+        "final.json holds a JSON array, not a JSON object",
+    ),
     ("reproduce.py", ["claims", "--results", "CLAIMSFINALEMPTY"], "final.json lacks 'accuracy'"),
     ("reproduce.py", ["claims", "--results", "CLAIMSFINALGARBAGE"], "final.json is not JSON"),
-    ("reproduce.py", ["claims", "--results", "CLAIMSFINALSTRING"], 'final.json: elapsed is "1.5", not an integer or a number'),
+    (
+        "reproduce.py",
+        ["claims", "--results", "CLAIMSFINALSTRING"],
+        'final.json: elapsed is "1.5", not an integer or a number',
+    ),
     # Each command's own checks, for the two added to this table.
     ("batched_seeds.py", ["--resume", "STOPPED"], "nothing to resume"),
     ("batched_seeds.py", ["--seeds", "1"], "--seeds must be >= 2"),
     ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDS"], "holds a finished run"),
-    ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDS", "--overwrite", "--lr", "nan"], "--lr must be a number > 0"),
+    (
+        "batched_seeds.py",
+        ["--seeds", "2", "--out", "SEEDS", "--overwrite", "--lr", "nan"],
+        "--lr must be a number > 0",
+    ),
     ("compare.py", ["NEW"], "not a run directory"),
-    # Data loss: a folder of the user's own named like a swap's hidden siblings is neither deleted nor moved.
+    # Data loss: a folder of the user's own named like a swap's hidden siblings is neither deleted
+    # nor moved.
     ("train.py", ["--out", "OLDBESIDE", "--overwrite"], ".OLDBESIDE.old is in the way"),
     ("train.py", ["--out", "OLDBESIDE"], ".OLDBESIDE.old is in the way"),
     ("train.py", ["--out", "NEWALONE"], ".NEWALONE.new is in the way"),
@@ -204,38 +284,111 @@ BAD_INPUTS = [
     ("train.py", ["--resume", "NEWBESIDE"], ".NEWBESIDE.new is in the way"),
     ("train.py", ["--out", "LINKBESIDE", "--overwrite"], ".LINKBESIDE.new is in the way"),
     ("train.py", ["--out", "FOREIGNMARK", "--overwrite"], ".FOREIGNMARK.old is in the way"),
-    ("batched_seeds.py", ["--seeds", "2", "--out", "SEEDBESIDE"], ".SEEDBESIDE-s1.new is in the way"),
-    # Names from flag values: a mask holding path characters is refused as a mask, never made a path.
+    (
+        "batched_seeds.py",
+        ["--seeds", "2", "--out", "SEEDBESIDE"],
+        ".SEEDBESIDE-s1.new is in the way",
+    ),
+    # Names from flag values: a mask holding path characters is refused as a mask, never made a
+    # path.
     ("train.py", ["--train", "wte,../../outside"], "'../../outside' names no parameter"),
     ("train.py", ["--train", "wte,h.0/x|y\nz"], "names no parameter"),
-    ("train.py", ["--out", "NEW/deeper/" + "n" * 300], "File name too long"),  # and NEW/deeper is gone again
+    (
+        "train.py",
+        ["--out", "NEW/deeper/" + "n" * 300],
+        "File name too long",
+    ),  # and NEW/deeper is gone again
     # Masks: a checkpoint resumes only under the settings it was saved with.
-    ("train.py", ["--resume", "EDITEDMODE"], "was saved with mode 'frozen', but config.json says 'h.1.*'"),
+    (
+        "train.py",
+        ["--resume", "EDITEDMODE"],
+        "was saved with mode 'frozen', but config.json says 'h.1.*'",
+    ),
     ("train.py", ["--resume", "EDITEDLR"], "was saved with lr 0.003, but config.json says 0.001"),
     # Tables trust no record: --redraw checks settings, types and finiteness, naming the file.
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWNAN"], "final.json: accuracy is nan, not a finite"),
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWTRUE"], "final.json: accuracy is True, not a finite"),
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWSTRING"], "final.json: accuracy is 'high', not"),
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWLIST"], "final.json: accuracy is [0.5], not"),
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWNULL"], "final.json: accuracy is None, not"),
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWINF"], "final.json: loss is inf, not a finite"),
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWLOG"], "metrics.jsonl step 4: test_accuracy is nan"),
-    ("reproduce.py", ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWOTHER"], "was trained with other settings (width "),
-    ("reproduce.py", ["parens", "--seeds", "1", "--redraw", "--runs", "REDRAWSEEN"], "its lengths result lacks the finite number"),
-    ("reproduce.py", ["parens", "--seeds", "1", "--redraw", "--runs", "REDRAWSEENSTR"], "its lengths result lacks the finite"),
-    ("reproduce.py", ["table7", "--seeds", "1", "--redraw", "--runs", "REDRAWWIDTH"], "analysis.json was made for 'parens Random w1024'"),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWNAN"],
+        "final.json: accuracy is nan, not a finite",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWTRUE"],
+        "final.json: accuracy is True, not a finite",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWSTRING"],
+        "final.json: accuracy is 'high', not",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWLIST"],
+        "final.json: accuracy is [0.5], not",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWNULL"],
+        "final.json: accuracy is None, not",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWINF"],
+        "final.json: loss is inf, not a finite",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWLOG"],
+        "metrics.jsonl step 4: test_accuracy is nan",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "1", "--redraw", "--runs", "REDRAWOTHER"],
+        "was trained with other settings (width ",
+    ),
+    (
+        "reproduce.py",
+        ["parens", "--seeds", "1", "--redraw", "--runs", "REDRAWSEEN"],
+        "its lengths result lacks the finite number",
+    ),
+    (
+        "reproduce.py",
+        ["parens", "--seeds", "1", "--redraw", "--runs", "REDRAWSEENSTR"],
+        "its lengths result lacks the finite",
+    ),
+    (
+        "reproduce.py",
+        ["table7", "--seeds", "1", "--redraw", "--runs", "REDRAWWIDTH"],
+        "analysis.json was made for 'parens Random w1024'",
+    ),
     # Tracebacks, each now one line.
-    ("train.py", ["--lr", "3e38", "--weight-decay", "0"], "--lr must be a number > 0 and below 3.4e+37"),
-    ("batched_seeds.py", ["--seeds", "2", "--train", "full", "--arch", "lstm"], "batched seeds cannot train the lstm"),
+    (
+        "train.py",
+        ["--lr", "3e38", "--weight-decay", "0"],
+        "--lr must be a number > 0 and below 3.4e+37",
+    ),
+    (
+        "batched_seeds.py",
+        ["--seeds", "2", "--train", "full", "--arch", "lstm"],
+        "batched seeds cannot train the lstm",
+    ),
     ("sample.py", ["RUN", "--seed", str(2**64)], "--seed must be an integer in [0, 2^64)"),
     ("sample.py", ["RUN", "--seed", "-1"], "--seed must be an integer in [0, 2^64)"),
     # analyze.py --watch refuses at once what it cannot follow.
-    ("analyze.py", ["NEW", "--watch"], "NEW is not a run directory (no config.json), nor a run starting"),
+    (
+        "analyze.py",
+        ["NEW", "--watch"],
+        "NEW is not a run directory (no config.json), nor a run starting",
+    ),
     ("analyze.py", ["FILE", "--watch"], "FILE is not a run directory"),
     ("analyze.py", ["NOTES", "--watch"], "NOTES is not a run directory"),
     ("analyze.py", ["RUN", "STOPPED", "--watch"], "--watch follows one run"),
     # compare.py: two spellings of one broken run are one run, one line.
-    ("compare.py", ["FINALSTRING", "FINALSTRING/", "FINALSTRING/."], 'final.json: elapsed is "1.5"'),
+    (
+        "compare.py",
+        ["FINALSTRING", "FINALSTRING/", "FINALSTRING/."],
+        'final.json: elapsed is "1.5"',
+    ),
 ]
 
 
@@ -256,8 +409,16 @@ def world(tmp_path_factory):
     broken_copy(root, "WIDECHECKPOINT", config=lambda c: {**c, "width": 32})
     broken_copy(root, "TENSORCHECKPOINT", checkpoint=torch.zeros(3))
     broken_copy(root, "KEYLESSCHECKPOINT", checkpoint={"model": {}, "step": 4})
-    for name, line in (("NANLOG", "NaN"), ("STRINGSTEPLOG", '{"step": "2"}'), ("EMPTYRECORDLOG", "{}")):
-        broken_copy(root, name, metrics=lambda text: (line + "\n" + text if name != "NANLOG" else text + line + "\n{}\n"))
+    for name, line in (
+        ("NANLOG", "NaN"),
+        ("STRINGSTEPLOG", '{"step": "2"}'),
+        ("EMPTYRECORDLOG", "{}"),
+    ):
+        broken_copy(
+            root,
+            name,
+            metrics=lambda text: line + "\n" + text if name != "NANLOG" else text + line + "\n{}\n",
+        )
     broken_copy(root, "STRINGWIDTH", config=lambda c: {**c, "width": "16"})
     broken_copy(root, "FLOATSTEPS", config=lambda c: {**c, "steps": 8.5})
     broken_copy(root, "LISTCONFIG", config=lambda c: [c])
@@ -276,7 +437,9 @@ def world(tmp_path_factory):
     torch.save(saved, root / "DIVERGED" / "model.pt")
     shutil.copytree(root / "RUN", root / "CUTLOG")
     with open(root / "CUTLOG" / "metrics.jsonl", "a") as f:
-        f.write('{"step": 12, "lo\n{"step": 13}\n')  # a line that is not JSON, not the last (a cut last line is dropped)
+        f.write(
+            '{"step": 12, "lo\n{"step": 13}\n'
+        )  # a line that is not JSON, not the last (a cut last line is dropped)
     shutil.copytree(root / "RUN", root / "BADANALYSIS")
     (root / "BADANALYSIS" / "analysis.json").write_text("{")
     for name, text in (("EMPTY", b""), ("BINARY", b"\xff\xfe\x00 not text")):
@@ -286,37 +449,76 @@ def world(tmp_path_factory):
     other = root / "OTHERS" / "table9-cpu" / "needle-linearized-random-s0"
     other.mkdir(parents=True)
     (other / "config.json").write_text(json.dumps({"task": "needle", "width": 99}))
-    cell = next(iter(reproduce.cell_runs(reproduce.TABLES["table9"]("cpu"), "cpu", "", 1).values()))[0]
+    cell = next(
+        iter(reproduce.cell_runs(reproduce.TABLES["table9"]("cpu"), "cpu", "", 1).values())
+    )[0]
     resolved = config.resolve(cell)[0]
-    for name, setting in (("OTHERLR", {"lr": resolved.lr / 2}), ("OTHEREVAL", {"eval_every": resolved.eval_every + 1})):
-        (root / name / cell.out).mkdir(parents=True)  # the cell's own run directory under --runs NAME
-        (root / name / cell.out / "config.json").write_text(json.dumps(asdict(replace(resolved, **setting))))
+    for name, setting in (
+        ("OTHERLR", {"lr": resolved.lr / 2}),
+        ("OTHEREVAL", {"eval_every": resolved.eval_every + 1}),
+    ):
+        (root / name / cell.out).mkdir(
+            parents=True
+        )  # the cell's own run directory under --runs NAME
+        (root / name / cell.out / "config.json").write_text(
+            json.dumps(asdict(replace(resolved, **setting)))
+        )
     for name, target in (("LOCKLINK", "STOPPED"), ("LOCKLINKRUN", "RUN"), ("LOCKDIR", "STOPPED")):
         shutil.copytree(root / target, root / name)
-        (root / name / ".lock").mkdir() if name == "LOCKDIR" else (root / name / ".lock").symlink_to(root / "FILE")
+        (root / name / ".lock").mkdir() if name == "LOCKDIR" else (
+            root / name / ".lock"
+        ).symlink_to(root / "FILE")
     nested = "[" * 100_000 + "]" * 100_000  # past Python's recursion limit
-    for name, text in (("BYTESCONFIG", b'{"task": "pa\xffrens"}'), ("DEEPCONFIG", nested.encode()),
-                       ("NESTEDCONFIG", b'{"task": ' + b"[" * 40 + b"]" * 40 + b"}")):
+    for name, text in (
+        ("BYTESCONFIG", b'{"task": "pa\xffrens"}'),
+        ("DEEPCONFIG", nested.encode()),
+        ("NESTEDCONFIG", b'{"task": ' + b"[" * 40 + b"]" * 40 + b"}"),
+    ):
         shutil.copytree(root / "STOPPED", root / name)
         (root / name / "config.json").write_bytes(text)
-    for name, line in (("BYTESLOG", b'{"step": 4, "loss": "\xff"}'), ("DEEPLOG", b'{"step": 4, "x": ' + nested.encode() + b"}")):
+    for name, line in (
+        ("BYTESLOG", b'{"step": 4, "loss": "\xff"}'),
+        ("DEEPLOG", b'{"step": 4, "x": ' + nested.encode() + b"}"),
+    ):
         shutil.copytree(root / "STOPPED", root / name)
-        (root / name / "metrics.jsonl").write_bytes(line + b"\n" + (root / name / "metrics.jsonl").read_bytes())
-    for name, text in (("FINALGARBAGE", "garbage"), ("FINALLIST", "[]"), ("FINALEMPTY", "{}"),
-                       ("FINALSTRING", '{"step": 8, "elapsed": "1.5", "accuracy": 0.5}')):
+        (root / name / "metrics.jsonl").write_bytes(
+            line + b"\n" + (root / name / "metrics.jsonl").read_bytes()
+        )
+    for name, text in (
+        ("FINALGARBAGE", "garbage"),
+        ("FINALLIST", "[]"),
+        ("FINALEMPTY", "{}"),
+        ("FINALSTRING", '{"step": 8, "elapsed": "1.5", "accuracy": 0.5}'),
+    ):
         shutil.copytree(root / "RUN", root / name)
         (root / name / "final.json").write_text(text)
         (root / f"CLAIMS{name}").mkdir()
-        (root / f"CLAIMS{name}" / "claims.json").write_text(json.dumps([dict(CLAIM, runs=[str(root / name)])]))
-    for name, text in (("DEEPANALYSIS", nested.encode()), ("BYTESANALYSIS", b"{\xff}"), ("ODDANALYSIS", b'{"curves": 3}')):
+        (root / f"CLAIMS{name}" / "claims.json").write_text(
+            json.dumps([dict(CLAIM, runs=[str(root / name)])])
+        )
+    for name, text in (
+        ("DEEPANALYSIS", nested.encode()),
+        ("BYTESANALYSIS", b"{\xff}"),
+        ("ODDANALYSIS", b'{"curves": 3}'),
+    ):
         shutil.copytree(root / "RUN", root / name)
         (root / name / "analysis.json").write_bytes(text)
-    for name, claims in (("CLAIMSJSON", "[{"), ("CLAIMSNOROW", json.dumps([{k: v for k, v in CLAIM.items() if k != "row"}])),
-                         ("CLAIMSOBJECT", json.dumps(CLAIM)), ("CLAIMSRUNS", json.dumps([dict(CLAIM, runs=[3])])), ("CLAIMSDEEP", nested)):
+    for name, claims in (
+        ("CLAIMSJSON", "[{"),
+        ("CLAIMSNOROW", json.dumps([{k: v for k, v in CLAIM.items() if k != "row"}])),
+        ("CLAIMSOBJECT", json.dumps(CLAIM)),
+        ("CLAIMSRUNS", json.dumps([dict(CLAIM, runs=[3])])),
+        ("CLAIMSDEEP", nested),
+    ):
         (root / name).mkdir()
         (root / name / "claims.json").write_text(claims)
     train.main(TRAIN_BASE + ["--seeds", "2", "--out", str(root / "SEEDS")])
-    for name, seed, text in (("SEEDJSON", 0, "{"), ("SEEDTYPE", 1, None), ("SEEDLIST", 1, "[]"), ("SEEDDEEP", 0, nested)):
+    for name, seed, text in (
+        ("SEEDJSON", 0, "{"),
+        ("SEEDTYPE", 1, None),
+        ("SEEDLIST", 1, "[]"),
+        ("SEEDDEEP", 0, nested),
+    ):
         for s in (0, 1):
             shutil.copytree(root / f"SEEDS-s{s}", root / f"{name}-s{s}")
         final = root / f"{name}-s{seed}" / "final.json"
@@ -331,9 +533,14 @@ def world(tmp_path_factory):
 def hidden_folders(root):
     """Folders of the user's own named like a swap's hidden siblings (.NAME.new, .NAME.old), each
     holding work, beside a finished run, a stopped one, or where no run is."""
-    for run, hidden, source in (("OLDBESIDE", "old", "RUN"), ("NEWALONE", "new", None), ("OLDALONE", "old", None),
-                                ("NEWBESIDE", "new", "STOPPED"), ("FOREIGNMARK", "old", "RUN"),
-                                ("SEEDBESIDE-s1", "new", None)):
+    for run, hidden, source in (
+        ("OLDBESIDE", "old", "RUN"),
+        ("NEWALONE", "new", None),
+        ("OLDALONE", "old", None),
+        ("NEWBESIDE", "new", "STOPPED"),
+        ("FOREIGNMARK", "old", "RUN"),
+        ("SEEDBESIDE-s1", "new", None),
+    ):
         if source:
             shutil.copytree(root / source, root / run)
         (root / f".{run}.{hidden}").mkdir()
@@ -346,50 +553,96 @@ def hidden_folders(root):
 
 
 def redraw_records(root):
-    """Records of a finished table9 and parens cell (seed 0) under --runs REDRAW*, each with one bad value."""
+    """Records of a finished table9 and parens cell (seed 0) under --runs REDRAW*, each with one bad
+    value."""
+
     def cell_run(table, name, final=None, log=None, analysis=None, **setting):
-        cell = next(iter(reproduce.cell_runs(reproduce.TABLES[table]("cpu"), "cpu", "", 1).values()))[0]
+        cell = next(
+            iter(reproduce.cell_runs(reproduce.TABLES[table]("cpu"), "cpu", "", 1).values())
+        )[0]
         run = root / name / cell.out
         run.mkdir(parents=True)
-        (run / "config.json").write_text(json.dumps(asdict(replace(config.resolve(cell)[0], **setting))))
-        (run / "final.json").write_text(json.dumps({"loss": 1.0, "accuracy": 0.5, "step": 8, "elapsed": 1.0, **(final or {})}))
-        (run / "metrics.jsonl").write_text(json.dumps({"step": 4, "loss": 1.0, "test_accuracy": log or 0.5}) + "\n")
+        (run / "config.json").write_text(
+            json.dumps(asdict(replace(config.resolve(cell)[0], **setting)))
+        )
+        (run / "final.json").write_text(
+            json.dumps({"loss": 1.0, "accuracy": 0.5, "step": 8, "elapsed": 1.0, **(final or {})})
+        )
+        (run / "metrics.jsonl").write_text(
+            json.dumps({"step": 4, "loss": 1.0, "test_accuracy": log or 0.5}) + "\n"
+        )
         if analysis:
             (run / "analysis.json").write_text(json.dumps(analysis))
-    for name, value in (("NAN", math.nan), ("TRUE", True), ("STRING", "high"), ("LIST", [0.5]), ("NULL", None)):
+
+    for name, value in (
+        ("NAN", math.nan),
+        ("TRUE", True),
+        ("STRING", "high"),
+        ("LIST", [0.5]),
+        ("NULL", None),
+    ):
         cell_run("table9", f"REDRAW{name}", final={"accuracy": value})
     cell_run("table9", "REDRAWINF", final={"loss": math.inf})
     cell_run("table9", "REDRAWLOG", log=math.nan)
     cell_run("table9", "REDRAWOTHER", width=64)
     for name, seen in (("REDRAWSEEN", True), ("REDRAWSEENSTR", "most")):
-        cell_run("parens", name, analysis={"lengths": {"seen": {"accuracy": seen}, "unseen": {"accuracy": 0.5}}})
-    cell_run("table7", "REDRAWWIDTH", analysis={"variance": {"width": 1024, "label": "parens Random w1024"}})
+        cell_run(
+            "parens",
+            name,
+            analysis={"lengths": {"seen": {"accuracy": seen}, "unseen": {"accuracy": 0.5}}},
+        )
+    cell_run(
+        "table7",
+        "REDRAWWIDTH",
+        analysis={"variance": {"width": 1024, "label": "parens Random w1024"}},
+    )
 
 
-CLAIM = {"claim": "random wide solves parens", "table": "table1", "row": "parens", "col": "Random 512", "verdict": "reproduced"}
+CLAIM = {
+    "claim": "random wide solves parens",
+    "table": "table1",
+    "row": "parens",
+    "col": "Random 512",
+    "verdict": "reproduced",
+}
 
 
 def broken_copy(root, name, config=None, checkpoint=None, metrics=None):
     """A copy of the STOPPED run with its config.json, checkpoint.pt or metrics.jsonl changed."""
     shutil.copytree(root / "STOPPED", root / name)
     if config:
-        (root / name / "config.json").write_text(json.dumps(config(json.loads((root / name / "config.json").read_text()))))
+        (root / name / "config.json").write_text(
+            json.dumps(config(json.loads((root / name / "config.json").read_text())))
+        )
     if checkpoint is not None:
         torch.save(checkpoint, root / name / "checkpoint.pt")
     if metrics:
-        (root / name / "metrics.jsonl").write_text(metrics((root / name / "metrics.jsonl").read_text()))
+        (root / name / "metrics.jsonl").write_text(
+            metrics((root / name / "metrics.jsonl").read_text())
+        )
 
 
 def snapshot(root):
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() and not p.is_symlink() else None
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() and not p.is_symlink() else None
+        for p in sorted(root.rglob("*"))
+    }
 
 
-@pytest.mark.parametrize("script, argv, message", BAD_INPUTS, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD_INPUTS])
-def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(script, argv, message, world, capsys):
-    argv = [str(world / a) if a.split("/")[0].isupper() and a.split("/")[0].isalpha() else a for a in argv]
+@pytest.mark.parametrize(
+    "script, argv, message", BAD_INPUTS, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD_INPUTS]
+)
+def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(
+    script, argv, message, world, capsys
+):
+    argv = [
+        str(world / a) if a.split("/")[0].isupper() and a.split("/")[0].isalpha() else a
+        for a in argv
+    ]
     if script in ("train.py", "batched_seeds.py") and "--resume" not in argv:
-        argv = TRAIN_BASE + ([] if "--out" in argv else ["--out", str(world / "NEW")]) + argv  # argv last: its flags win
+        argv = (
+            TRAIN_BASE + ([] if "--out" in argv else ["--out", str(world / "NEW")]) + argv
+        )  # argv last: its flags win
     if script == "reproduce.py":  # never the repository's own runs/ and results/
         argv += [] if "--runs" in argv else ["--runs", str(world / "NEW")]
         argv += [] if "--results" in argv else ["--results", str(world / "NEW")]
@@ -397,8 +650,15 @@ def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(script, argv, mes
     with pytest.raises(SystemExit) as exit:
         SCRIPTS[script](argv)
     err = capsys.readouterr().err.strip()
-    assert exit.value.code == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
-    assert snapshot(world) == before  # nothing created, changed or removed, the runs' files included
+    assert (
+        exit.value.code == 2
+        and len(err.splitlines()) == 1
+        and message in err
+        and "Traceback" not in err
+    ), err
+    assert (
+        snapshot(world) == before
+    )  # nothing created, changed or removed, the runs' files included
 
 
 def test_the_bad_input_table_covers_every_command_forty_times_over():
@@ -408,6 +668,7 @@ def test_the_bad_input_table_covers_every_command_forty_times_over():
 # ---------------------------------------------------------------------------
 # Kills, Ctrl-C, resume, overwrite
 # ---------------------------------------------------------------------------
+
 
 def run_cli(argv, capsys):
     with pytest.raises(SystemExit) as exit:
@@ -419,7 +680,10 @@ def run_cli(argv, capsys):
 def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
     train.train(tiny(tmp_path, steps=0))
     before = (tmp_path / "run" / "config.json").read_text()
-    code, err = run_cli(["--task", "parens", "--width", "16", "--steps", "0", "--out", str(tmp_path / "run")], capsys)
+    code, err = run_cli(
+        ["--task", "parens", "--width", "16", "--steps", "0", "--out", str(tmp_path / "run")],
+        capsys,
+    )
     assert code == 2 and "--overwrite" in err
     assert (tmp_path / "run" / "config.json").read_text() == before
     train.train(tiny(tmp_path, steps=0, width=8, overwrite=True))
@@ -427,8 +691,12 @@ def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
 
 
 def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path):
-    assert not devices.uses_bf16(torch.device("cpu"), "auto") and devices.uses_bf16(torch.device("cpu"), "bf16")
-    assert devices.uses_bf16(torch.device("cuda"), "auto") and not devices.uses_bf16(torch.device("cuda"), "fp32")
+    assert not devices.uses_bf16(torch.device("cpu"), "auto") and devices.uses_bf16(
+        torch.device("cpu"), "bf16"
+    )
+    assert devices.uses_bf16(torch.device("cuda"), "auto") and not devices.uses_bf16(
+        torch.device("cuda"), "fp32"
+    )
     train.train(tiny(tmp_path, steps=0))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["dtype"] == "auto" and saved["resolved_dtype"] == "fp32"
@@ -463,14 +731,19 @@ def metric_steps(run):
     return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name, step, partial", [
-    ("checkpoint.pt", 8, False),  # the step's metrics line is written, its checkpoint is not
-    ("checkpoint.pt", 8, True),  # the checkpoint write is cut off after 100 bytes
-    ("checkpoint.pt", 4, True),  # the same at the first checkpoint: nothing to resume yet
-    ("model.pt", None, False),  # the last checkpoint is saved, the final files are not
-    ("final.json", None, False),  # model.pt is written, final.json is not
-])
-def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(name, step, partial, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "name, step, partial",
+    [
+        ("checkpoint.pt", 8, False),  # the step's metrics line is written, its checkpoint is not
+        ("checkpoint.pt", 8, True),  # the checkpoint write is cut off after 100 bytes
+        ("checkpoint.pt", 4, True),  # the same at the first checkpoint: nothing to resume yet
+        ("model.pt", None, False),  # the last checkpoint is saved, the final files are not
+        ("final.json", None, False),  # model.pt is written, final.json is not
+    ],
+)
+def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(
+    name, step, partial, tmp_path, monkeypatch, capsys
+):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     with monkeypatch.context() as m:
         kill_at(m, name, step, partial)
@@ -481,11 +754,17 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(name, step, par
     if step == 4:  # no checkpoint survived, so the resumed run starts over
         assert not (cut / "checkpoint.pt").exists()
     else:
-        assert torch.load(cut / "checkpoint.pt")["step"] in (4, 8)  # a whole checkpoint, never a part
+        assert torch.load(cut / "checkpoint.pt")["step"] in (
+            4,
+            8,
+        )  # a whole checkpoint, never a part
     resumed = train.train(rundir.resumed_config(str(cut)), resume=True)
     assert resumed == whole and metric_steps(cut) == [4, 8]
     assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
-    a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
+    a, b = (
+        torch.load(tmp_path / "whole" / "model.pt")["model"],
+        torch.load(cut / "model.pt")["model"],
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert sorted(os.listdir(cut)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
 
@@ -508,31 +787,58 @@ def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
     assert train.train(rundir.resumed_config(str(tmp_path / "copy")), resume=True) == whole
     assert train.train(rundir.resumed_config(str(tmp_path / "moved")), resume=True) == whole
     assert not (tmp_path / "run").exists()  # the directory named in config.json is never recreated
-    assert (tmp_path / "copy" / "final.json").exists() and (tmp_path / "moved" / "final.json").exists()
+    assert (tmp_path / "copy" / "final.json").exists() and (
+        tmp_path / "moved" / "final.json"
+    ).exists()
     assert before["config.json"] == (tmp_path / "moved" / "config.json").read_bytes()
 
 
 def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
     train.train(tiny(tmp_path), stop_after=4)
-    code, err = run_cli(["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys)
+    code, err = run_cli(
+        ["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys
+    )
     assert code == 2 and len(err.splitlines()) == 1 and "drop --steps, --lr, --frozen" in err
     train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
     with pytest.raises(errors.UsageError, match="has finished"):
-        train.train(cli.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True)
+        train.train(
+            cli.parse_args(["--task", "parens", "--out", str(tmp_path / "run")])[0], resume=True
+        )
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
 
 
-def test_overwrite_touches_nothing_until_the_new_run_is_valid_then_clears_everything(tmp_path, capsys):
+def test_overwrite_touches_nothing_until_the_new_run_is_valid_then_clears_everything(
+    tmp_path, capsys
+):
     train.train(tiny(tmp_path, steps=4))
     run = tmp_path / "run"
     (run / "analysis.md").write_text("old analysis")
     (run / "curves.png").write_bytes(b"old figure")
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    base = ["--task", "parens", "--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu", "--overwrite", "--out", str(run)]
-    for bad in (["--lr", "nan"], ["--clip", "-1"], ["--width", "30", "--heads", "4"], ["--device", "tpu"]):
+    base = [
+        "--task",
+        "parens",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "0",
+        "--device",
+        "cpu",
+        "--overwrite",
+        "--out",
+        str(run),
+    ]
+    for bad in (
+        ["--lr", "nan"],
+        ["--clip", "-1"],
+        ["--width", "30", "--heads", "4"],
+        ["--device", "tpu"],
+    ):
         code, err = run_cli(base + bad, capsys)
         assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, bad
         assert {p.name: p.read_bytes() for p in run.iterdir()} == before, bad
@@ -545,6 +851,7 @@ def test_warmup_defaults_to_500_but_at_most_a_tenth_of_the_steps():
     def warmup(**settings):
         cfg = TrainConfig(task="parens", width=16, **settings)
         return config.resolve(cfg)[0].warmup
+
     assert warmup(steps=300) == 30 and warmup(steps=10_000) == 500 and warmup(steps=0) == 0
     assert warmup(steps=300, warmup=200) == 200
     assert "at most a tenth of --steps" in cli.make_parser().format_help()
@@ -553,7 +860,9 @@ def test_warmup_defaults_to_500_but_at_most_a_tenth_of_the_steps():
 def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path, capsys):
     train.train(tiny(tmp_path))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    assert len(lines) == 2 and lines[0].startswith("step 4/8, loss ") and "test accuracy" in lines[1]
+    assert (
+        len(lines) == 2 and lines[0].startswith("step 4/8, loss ") and "test accuracy" in lines[1]
+    )
     assert "steps/s" in lines[0]
 
 
@@ -595,35 +904,75 @@ files.write_atomic = rundir.write_atomic = dying_write_atomic
 train.main(sys.argv[5:])
 """
 
-TINY_ARGS = ["--task", "parens", "--frozen", "--width", "16", "--heads", "2", "--steps", "8", "--batch-size", "32",
-             "--lr", "3e-3", "--warmup", "2", "--eval-every", "4", "--max-parens", "10", "--test-size", "200", "--device", "cpu"]
+TINY_ARGS = [
+    "--task",
+    "parens",
+    "--frozen",
+    "--width",
+    "16",
+    "--heads",
+    "2",
+    "--steps",
+    "8",
+    "--batch-size",
+    "32",
+    "--lr",
+    "3e-3",
+    "--warmup",
+    "2",
+    "--eval-every",
+    "4",
+    "--max-parens",
+    "10",
+    "--test-size",
+    "200",
+    "--device",
+    "cpu",
+]
 
 
 def records(run):
     """metrics.jsonl without its timings, which differ between any two runs."""
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in ("elapsed", "steps_per_s")} for line in lines]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in ("elapsed", "steps_per_s")}
+        for line in lines
+    ]
 
 
-@pytest.mark.parametrize("name, nth, where", [
-    ("checkpoint.pt", 2, "half"),  # the step-8 checkpoint cut in half: step 4's must survive
-    ("checkpoint.pt", 2, "unmoved"),  # written in full but never moved into place
-    ("checkpoint.pt", 1, "half"),  # the first checkpoint: nothing to resume from yet
-    ("model.pt", 1, "half"),  # the last checkpoint saved, the final files not
-    ("final.json", 1, "unmoved"),  # model.pt written, final.json not
-])
+@pytest.mark.parametrize(
+    "name, nth, where",
+    [
+        ("checkpoint.pt", 2, "half"),  # the step-8 checkpoint cut in half: step 4's must survive
+        ("checkpoint.pt", 2, "unmoved"),  # written in full but never moved into place
+        ("checkpoint.pt", 1, "half"),  # the first checkpoint: nothing to resume from yet
+        ("model.pt", 1, "half"),  # the last checkpoint saved, the final files not
+        ("final.json", 1, "unmoved"),  # model.pt written, final.json not
+    ],
+)
 @pytest.mark.slow
-def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(name, nth, where, tmp_path):
+def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(
+    name, nth, where, tmp_path
+):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     cut = tmp_path / "cut"
-    killed = subprocess.run([sys.executable, "-c", KILLER, REPO, name, str(nth), where] + TINY_ARGS + ["--out", str(cut)],
-                            cwd=tmp_path, capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, REPO, name, str(nth), where]
+        + TINY_ARGS
+        + ["--out", str(cut)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (cut / "final.json").exists()
     assert train.train(rundir.resumed_config(str(cut)), resume=True) == whole
     assert not [f for f in os.listdir(cut) if f.endswith(".tmp")]  # the kill's temp file is cleared
     assert records(cut) == records(tmp_path / "whole")  # each step once, the same numbers
-    a, b = torch.load(tmp_path / "whole" / "model.pt")["model"], torch.load(cut / "model.pt")["model"]
+    a, b = (
+        torch.load(tmp_path / "whole" / "model.pt")["model"],
+        torch.load(cut / "model.pt")["model"],
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -646,109 +995,215 @@ train.main(sys.argv[3:])
 """
 
 
-@pytest.mark.parametrize("sent, said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGHUP")])
+@pytest.mark.parametrize(
+    "sent, said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGHUP")]
+)
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent, said, tmp_path):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
-    stopped = subprocess.run([sys.executable, "-c", INTERRUPTER.replace("SIGINT", sent), REPO, "6"] + TINY_ARGS + ["--out", str(run)],
-                             cwd=tmp_path, capture_output=True, text=True)
+    stopped = subprocess.run(
+        [sys.executable, "-c", INTERRUPTER.replace("SIGINT", sent), REPO, "6"]
+        + TINY_ARGS
+        + ["--out", str(run)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert stopped.returncode == 130, stopped.stderr
-    assert f"{said}: stopping after this step, with a checkpoint to resume from; {said} again to stop now" in stopped.stderr
-    assert f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}" in stopped.stderr
+    assert (
+        f"{said}: stopping after this step, with a checkpoint to resume from; {said} again to "
+        "stop now" in stopped.stderr
+    )
+    assert (
+        f"interrupted at step 6; checkpoint saved, continue with: python train.py --resume {run}"
+        in stopped.stderr
+    )
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
     assert not (run / ".lock").exists()  # released and removed at exit
     assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
-    assert records(run) == records(tmp_path / "whole")  # the step-8 loss averages steps 4-7, as uninterrupted
+    assert records(run) == records(
+        tmp_path / "whole"
+    )  # the step-8 loss averages steps 4-7, as uninterrupted
 
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", mode="frozen")
-    line = rundir.first_line(config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990)
+    line = rundir.first_line(
+        config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990
+    )
     assert "about 25.8 h on this CPU" in line
-    assert line.endswith("; the task's laptop variant shows its result in under an hour: "
-                         "python train.py --task needle --train frozen --scale cpu")
+    assert line.endswith(
+        "; the task's laptop variant shows its result in under an hour: "
+        "python train.py --task needle --train frozen --scale cpu"
+    )
     hint = rundir.slow_run_hint(cfg, 9.3 * 9990)
     suggested, _ = cli.parse_args(hint.split("python train.py ")[1].split())
-    assert suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
+    assert (
+        suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
+    )
     full = rundir.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
     suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
-    assert suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4  # the fully trained wide model's own lr
+    assert (
+        suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4
+    )  # the fully trained wide model's own lr
 
 
 def test_scale_auto_is_the_paper_protocol_on_a_cuda_gpu_and_the_cpu_variant_elsewhere(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # whatever this machine has
-    assert cli.parse_args(["--task", "needle", "--frozen"])[0] == cli.parse_args(["--task", "needle", "--frozen", "--scale", "cpu"])[0]
+    assert (
+        cli.parse_args(["--task", "needle", "--frozen"])[0]
+        == cli.parse_args(["--task", "needle", "--frozen", "--scale", "cpu"])[0]
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert cli.parse_args(["--task", "needle", "--frozen"])[0] == TrainConfig(task="needle", mode="frozen", scale="paper")
+    assert cli.parse_args(["--task", "needle", "--frozen"])[0] == TrainConfig(
+        task="needle", mode="frozen", scale="paper"
+    )
 
 
-def test_the_first_line_says_what_trains_how_long_and_how_to_insist_on_the_paper_and_the_last_the_paper_number(tmp_path, capsys,
-                                                                                                              monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # --scale auto: the cpu variant, as on a laptop
-    train.main(["--task", "needle", "--frozen", "--width", "16", "--heads", "2", "--steps", "4", "--test-size", "50",
-                "--out", str(tmp_path / "run")])
+def test_the_first_line_says_what_trains_and_how_long_and_the_last_the_papers_number(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: False
+    )  # --scale auto: the cpu variant, as on a laptop
+    train.main(
+        [
+            "--task",
+            "needle",
+            "--frozen",
+            "--width",
+            "16",
+            "--heads",
+            "2",
+            "--steps",
+            "4",
+            "--test-size",
+            "50",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("needle, the random transformer (width 16;") and "the task's cpu variant: 4 steps of 64" in lines[0]
-    assert "about" in lines[0] and lines[0].endswith("--scale paper insists on the paper's protocol")
-    assert lines[-1].startswith("needle, random 16 (cpu variant): ") and lines[-1].endswith("the paper's random 16: 7.5 (Table 1)")
+    assert (
+        lines[0].startswith("needle, the random transformer (width 16;")
+        and "the task's cpu variant: 4 steps of 64" in lines[0]
+    )
+    assert "about" in lines[0] and lines[0].endswith(
+        "--scale paper insists on the paper's protocol"
+    )
+    assert lines[-1].startswith("needle, random 16 (cpu variant): ") and lines[-1].endswith(
+        "the paper's random 16: 7.5 (Table 1)"
+    )
     assert json.loads((tmp_path / "run" / "config.json").read_text())["scale"] == "cpu"
 
 
 def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
     cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu"])
     assert cfg == config.cpu_variant(TrainConfig(task="parens", mode="frozen"))
-    cfg, _ = cli.parse_args(["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"])
+    cfg, _ = cli.parse_args(
+        ["--task", "parens", "--frozen", "--scale", "cpu", "--steps", "50", "--width", "1024"]
+    )
     assert (cfg.steps, cfg.width, cfg.max_parens, cfg.batch_size) == (50, 1024, 40, 64)
-    assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(task="parens", scale="paper")
+    assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(
+        task="parens", scale="paper"
+    )
     assert rundir.slow_run_hint(cfg, 0.1 * 9990) is None
-    assert rundir.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None  # no variant to suggest to the variant itself
+    assert (
+        rundir.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
+    )  # no variant to suggest to the variant itself
     assert "--task lm --scale cpu" in rundir.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
-    lr = {(train_mode, width): config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=train_mode, width=width)))[0].lr
-          for train_mode in ("full", "frozen") for width in (16, 128, None)}
-    assert lr == {("full", 16): 3e-3, ("full", 128): 3e-4, ("full", None): 3e-4,
-                  ("frozen", 16): 3e-3, ("frozen", 128): 3e-3, ("frozen", None): 3e-3}
+    lr = {
+        (train_mode, width): config.resolve(
+            config.cpu_variant(TrainConfig(task="needle", mode=train_mode, width=width))
+        )[0].lr
+        for train_mode in ("full", "frozen")
+        for width in (16, 128, None)
+    }
+    assert lr == {
+        ("full", 16): 3e-3,
+        ("full", 128): 3e-4,
+        ("full", None): 3e-4,
+        ("frozen", 16): 3e-3,
+        ("frozen", 128): 3e-3,
+        ("frozen", None): 3e-3,
+    }
 
 
 def test_the_lr_rule_judges_a_mask_by_the_parameters_it_trains_not_its_spelling():
-    lr = {mask: config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=mask, width=128)))[0].lr
-          for mask in ("*attn*", "wte,h[.]0*", "wte,h.0.*", "ln_f", "wte,lm_head", "[lw]*e", "*pe")}
-    assert lr == {"*attn*": 3e-4, "wte,h[.]0*": 3e-4, "wte,h.0.*": 3e-4, "ln_f": 3e-4,  # the body trains
-                  "wte,lm_head": 3e-3, "[lw]*e": 3e-3, "*pe": 3e-3}  # embeddings only: wte, wpe
+    lr = {
+        mask: config.resolve(config.cpu_variant(TrainConfig(task="needle", mode=mask, width=128)))[
+            0
+        ].lr
+        for mask in ("*attn*", "wte,h[.]0*", "wte,h.0.*", "ln_f", "wte,lm_head", "[lw]*e", "*pe")
+    }
+    assert lr == {
+        "*attn*": 3e-4,
+        "wte,h[.]0*": 3e-4,
+        "wte,h.0.*": 3e-4,
+        "ln_f": 3e-4,  # the body trains
+        "wte,lm_head": 3e-3,
+        "[lw]*e": 3e-3,
+        "*pe": 3e-3,
+    }  # embeddings only: wte, wpe
 
 
-# Values of the settings a run's default name is made of, as a user might give them: path characters,
-# patterns the length of a file name many times over, a newline, dots, a number of 400 digits.
-NASTY_VALUES = [("mode", "[/../../../../outside/w]te"), ("mode", "wte,h.0.*,[|w]te"), ("mode", ",".join(["wte"] * 2000)),
-                ("mode", "wte,\n*lm_head"), ("mode", "[.w][.t][.e]"), ("mode", "[../w]te," * 100),
-                ("data", "../../outside/story.txt"),
-                ("dtype", "../x"), ("arch", "../../x"), ("pos", "/etc"), ("steps", 10**400), ("lr", -1e-300)]
+# Values of the settings a run's default name is made of, as a user might give them: path
+# characters, patterns the length of a file name many times over, a newline, dots, a number of 400
+# digits.
+NASTY_VALUES = [
+    ("mode", "[/../../../../outside/w]te"),
+    ("mode", "wte,h.0.*,[|w]te"),
+    ("mode", ",".join(["wte"] * 2000)),
+    ("mode", "wte,\n*lm_head"),
+    ("mode", "[.w][.t][.e]"),
+    ("mode", "[../w]te," * 100),
+    ("data", "../../outside/story.txt"),
+    ("dtype", "../x"),
+    ("arch", "../../x"),
+    ("pos", "/etc"),
+    ("steps", 10**400),
+    ("lr", -1e-300),
+]
 
 
-@pytest.mark.parametrize("setting, value", NASTY_VALUES, ids=[f"{f} {str(v)[:30]!r}" for f, v in NASTY_VALUES])
+@pytest.mark.parametrize(
+    "setting, value", NASTY_VALUES, ids=[f"{f} {str(v)[:30]!r}" for f, v in NASTY_VALUES]
+)
 def test_no_flag_value_makes_a_default_run_name_outside_runs(setting, value):
-    name = config.run_name(TrainConfig(task="parens", **{setting: value}), 16)  # before any check of the value
+    name = config.run_name(
+        TrainConfig(task="parens", **{setting: value}), 16
+    )  # before any check of the value
     assert config.SAFE_NAME.fullmatch(name) and len(f".{name}18446744073709551615.new") < 255, name
     assert os.path.dirname(os.path.normpath(os.path.join("runs", name))) == "runs"
 
 
-@pytest.mark.parametrize("mask", [NASTY_VALUES[0][1], NASTY_VALUES[2][1]], ids=["path characters", "2,000 patterns"])
-def test_a_run_with_any_mask_writes_only_under_runs_and_its_seeds_beside_it(mask, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "mask", [NASTY_VALUES[0][1], NASTY_VALUES[2][1]], ids=["path characters", "2,000 patterns"]
+)
+def test_a_run_with_any_mask_writes_only_under_runs_and_its_seeds_beside_it(
+    mask, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     train.main(TRAIN_BASE + ["--task", "parens", "--steps", "1", "--train", mask, "--seeds", "2"])
     assert os.listdir(tmp_path) == ["runs"] and not (tmp_path.parent / "outside").exists()
     names = sorted(os.listdir(tmp_path / "runs"))
     assert len(names) == 3 and all(config.SAFE_NAME.fullmatch(name) for name in names), names
-    train.main(["--out", str(tmp_path / "x"), "--train", mask] + TRAIN_BASE)  # an --out given: beside it, nothing else
+    train.main(
+        ["--out", str(tmp_path / "x"), "--train", mask] + TRAIN_BASE
+    )  # an --out given: beside it, nothing else
     assert sorted(os.listdir(tmp_path)) == ["runs", "x"]
 
 
 def test_the_default_name_of_a_safe_mask_is_as_before_and_an_unsafe_one_a_hash():
-    name = lambda mask: config.run_name(TrainConfig(task="parens", mode=mask), 16)  # noqa: E731
-    assert name("wte,h.0.*") == "parens-wte+h.0-w16-s0" and name("*attn*") == "parens-allattnall-w16-s0"
+    name = lambda mask: config.run_name(TrainConfig(task="parens", mode=mask), 16)
+    assert (
+        name("wte,h.0.*") == "parens-wte+h.0-w16-s0"
+        and name("*attn*") == "parens-allattnall-w16-s0"
+    )
     assert name("wte,h[.]0*") != name("wte,h[.]1*") and "[" not in name("wte,h[.]0*")
 
 
@@ -756,7 +1211,10 @@ def test_the_default_name_of_a_safe_mask_is_as_before_and_an_unsafe_one_a_hash()
 # Leftovers, interrupts at the end of a run, full disks
 # ---------------------------------------------------------------------------
 
-def test_a_second_ctrl_c_just_after_an_atomic_write_replaced_its_file_is_the_interrupt(tmp_path, monkeypatch):
+
+def test_a_second_ctrl_c_just_after_an_atomic_write_replaced_its_file_is_the_interrupt(
+    tmp_path, monkeypatch
+):
     """Fault injection: the second signal lands once os.replace has moved the temp file into place,
     where cleanup's remove used to raise FileNotFoundError in the interrupt's stead."""
     replace_file = os.replace
@@ -764,15 +1222,21 @@ def test_a_second_ctrl_c_just_after_an_atomic_write_replaced_its_file_is_the_int
     def replaced_then_interrupted(src, dst):
         replace_file(src, dst)
         raise KeyboardInterrupt
+
     monkeypatch.setattr(rundir.os, "replace", replaced_then_interrupted)
     with pytest.raises(KeyboardInterrupt):
         files.write_json(str(tmp_path / "a.json"), {"whole": True})
-    assert json.loads((tmp_path / "a.json").read_text()) == {"whole": True} and os.listdir(tmp_path) == ["a.json"]
+    assert json.loads((tmp_path / "a.json").read_text()) == {"whole": True} and os.listdir(
+        tmp_path
+    ) == ["a.json"]
 
 
 @pytest.mark.slow
-def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resumes_exactly(tmp_path, monkeypatch, capsys):
-    """Fault injection: two real SIGINTs while the checkpoint is written, the second after os.replace."""
+def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resumes_exactly(
+    tmp_path, monkeypatch, capsys
+):
+    """Fault injection: two real SIGINTs while the checkpoint is written, the second after
+    os.replace."""
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     replace_file = os.replace
 
@@ -781,16 +1245,23 @@ def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resum
         if dst.endswith("checkpoint.pt"):
             monkeypatch.setattr(rundir.os, "replace", replace_file)
             os.kill(os.getpid(), signal.SIGINT)  # the run's handler: stop after this step
-            os.kill(os.getpid(), signal.SIGINT)  # the handler before the run's: KeyboardInterrupt, now
+            os.kill(
+                os.getpid(), signal.SIGINT
+            )  # the handler before the run's: KeyboardInterrupt, now
+
     monkeypatch.setattr(rundir.os, "replace", replace_and_ctrl_c_twice)
     code, err = run_cli(TINY_ARGS + ["--out", str(tmp_path / "run")], capsys)
     assert code == 130 and "No such file" not in err and err.endswith("train.py: interrupted"), err
-    assert not [name for name in os.listdir(tmp_path / "run") if name.endswith(".tmp") or name == ".lock"]
+    assert not [
+        name for name in os.listdir(tmp_path / "run") if name.endswith(".tmp") or name == ".lock"
+    ]
     assert train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True) == whole
 
 
 @pytest.mark.parametrize("where", ["train_step", "evaluate"])
-def test_a_ctrl_c_in_the_last_step_or_evaluation_saves_the_run_and_still_stops_the_command(where, tmp_path, monkeypatch, capsys):
+def test_a_ctrl_c_in_the_last_step_or_evaluation_saves_the_run_and_still_stops_the_command(
+    where, tmp_path, monkeypatch, capsys
+):
     calls, real = [], getattr(train, where)
 
     def ctrl_c_at_the_end(*args):
@@ -798,10 +1269,13 @@ def test_a_ctrl_c_in_the_last_step_or_evaluation_saves_the_run_and_still_stops_t
         if sum(calls) == (8 if where == "train_step" else 2):  # 8 steps, evaluated at 4 and 8
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args)
+
     monkeypatch.setattr(train, where, ctrl_c_at_the_end)
     code, err = run_cli(TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")], capsys)
     assert code == 130 and "interrupted" in err
-    assert (tmp_path / "run-s0" / "final.json").exists() and os.listdir(tmp_path) == ["run-s0"]  # saved; no next seed
+    assert (tmp_path / "run-s0" / "final.json").exists() and os.listdir(tmp_path) == [
+        "run-s0"
+    ]  # saved; no next seed
 
 
 def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resume(tmp_path, capsys):
@@ -809,7 +1283,9 @@ def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resum
     run = tmp_path / "run"
     finished = snapshot(run)
     for command in (["--resume", str(run)], TRAIN_BASE + ["--task", "parens", "--out", str(run)]):
-        shutil.copy(run / "model.pt", run / "checkpoint.pt")  # a kill after final.json, before the checkpoint went
+        shutil.copy(
+            run / "model.pt", run / "checkpoint.pt"
+        )  # a kill after final.json, before the checkpoint went
         (run / ".lock").write_text("12345\n")  # and the lock file of the killed process
         (run / ".final.json.k3j2.tmp").write_text("{")
         (run / ".swap").write_text("run")
@@ -818,21 +1294,34 @@ def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resum
         assert snapshot(run) == finished
 
 
-def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_file(tmp_path, monkeypatch, capsys):
+def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_file(
+    tmp_path, monkeypatch, capsys
+):
     train.train(tiny(tmp_path), stop_after=4)
     before = snapshot(tmp_path)
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(rundir, "print", disk_full, raising=False)  # RunLock writes its pid with print
-    for command in (["--resume", str(tmp_path / "run")], TRAIN_BASE + ["--out", str(tmp_path / "run"), "--overwrite"]):
+
+    monkeypatch.setattr(
+        rundir, "print", disk_full, raising=False
+    )  # RunLock writes its pid with print
+    for command in (
+        ["--resume", str(tmp_path / "run")],
+        TRAIN_BASE + ["--out", str(tmp_path / "run"), "--overwrite"],
+    ):
         code, err = run_cli(command, capsys)
-        assert code == 2 and err == f"train.py: error: No space left on device: {tmp_path / 'run' / '.lock'}", err
+        assert (
+            code == 2
+            and err == f"train.py: error: No space left on device: {tmp_path / 'run' / '.lock'}"
+        ), err
         assert snapshot(tmp_path) == before
 
 
 def test_a_full_disk_inside_an_atomic_write_names_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(rundir.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    monkeypatch.setattr(
+        rundir.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    )
     with pytest.raises(OSError) as error:
         files.write_json(str(tmp_path / "a.json"), {})
     assert error.value.filename == str(tmp_path / "a.json") and os.listdir(tmp_path) == []
@@ -840,21 +1329,52 @@ def test_a_full_disk_inside_an_atomic_write_names_the_file(tmp_path, monkeypatch
 
 def test_a_refused_start_leaves_no_runs_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(rundir, "RunLock", lambda run_dir: (_ for _ in ()).throw(errors.UsageError("refused")))
+    monkeypatch.setattr(
+        rundir, "RunLock", lambda run_dir: (_ for _ in ()).throw(errors.UsageError("refused"))
+    )
     code, err = run_cli(TRAIN_BASE + ["--task", "parens"], capsys)
     assert code == 2 and os.listdir(tmp_path) == []
 
 
 def test_the_step_timer_takes_the_largest_seed_and_output_the_locale_cannot_encode(tmp_path):
     out = tmp_path / "é-run"
-    done = subprocess.run([sys.executable, os.path.join(REPO, "train.py")] + TRAIN_BASE + [
-        "--steps", "1", "--seed", str(2**64 - 2), "--seeds", "2", "--train", "wte,lm_head,[é]", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONIOENCODING": "ascii"})
-    assert done.returncode == 2 and "Traceback" not in done.stderr and "names no parameter" in done.stderr, done.stderr
-    done = subprocess.run([sys.executable, os.path.join(REPO, "train.py")] + TRAIN_BASE + [
-        "--steps", "1", "--seed", str(2**64 - 2), "--seeds", "2", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONIOENCODING": "ascii"})
-    assert done.returncode == 0 and "Traceback" not in done.stderr and "\\xe9-run" in done.stdout, done.stderr
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "train.py")]
+        + TRAIN_BASE
+        + [
+            "--steps",
+            "1",
+            "--seed",
+            str(2**64 - 2),
+            "--seeds",
+            "2",
+            "--train",
+            "wte,lm_head,[é]",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+    )
+    assert (
+        done.returncode == 2
+        and "Traceback" not in done.stderr
+        and "names no parameter" in done.stderr
+    ), done.stderr
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "train.py")]
+        + TRAIN_BASE
+        + ["--steps", "1", "--seed", str(2**64 - 2), "--seeds", "2", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "\\xe9-run" in done.stdout, (
+        done.stderr
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -876,19 +1396,25 @@ time.sleep(60)
 def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, capsys):
     train.train(tiny(tmp_path), stop_after=4)
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, REPO, str(run)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, REPO, str(run)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = snapshot(run)
         code, err = run_cli(["--resume", str(run)], capsys)
         assert code == 2 and f"being written by another process (pid {holder.pid})" in err
-        code, err = run_cli(TRAIN_BASE + ["--task", "parens", "--out", str(run), "--overwrite"], capsys)
+        code, err = run_cli(
+            TRAIN_BASE + ["--task", "parens", "--out", str(run), "--overwrite"], capsys
+        )
         assert code == 2 and f"pid {holder.pid}" in err
         assert snapshot(run) == before
     finally:
         holder.kill()
         holder.wait()
-    assert train.train(rundir.resumed_config(str(run)), resume=True)  # the lock dies with its process
+    assert train.train(
+        rundir.resumed_config(str(run)), resume=True
+    )  # the lock dies with its process
 
 
 FAILING_FIRST_STEP = """
@@ -909,13 +1435,31 @@ def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_
     run = tmp_path / "run"
     train.train(tiny(tmp_path))
     before = snapshot(tmp_path)
-    failed = subprocess.run([sys.executable, "-c", FAILING_FIRST_STEP, REPO] + TINY_ARGS + ["--out", str(run), "--overwrite"],
-                            cwd=tmp_path, capture_output=True, text=True)
-    assert failed.returncode == 2 and "out of memory" in failed.stderr and "Traceback" not in failed.stderr, failed.stderr
+    failed = subprocess.run(
+        [sys.executable, "-c", FAILING_FIRST_STEP, REPO]
+        + TINY_ARGS
+        + ["--out", str(run), "--overwrite"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        failed.returncode == 2
+        and "out of memory" in failed.stderr
+        and "Traceback" not in failed.stderr
+    ), failed.stderr
     assert snapshot(tmp_path) == before  # the old run whole, no staged copy beside it
-    failed = subprocess.run([sys.executable, "-c", FAILING_FIRST_STEP, REPO] + TINY_ARGS + ["--out", str(tmp_path / "new")],
-                            cwd=tmp_path, capture_output=True, text=True)
-    assert failed.returncode == 2 and snapshot(tmp_path) == before  # a new run that never stepped leaves nothing
+    failed = subprocess.run(
+        [sys.executable, "-c", FAILING_FIRST_STEP, REPO]
+        + TINY_ARGS
+        + ["--out", str(tmp_path / "new")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        failed.returncode == 2 and snapshot(tmp_path) == before
+    )  # a new run that never stepped leaves nothing
 
 
 @pytest.mark.slow
@@ -923,14 +1467,23 @@ def test_ctrl_c_in_the_first_step_of_an_overwrite_leaves_the_old_run_byte_identi
     run = tmp_path / "run"
     train.train(cli.parse_args(TINY_ARGS + ["--steps", "4", "--out", str(run)])[0])
     before = snapshot(tmp_path)
-    stopped = subprocess.run([sys.executable, "-c", INTERRUPTER, REPO, "1"] + TINY_ARGS + ["--out", str(run), "--overwrite"],
-                             cwd=tmp_path, capture_output=True, text=True)
-    assert stopped.returncode == 130 and f"interrupted before the first step; {run} is as it was" in stopped.stderr, stopped.stderr
+    stopped = subprocess.run(
+        [sys.executable, "-c", INTERRUPTER, REPO, "1"]
+        + TINY_ARGS
+        + ["--out", str(run), "--overwrite"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        stopped.returncode == 130
+        and f"interrupted before the first step; {run} is as it was" in stopped.stderr
+    ), stopped.stderr
     assert snapshot(tmp_path) == before  # the old run whole, no lock, no staged copy beside it
 
 
-# A kill at each point of the swap that puts a new run in the old one's place (rundir.replace_old_run):
-# this program runs train.py's main and SIGKILLs itself there.
+# A kill at each point of the swap that puts a new run in the old one's place
+# (rundir.replace_old_run): this program runs train.py's main and SIGKILLs itself there.
 SWAPPER = """
 import os, shutil, signal, sys
 sys.path.insert(0, sys.argv[1])
@@ -961,30 +1514,62 @@ train.main(sys.argv[3:])
 """
 
 
-@pytest.mark.parametrize("where", ["exchange: before", "exchange: after", "exchange: deleting the old run",
-                                   "renames: between", "renames: deleting the old run"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "exchange: before",
+        "exchange: after",
+        "exchange: deleting the old run",
+        "renames: between",
+        "renames: deleting the old run",
+    ],
+)
 @pytest.mark.slow
-def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command_completes_it(where, tmp_path):
+def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command_completes_it(
+    where, tmp_path
+):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
     train.train(cli.parse_args(TINY_ARGS + ["--steps", "4", "--out", str(run)])[0])
     old = snapshot(run)
-    killed = subprocess.run([sys.executable, "-c", SWAPPER, REPO, where] + TINY_ARGS + ["--out", str(run), "--overwrite"],
-                            cwd=tmp_path, capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", SWAPPER, REPO, where]
+        + TINY_ARGS
+        + ["--out", str(run), "--overwrite"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    if where == "renames: between":  # out missing for a moment: the new run and the old are hidden beside it
-        assert not run.exists() and (tmp_path / ".run.new" / "config.json").exists() and (tmp_path / ".run.old" / "final.json").exists()
+    if (
+        where == "renames: between"
+    ):  # out missing for a moment: the new run and the old are hidden beside it
+        assert (
+            not run.exists()
+            and (tmp_path / ".run.new" / "config.json").exists()
+            and (tmp_path / ".run.old" / "final.json").exists()
+        )
     elif where == "exchange: before":
         # the old run, whole, marked for the swap that was about to hide it
         assert {k: v for k, v in snapshot(run).items() if k not in (".lock", ".swap")} == old
     else:
-        assert json.loads((run / "config.json").read_text())["steps"] == 8 and not (run / "final.json").exists()  # the new one
+        assert (
+            json.loads((run / "config.json").read_text())["steps"] == 8
+            and not (run / "final.json").exists()
+        )  # the new one
     if (run / "final.json").exists():  # the old run: the same command again replaces it
-        assert train.train(cli.parse_args(TINY_ARGS + ["--out", str(run), "--overwrite"])[0]) == whole
+        assert (
+            train.train(cli.parse_args(TINY_ARGS + ["--out", str(run), "--overwrite"])[0]) == whole
+        )
     else:  # the new run, or out missing: --resume completes the swap and the run
         assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
     assert sorted(os.listdir(tmp_path)) == ["run", "whole"]  # nothing hidden left beside it
-    assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]  # no stale lock
+    assert sorted(os.listdir(run)) == [
+        "config.json",
+        "final.json",
+        "metrics.jsonl",
+        "model.pt",
+    ]  # no stale lock
     assert records(run) == records(tmp_path / "whole")
 
 
@@ -995,47 +1580,90 @@ def test_overwrite_replaces_the_old_run_only_after_the_first_step(tmp_path, monk
     step = train.train_step
 
     def seeing_train_step(*args):
-        if sys._getframe(1).f_code.co_name == "train":  # the loop's steps, not a step timed before them
+        if (
+            sys._getframe(1).f_code.co_name == "train"
+        ):  # the loop's steps, not a step timed before them
             seen.append(json.loads((run / "config.json").read_text())["steps"])
         return step(*args)
+
     monkeypatch.setattr(train, "train_step", seeing_train_step)
     train.train(tiny(tmp_path, steps=8, overwrite=True))
-    assert seen[0] == 4 and seen[1:] == [8] * 7  # the old run stayed in place during the new run's first step
-    assert sorted(os.listdir(tmp_path)) == ["run"] and json.loads((run / "final.json").read_text())["step"] == 8
+    assert (
+        seen[0] == 4 and seen[1:] == [8] * 7
+    )  # the old run stayed in place during the new run's first step
+    assert (
+        sorted(os.listdir(tmp_path)) == ["run"]
+        and json.loads((run / "final.json").read_text())["step"] == 8
+    )
 
 
 def test_a_run_whose_loss_diverges_stops_with_exit_code_3(tmp_path, capsys):
-    code, err = run_cli(TINY_ARGS + ["--lr", "1e30", "--weight-decay", "0", "--out", str(tmp_path / "run")], capsys)
+    code, err = run_cli(
+        TINY_ARGS + ["--lr", "1e30", "--weight-decay", "0", "--out", str(tmp_path / "run")], capsys
+    )
     assert code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1
-    assert not (tmp_path / "run" / "final.json").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert (
+        not (tmp_path / "run" / "final.json").exists()
+        and not (tmp_path / "run" / "metrics.jsonl").exists()
+    )
 
 
 def test_batched_seeds_that_diverge_stop_with_exit_code_3_and_write_no_nan(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
-        batched_seeds.main(TINY_ARGS + ["--lr", "1e30", "--weight-decay", "0", "--seeds", "2", "--out", str(tmp_path / "run")])
+        batched_seeds.main(
+            TINY_ARGS
+            + [
+                "--lr",
+                "1e30",
+                "--weight-decay",
+                "0",
+                "--seeds",
+                "2",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
     err = capsys.readouterr().err.strip()
-    assert exit.value.code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1, err
+    assert (
+        exit.value.code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1
+    ), err
     for seed in (0, 1):
-        assert sorted(os.listdir(tmp_path / f"run-s{seed}")) == ["config.json"]  # no metrics, no final.json
+        assert sorted(os.listdir(tmp_path / f"run-s{seed}")) == [
+            "config.json"
+        ]  # no metrics, no final.json
     assert not (tmp_path / "run-seeds.json").exists()
 
 
-def test_a_full_disk_during_torch_save_is_one_line_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+def test_a_full_disk_during_torch_save_is_one_line_and_the_run_resumes(
+    tmp_path, monkeypatch, capsys
+):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     save = torch.save
 
     def disk_full_at_step_8(obj, f, *args, **kwargs):
         if obj.get("step") == 8:  # torch's zip writer reports a full disk as a RuntimeError
             f.write(b"x" * 100)
-            raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/0: file write failed")
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing "
+                "file data/0: file write failed"
+            )
         return save(obj, f, *args, **kwargs)
 
     run = tmp_path / "run"
     with monkeypatch.context() as m:
         m.setattr(torch, "save", disk_full_at_step_8)
         code, err = run_cli(TINY_ARGS + ["--out", str(run)], capsys)
-    assert code == 2 and len(err.splitlines()) == 1 and "PytorchStreamWriter failed writing" in err and "checkpoint.pt" in err, err
-    assert sorted(os.listdir(run)) == ["checkpoint.pt", "config.json", "metrics.jsonl"]  # no temp file, no lock
+    assert (
+        code == 2
+        and len(err.splitlines()) == 1
+        and "PytorchStreamWriter failed writing" in err
+        and "checkpoint.pt" in err
+    ), err
+    assert sorted(os.listdir(run)) == [
+        "checkpoint.pt",
+        "config.json",
+        "metrics.jsonl",
+    ]  # no temp file, no lock
     assert torch.load(run / "checkpoint.pt")["step"] == 4
     assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
 
@@ -1058,12 +1686,15 @@ def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_pat
         os.umask(previous)
     run = tmp_path / "run"
     assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
-    assert {name: os.stat(run / name).st_mode & 0o777 for name in os.listdir(run)} == dict.fromkeys(os.listdir(run), 0o644)
+    assert {name: os.stat(run / name).st_mode & 0o777 for name in os.listdir(run)} == dict.fromkeys(
+        os.listdir(run), 0o644
+    )
 
 
 def test_a_file_system_that_refuses_is_one_line(tmp_path, monkeypatch, capsys):
     def read_only(path, *args, **kwargs):
         raise OSError(30, "Read-only file system", str(path))
+
     monkeypatch.setattr(os, "makedirs", read_only)
     code, err = run_cli(TINY_ARGS + ["--out", str(tmp_path / "run")], capsys)
     assert code == 2 and "Read-only file system: " in err and len(err.splitlines()) == 1
@@ -1072,16 +1703,31 @@ def test_a_file_system_that_refuses_is_one_line(tmp_path, monkeypatch, capsys):
 def test_runs_that_differ_in_any_setting_get_their_own_default_directory():
     def out(*flags):
         return config.resolve(cli.parse_args(["--task", "addition", "--frozen", *flags])[0])[0].out
+
     assert out("--scale", "paper") == os.path.join("runs", "addition-frozen-w1024-s0")
     assert out("--scale", "cpu") == os.path.join("runs", "addition-frozen-w512-cpu-s0")
-    names = {out("--scale", "cpu", *flags) for flags in ([], ["--digits", "3"], ["--lr", "1e-3"], ["--steps", "99"],
-                                                          ["--pos", "sinusoidal"], ["--dtype", "bf16"], ["--seed", "1"])}
+    names = {
+        out("--scale", "cpu", *flags)
+        for flags in (
+            [],
+            ["--digits", "3"],
+            ["--lr", "1e-3"],
+            ["--steps", "99"],
+            ["--pos", "sinusoidal"],
+            ["--dtype", "bf16"],
+            ["--seed", "1"],
+        )
+    }
     assert len(names) == 7 and os.path.join("runs", "addition-frozen-w512-cpu-digits3-s0") in names
 
 
-def test_the_same_seeds_command_after_an_interruption_skips_finished_seeds_and_resumes_the_stopped_one(tmp_path, monkeypatch, capsys):
+def test_a_seeds_command_again_after_a_stop_skips_finished_seeds_and_resumes_the_stopped_one(
+    tmp_path, monkeypatch, capsys
+):
     argv = TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")]
-    whole = train.train(cli.parse_args(TINY_ARGS + ["--seed", "1", "--out", str(tmp_path / "whole")])[0])
+    whole = train.train(
+        cli.parse_args(TINY_ARGS + ["--seed", "1", "--out", str(tmp_path / "whole")])[0]
+    )
     original = train.train
 
     def stopped_at_seed_1(cfg, resume=False, stop_after=None):
@@ -1096,17 +1742,27 @@ def test_the_same_seeds_command_after_an_interruption_skips_finished_seeds_and_r
     assert code == 130 and not (tmp_path / "run-s1" / "final.json").exists()
     train.main(argv)
     assert "run-s0 finished before; skipped" in capsys.readouterr().out
-    assert json.loads((tmp_path / "run-s1" / "final.json").read_text())["accuracy"] == whole["accuracy"]
+    assert (
+        json.loads((tmp_path / "run-s1" / "final.json").read_text())["accuracy"]
+        == whole["accuracy"]
+    )
     assert (tmp_path / "run-seeds.json").exists()
 
 
 def test_batched_seeds_interrupted_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     import batched_seeds
-    monkeypatch.setattr(batched_seeds, "stacked_step", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+
+    monkeypatch.setattr(
+        batched_seeds, "stacked_step", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
     with pytest.raises(SystemExit) as exit:
         batched_seeds.main(TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
-    assert exit.value.code == 130 and len(err.splitlines()) == 1 and "--overwrite starts it again" in err
+    assert (
+        exit.value.code == 130
+        and len(err.splitlines()) == 1
+        and "--overwrite starts it again" in err
+    )
 
 
 def test_resume_removes_only_its_own_temp_files(tmp_path):
@@ -1115,13 +1771,18 @@ def test_resume_removes_only_its_own_temp_files(tmp_path):
     (run / ".notes.tmp").write_text("mine")
     (run / ".checkpoint.pt.k3j2h1.tmp").write_bytes(b"half a checkpoint")
     train.train(rundir.resumed_config(str(run)), resume=True)
-    assert (run / ".notes.tmp").read_text() == "mine" and not (run / ".checkpoint.pt.k3j2h1.tmp").exists()
+    assert (run / ".notes.tmp").read_text() == "mine" and not (
+        run / ".checkpoint.pt.k3j2h1.tmp"
+    ).exists()
 
 
 def test_a_run_directory_spelled_another_way_is_the_same_run(tmp_path):
     train.train(tiny(tmp_path), stop_after=4)
     cfg = config.resolve(tiny(tmp_path))[0]
-    assert config.changed_settings(replace(cfg, out=str(tmp_path) + "//run"), str(tmp_path) + "//run") == []
+    assert (
+        config.changed_settings(replace(cfg, out=str(tmp_path) + "//run"), str(tmp_path) + "//run")
+        == []
+    )
     assert config.changed_settings(replace(cfg, lr=1.0), str(tmp_path / "run")) == ["lr"]
 
 
@@ -1138,8 +1799,16 @@ print(len(corpus.load_or_tokenize(train, tokenizer, 300)))
 @pytest.mark.slow
 def test_two_processes_building_the_story_corpus_at_once_both_succeed(tmp_path):
     assert os.path.isabs(corpus.STORY_DIR)  # one home, whatever the current directory
-    builders = [subprocess.Popen([sys.executable, "-c", CORPUS_BUILDER, REPO, str(tmp_path / "stories")], cwd=tmp_path,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    builders = [
+        subprocess.Popen(
+            [sys.executable, "-c", CORPUS_BUILDER, REPO, str(tmp_path / "stories")],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [builder.communicate(timeout=300) for builder in builders]
     assert [b.returncode for b in builders] == [0, 0], outputs
     assert outputs[0][0] == outputs[1][0] and int(outputs[0][0]) > 1000
@@ -1147,6 +1816,7 @@ def test_two_processes_building_the_story_corpus_at_once_both_succeed(tmp_path):
 
 def test_every_committed_run_config_still_reads():
     import glob
+
     paths = glob.glob(os.path.join(REPO, "runs", "**", "config.json"), recursive=True)
     assert len(paths) > 100
     for path in paths:

@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import batched_seeds
 import bench
 import config
-import tasks
 import rundir
+import tasks
 import train
 from config import TrainConfig
 
@@ -22,8 +22,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny(tmp_path, **overrides):
-    settings = dict(task="parens", mode="frozen", width=16, heads=2, steps=6, batch_size=32, lr=3e-3, warmup=2,
-                    eval_every=3, max_parens=20, test_size=200, device="cpu", dtype="fp32", out=str(tmp_path / "run"))
+    settings = dict(
+        task="parens",
+        mode="frozen",
+        width=16,
+        heads=2,
+        steps=6,
+        batch_size=32,
+        lr=3e-3,
+        warmup=2,
+        eval_every=3,
+        max_parens=20,
+        test_size=200,
+        device="cpu",
+        dtype="fp32",
+        out=str(tmp_path / "run"),
+    )
     return TrainConfig(**{**settings, **overrides})
 
 
@@ -38,7 +52,9 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
     cfg, task, model, _ = config.build(cfg)
     batch = task.sample(64, torch.Generator().manual_seed(1))
 
-    def backward(part, weight=1.0):  # the forward and backward of train.train_step (fp32: no autocast)
+    def backward(
+        part, weight=1.0
+    ):  # the forward and backward of train.train_step (fp32: no autocast)
         loss = task.loss(model(part.x, part.pos), part) * weight
         loss.backward()
         return loss.detach()
@@ -65,23 +81,45 @@ def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
     assert all(chunk.x.size(1) == chunk.pos.max() + 1 for chunk, _ in seen)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                                       reason="needs a CUDA GPU"))])
-def test_batched_seeds_match_separate_runs(tmp_path, capsys, device):  # on CUDA through the math attention kernel
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ),
+    ],
+)
+def test_batched_seeds_match_separate_runs(
+    tmp_path, capsys, device
+):  # on CUDA through the math attention kernel
     cfg = tiny(tmp_path, seeds=2, device=device, out=str(tmp_path / "batched"))
     batched = batched_seeds.train_batched(cfg)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
-    assert [line[:15] for line in printed] == ["seed 0: step 3/", "seed 1: step 3/", "seed 0: step 6/", "seed 1: step 6/"]
+    assert [line[:15] for line in printed] == [
+        "seed 0: step 3/",
+        "seed 1: step 3/",
+        "seed 0: step 6/",
+        "seed 1: step 6/",
+    ]
     for seed, metrics in zip((0, 1), batched):
-        alone = train.train(tiny(tmp_path, seed=seed, device=device, out=str(tmp_path / f"alone-s{seed}")))
+        alone = train.train(
+            tiny(tmp_path, seed=seed, device=device, out=str(tmp_path / f"alone-s{seed}"))
+        )
         assert metrics.keys() == alone.keys()
         assert all(metrics[k] == pytest.approx(alone[k], rel=1e-4) for k in alone)
         a = torch.load(tmp_path / f"alone-s{seed}" / "model.pt")["model"]
         b = torch.load(tmp_path / f"batched-s{seed}" / "model.pt")["model"]
         assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), seed
-        logged = [json.loads(line) for line in (tmp_path / f"batched-s{seed}" / "metrics.jsonl").read_text().splitlines()]
+        logged = [
+            json.loads(line)
+            for line in (tmp_path / f"batched-s{seed}" / "metrics.jsonl").read_text().splitlines()
+        ]
         assert [line["step"] for line in logged] == [3, 6]
-        assert json.loads((tmp_path / f"batched-s{seed}" / "config.json").read_text())["seed"] == seed
+        assert (
+            json.loads((tmp_path / f"batched-s{seed}" / "config.json").read_text())["seed"] == seed
+        )
 
 
 def test_batched_seeds_of_one_seed_is_a_one_line_error(capsys):
@@ -91,19 +129,60 @@ def test_batched_seeds_of_one_seed_is_a_one_line_error(capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--seeds must be >= 2" in err
 
 
-@pytest.mark.parametrize("task", ["addition", "parens"])  # rows with unequal answer counts; length chunks
+@pytest.mark.parametrize(
+    "task", ["addition", "parens"]
+)  # rows with unequal answer counts; length chunks
 @pytest.mark.slow
 def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
     cfg = tiny(tmp_path, task=task, digits=3, steps=4, eval_every=2, batch_size=16)
     single = train.train(replace(cfg, out=str(tmp_path / "single")))
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
-            os.path.join(ROOT, "train.py"), "--task", task, "--digits", "3", "--max-parens", "20", "--train", "frozen", "--width", "16",
-            "--heads", "2", "--steps", "4", "--batch-size", "16", "--lr", "3e-3", "--warmup", "2", "--eval-every", "2",
-            "--test-size", "200", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path / "ddp")]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29561",
+        os.path.join(ROOT, "train.py"),
+        "--task",
+        task,
+        "--digits",
+        "3",
+        "--max-parens",
+        "20",
+        "--train",
+        "frozen",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "4",
+        "--batch-size",
+        "16",
+        "--lr",
+        "3e-3",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "2",
+        "--test-size",
+        "200",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--out",
+        str(tmp_path / "ddp"),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(argv, check=True, cwd=tmp_path, env=env, capture_output=True, timeout=120)
-    logs = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("single", "ddp")]
-    assert [line["loss"] for line in logs[1]] == pytest.approx([line["loss"] for line in logs[0]], rel=1e-5)
+    logs = [
+        [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        for run in ("single", "ddp")
+    ]
+    assert [line["loss"] for line in logs[1]] == pytest.approx(
+        [line["loss"] for line in logs[0]], rel=1e-5
+    )
     ddp = json.loads((tmp_path / "ddp" / "final.json").read_text())
     assert ddp["loss"] == pytest.approx(single["loss"], rel=1e-5)
 
@@ -144,17 +223,21 @@ class HostWaits(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         masks = name.startswith("index") and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else []) or [])
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool
+            for i in (args[1] if len(args) > 1 else []) or []
+        )
         self.waits += name in self.WAITS or masks
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name, bound", [("parens", 60 // 2 + 3), ("needle", 1), ("addition", 1), ("imitate", 1)])
+@pytest.mark.parametrize(
+    "name, bound", [("parens", 60 // 2 + 3), ("needle", 1), ("addition", 1), ("imitate", 1)]
+)
 def test_a_training_batch_waits_on_the_host_a_bounded_number_of_times(name, bound):
-    """Each wait stalls a GPU while the host catches up, and parentheses once waited ~850 times a batch
-    (a boolean selection per field per level of its balanced-string recursion). Now a draw waits once
-    to drop test rows, and parentheses at most once per recursion level (at most max_parens / 2) and
-    twice for its mutations, however large the batch."""
+    """Each wait stalls a GPU while the host catches up, and parentheses once waited ~850 times a
+    batch (a boolean selection per field per level of its balanced-string recursion). Now a draw
+    waits once to drop test rows, and parentheses at most once per recursion level (at most
+    max_parens / 2) and twice for its mutations, however large the batch."""
     task = tasks.make_task(name, max_parens=60, test_size=200)
     task.test_set()
     generator, draws = torch.Generator().manual_seed(0), []
@@ -169,17 +252,57 @@ def test_a_training_batch_waits_on_the_host_a_bounded_number_of_times(name, boun
 
 @pytest.mark.slow
 def test_bench_prints_the_figure_table():
-    argv = [sys.executable, os.path.join(ROOT, "bench.py"), "--task", "needle", "--frozen", "--width", "16",
-            "--batch-size", "8", "--device", "cpu", "--steps-timed", "1", "--repeats", "1", "--warmup-steps", "1", "--peak-tflops", "1"]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120).stdout.splitlines()
+    argv = [
+        sys.executable,
+        os.path.join(ROOT, "bench.py"),
+        "--task",
+        "needle",
+        "--frozen",
+        "--width",
+        "16",
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "--steps-timed",
+        "1",
+        "--repeats",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--peak-tflops",
+        "1",
+    ]
+    out = subprocess.run(
+        argv, check=True, capture_output=True, text=True, timeout=120
+    ).stdout.splitlines()
     header = [cell.strip() for cell in out[0].strip("|").split("|")]
     assert header[4:] == ["steps/s", "tokens/s", "TFLOP/s", "peak TFLOP/s", "MFU", "data share"]
     assert out[-1].split()[1] == "steps/s" and float(out[-1].split()[0]) > 0
 
 
 def test_bench_scale_cpu_times_the_step_reproduce_trains(capsys):
-    bench.main(["--task", "needle", "--frozen", "--scale", "cpu", "--width", "16", "--device", "cpu", "--steps-timed", "1",
-                "--repeats", "1", "--warmup-steps", "0", "--peak-tflops", "1"])
+    bench.main(
+        [
+            "--task",
+            "needle",
+            "--frozen",
+            "--scale",
+            "cpu",
+            "--width",
+            "16",
+            "--device",
+            "cpu",
+            "--steps-timed",
+            "1",
+            "--repeats",
+            "1",
+            "--warmup-steps",
+            "0",
+            "--peak-tflops",
+            "1",
+        ]
+    )
     row = capsys.readouterr().out.splitlines()[2]
     assert "| needle frozen w16 L2 b64 |" in row  # the variant's batch of 64, not bench's 256
 
@@ -191,13 +314,19 @@ def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
     # The model is compiled in place, so evaluation (no grad: graphs of its own) runs compiled
     # too, with the same bound: two graphs for the step, two for evaluation.
     from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
     counters.clear()
     cfg = tiny(tmp_path, task="needle", max_pairs=6, steps=12, eval_every=6, test_size=50)
     eager = train.train(replace(cfg, out=str(tmp_path / "eager"), compile=False))
     compiled = train.train(replace(cfg, out=str(tmp_path / "compiled"), compile=True))
-    losses = [[json.loads(line)["loss"] for line in open(tmp_path / run / "metrics.jsonl")] for run in ("eager", "compiled")]
-    assert losses[0] == pytest.approx(losses[1], abs=1e-4) and compiled == pytest.approx(eager, abs=1e-4)
+    losses = [
+        [json.loads(line)["loss"] for line in open(tmp_path / run / "metrics.jsonl")]
+        for run in ("eager", "compiled")
+    ]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4) and compiled == pytest.approx(
+        eager, abs=1e-4
+    )
     assert counters["stats"]["unique_graphs"] <= 4 and counters["frames"]["ok"] <= 4
 
 
@@ -207,19 +336,23 @@ def test_the_first_lines_step_time_skips_a_gpus_warm_up_steps(monkeypatch, cpu, 
     # timing that step announced "about 19.1 h". A CPU step that long is a real one: it stops there.
     durations, clock = iter([6.9, 0.8, 0.1, 0.1, 0.1]), [0.0]
     monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
-    step = lambda: clock.__setitem__(0, clock[0] + next(durations))  # noqa: E731
+    step = lambda: clock.__setitem__(0, clock[0] + next(durations))
     assert rundir.typical_seconds(step, cpu) == pytest.approx(expected)
 
 
 def test_a_cpu_run_keeps_the_faster_of_the_default_threads_and_one(monkeypatch):
-    # On a busy 2-core machine torch's two threads wait for each other: a step takes longer than on one.
+    # On a busy 2-core machine torch's two threads wait for each other: a step takes longer than on
+    # one.
     clock, before = [0.0], torch.get_num_threads()
     monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
     monkeypatch.setattr(rundir, "THREADS", 2)
-    step = lambda: clock.__setitem__(0, clock[0] + (4.0 if torch.get_num_threads() == 2 else 0.6))  # noqa: E731
+    step = lambda: clock.__setitem__(0, clock[0] + (4.0 if torch.get_num_threads() == 2 else 0.6))
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        assert rundir.thread_choice(step, torch.device("cpu")) == (1, pytest.approx(0.6)) and torch.get_num_threads() == 1
+        assert (
+            rundir.thread_choice(step, torch.device("cpu")) == (1, pytest.approx(0.6))
+            and torch.get_num_threads() == 1
+        )
         assert "1 thread (faster here than 2)" in rundir.thread_text(1)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's word: kept, nothing timed twice
         torch.set_num_threads(2)

@@ -10,16 +10,29 @@ import shlex
 import pytest
 
 import analyze
-import compare
 import cli
+import compare
 import config
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOUR = os.path.join(ROOT, "docs", "tour.md")
-UNTRAINED, TRAINED = (os.path.join(ROOT, "runs", "probes", name, "analysis.json") for name in
-                      ("needle-frozen-w512-cpu-steps0-s0", "needle-frozen-w512-cpu-s0"))  # experiment 7's runs, committed
-TINY = ["--steps", "2", "--eval-every", "2", "--test-size", "20", "--batch-size", "8", "--device", "cpu"]  # 2 layers: experiment 6 trains block 1
+UNTRAINED, TRAINED = (
+    os.path.join(ROOT, "runs", "probes", name, "analysis.json")
+    for name in ("needle-frozen-w512-cpu-steps0-s0", "needle-frozen-w512-cpu-s0")
+)  # experiment 7's runs, committed
+TINY = [
+    "--steps",
+    "2",
+    "--eval-every",
+    "2",
+    "--test-size",
+    "20",
+    "--batch-size",
+    "8",
+    "--device",
+    "cpu",
+]  # 2 layers: experiment 6 trains block 1
 
 
 def tiny(argv):
@@ -33,14 +46,29 @@ def experiments():
     found = []
     for title, block in re.findall(r"## (\d\..*?)\n.*?```bash\n(.*?)```", open(TOUR).read(), re.S):
         commands = [shlex.split(line) for line in block.strip().splitlines()]
-        found.append((title, [c[2:] for c in commands if c[:2] == ["python", "train.py"]],
-                      [c[2:] for c in commands if c[:2] == ["python", "analyze.py"]],
-                      next(c[2:] for c in commands if c[:2] == ["python", "compare.py"])))
+        found.append(
+            (
+                title,
+                [c[2:] for c in commands if c[:2] == ["python", "train.py"]],
+                [c[2:] for c in commands if c[:2] == ["python", "analyze.py"]],
+                next(c[2:] for c in commands if c[:2] == ["python", "compare.py"]),
+            )
+        )
     return found
 
 
 def test_the_tour_has_nine_experiments_each_with_its_comparison():
-    assert [title[:2] for title, *_ in experiments()] == ["1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9."]
+    assert [title[:2] for title, *_ in experiments()] == [
+        "1.",
+        "2.",
+        "3.",
+        "4.",
+        "5.",
+        "6.",
+        "7.",
+        "8.",
+        "9.",
+    ]
 
 
 def section(number: int) -> str:
@@ -50,35 +78,54 @@ def section(number: int) -> str:
 
 def test_the_why_experiments_analyze_what_they_train():
     # 7: the needle circuit's heads and variance; 8: the causal projection; 9 compares only
-    analyses = {title[:2]: {argv[argv.index("--only") + 1] for argv in runs} for title, _, runs, _ in experiments()}
+    analyses = {
+        title[:2]: {argv[argv.index("--only") + 1] for argv in runs}
+        for title, _, runs, _ in experiments()
+    }
     assert analyses["7."] == {"attention", "variance"} and analyses["8."] == {"projection"}
 
 
-@pytest.mark.parametrize("title, trainings, analyses, comparison", experiments(), ids=[t[:2] for t, *_ in experiments()])
+@pytest.mark.parametrize(
+    "title, trainings, analyses, comparison", experiments(), ids=[t[:2] for t, *_ in experiments()]
+)
 @pytest.mark.slow
-def test_each_experiment_runs_at_tiny_size_and_analyzes_and_compares_its_own_runs(title, trainings, analyses, comparison,
-                                                                                   tmp_path, capsys):
+def test_each_experiment_runs_at_tiny_size_and_analyzes_and_compares_its_own_runs(
+    title, trainings, analyses, comparison, tmp_path, capsys
+):
     for argv in trainings:
         out = config.resolve(cli.parse_args(argv)[0])[0].out  # where the tour's command writes
         assert out in comparison, f"{title}: {out} is not compared"
         cfg, _ = cli.parse_args(tiny(argv) + ["--out", str(tmp_path / out)])
         train.train(cfg)
     missing = [run for run in comparison if not os.path.isdir(tmp_path / run)]
-    # A run the experiment compares but does not train is another experiment's: 1's baseline, 7's runs in 8.
+    # A run the experiment compares but does not train is another experiment's: 1's baseline, 7's
+    # runs in 8.
     for run in missing:
-        argv = next(argv for _, trains, _, _ in experiments() for argv in trains
-                    if config.resolve(cli.parse_args(argv)[0])[0].out == run)
+        argv = next(
+            argv
+            for _, trains, _, _ in experiments()
+            for argv in trains
+            if config.resolve(cli.parse_args(argv)[0])[0].out == run
+        )
         train.train(cli.parse_args(tiny(argv) + ["--out", str(tmp_path / run)])[0])
     for argv in analyses:
         runs = [arg for arg in argv if arg.startswith("runs/")]
-        assert runs and set(runs) <= set(comparison), f"{title}: analyze.py reads a run the experiment does not compare"
+        assert runs and set(runs) <= set(comparison), (
+            f"{title}: analyze.py reads a run the experiment does not compare"
+        )
         analyze.main([str(tmp_path / arg) if arg in runs else arg for arg in argv])
         only = argv[argv.index("--only") + 1]
         for run in runs:
-            assert only in json.load(open(tmp_path / run / "analysis.json")), f"{title}: no {only} in {run}"
+            assert only in json.load(open(tmp_path / run / "analysis.json")), (
+                f"{title}: no {only} in {run}"
+            )
     capsys.readouterr()  # what analyze.py printed
-    compare.main([str(tmp_path / run) for run in comparison] + ["--plot", str(tmp_path / "compare.png")])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]  # the header and a row per run
+    compare.main(
+        [str(tmp_path / run) for run in comparison] + ["--plot", str(tmp_path / "compare.png")]
+    )
+    rows = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")
+    ]  # the header and a row per run
     assert len(rows) == len(comparison) + 1 and os.path.exists(tmp_path / "compare.png")
 
 
@@ -89,23 +136,51 @@ def test_the_needle_circuits_numbers_are_its_committed_analyses():
         results = json.load(open(path))
         attention = results["attention"]
         for name in ("value_to_marker", "query_to_value"):
-            value, layer, head = max((v, i + 1, h + 1) for i, heads in enumerate(attention[name]) for h, v in enumerate(heads))
-            assert f"{value:.2f} (layer {layer} head {head})" in text and f"| {attention['uniform'][name]:.2f} |" in text
-        assert "{:.1f}, {:.1f} and {:.1f}%".format(*(100 * v for v in results["variance"]["pc_top10"])) in text
-    (to_marker_1, to_marker_2), (to_value_1, to_value_2) = attention["value_to_marker"], attention["query_to_value"]
-    assert f"{min(to_marker_1):.2f} to {max(to_marker_1):.2f} of a value's attention" in text  # each step in its layer
+            value, layer, head = max(
+                (v, i + 1, h + 1)
+                for i, heads in enumerate(attention[name])
+                for h, v in enumerate(heads)
+            )
+            assert (
+                f"{value:.2f} (layer {layer} head {head})" in text
+                and f"| {attention['uniform'][name]:.2f} |" in text
+            )
+        assert (
+            "{:.1f}, {:.1f} and {:.1f}%".format(*(100 * v for v in results["variance"]["pc_top10"]))
+            in text
+        )
+    (to_marker_1, to_marker_2), (to_value_1, to_value_2) = (
+        attention["value_to_marker"],
+        attention["query_to_value"],
+    )
+    assert (
+        f"{min(to_marker_1):.2f} to {max(to_marker_1):.2f} of a value's attention" in text
+    )  # each step in its layer
     assert f"{min(to_value_2):.2f} to {max(to_value_2):.2f} of the query's attention" in text
-    assert f"put {max(to_marker_2):.2f} at most" in text and f"put {max(to_value_1):.2f} at most" in text
+    assert (
+        f"put {max(to_marker_2):.2f} at most" in text
+        and f"put {max(to_value_1):.2f} at most" in text
+    )
 
 
 def test_the_projection_numbers_are_its_committed_analyses():
     text = " ".join(section(8).split())
     trained, untrained = (json.load(open(path))["projection"] for path in (TRAINED, UNTRAINED))
-    for name, label, k in [("pc", "PCs", 10), ("pc", "PCs", 50), ("pc", "PCs", 100), ("neuron", "neurons", 100),
-                           ("neuron", "neurons", 200)]:
+    for name, label, k in [
+        ("pc", "PCs", 10),
+        ("pc", "PCs", 50),
+        ("pc", "PCs", 100),
+        ("neuron", "neurons", 100),
+        ("neuron", "neurons", 200),
+    ]:
         i = trained["k"].index(k)
         row = " | ".join(f"{100 * layer[i]:.1f}" for layer in trained[name])  # Emb, L1, L2
         assert f"| top {k} {label} | {row} |" in text
     every_k = [a for layer in untrained["pc"] + untrained["neuron"] for a in layer]
-    assert f"{100 * untrained['accuracy']:.1f}% with nothing projected, and between {100 * min(every_k):.1f} and " \
-           f"{100 * max(every_k):.1f}%" in text and trained["accuracy"] == 1
+    assert (
+        f"{100 * untrained['accuracy']:.1f}% with nothing projected, and between "
+        f"{100 * min(every_k):.1f} and "
+        f"{100 * max(every_k):.1f}%"
+        in text
+        and trained["accuracy"] == 1
+    )
