@@ -25,7 +25,7 @@ def sample_text(
     start = idx.size(1)
     for _ in range(max_new_tokens):
         logits = model(idx[:, -task.n_positions :])[0, -1].float() / temperature  # (V,)
-        kth = logits.topk(min(top_k, logits.numel())).values[-1]
+        kth = logits.topk(min(top_k, logits.numel())).values[-1]  # below it: never sampled
         probs = logits.masked_fill(logits < kth, float("-inf")).softmax(-1)
         token = torch.multinomial(probs, 1, generator=generator)
         if token.item() == task.end_of_text:
@@ -53,9 +53,7 @@ def generate(
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
     device = pick_device(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    return sample_text(
-        model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator
-    )
+    return sample_text(model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator)
 
 
 def main(argv=None):
@@ -63,31 +61,19 @@ def main(argv=None):
     parser.add_argument(
         "run", metavar="RUN_DIR", help="a finished lm run directory written by train.py"
     )
-    parser.add_argument("--prompt", default="Once upon a time", help="text to continue")
-    parser.add_argument(
-        "--temperature", type=float, default=0.8, help="divides the logits before sampling"
-    )
-    parser.add_argument(
-        "--top-k", type=int, default=40, help="sample only among the k most likely tokens"
-    )
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=200, help="longest continuation in tokens"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seeds the sampling")
-    parser.add_argument("--device", default="auto", help="auto picks cuda, then mps, then cpu")
-    args = parser.parse_args(argv)
+    # flag, type, default, help; each flag is generate's argument of the same name
+    for flag, kind, default, text in [
+        ("--prompt", str, "Once upon a time", "text to continue"),
+        ("--temperature", float, 0.8, "divides the logits before sampling"),
+        ("--top-k", int, 40, "sample only among the k most likely tokens"),
+        ("--max-new-tokens", int, 200, "longest continuation in tokens"),
+        ("--seed", int, 0, "seeds the sampling"),
+        ("--device", str, "auto", "auto picks cuda, then mps, then cpu"),
+    ]:
+        parser.add_argument(flag, type=kind, default=default, help=text)
+    args = vars(parser.parse_args(argv))
     with usage_errors("sample.py"):
-        print(
-            generate(
-                args.run,
-                args.prompt,
-                args.max_new_tokens,
-                args.temperature,
-                args.top_k,
-                args.seed,
-                args.device,
-            )
-        )
+        print(generate(args.pop("run"), **args))
 
 
 if __name__ == "__main__":
