@@ -161,12 +161,14 @@ def explained_variance_markdown(result):
     layers = result["layers"]
     rows = [
         [result["label"]] + [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]
-    ]
-    if result.get("paper"):
-        rows.append(
+    ] + (
+        [
             [f"the paper, same task, model and width (Table {4 if result['width'] != 512 else 7})"]
             + [f"{v:.1f}%" for v in result["paper"]]
-        )
+        ]
+        if result.get("paper")
+        else []
+    )
     lines = [
         f"Fraction of variance explained by the top {TOP_K} directions in the principal component "
         "basis (PC) "
@@ -449,27 +451,15 @@ ATTENTION_STEPS = {
 
 def token_labels(task, tokens):
     """What each token id stands for in its task, for the heatmap axes (_ is padding)."""
-    if task.name == "parens":
-        return ["_()?"[t] for t in tokens]
-    if (
-        task.name == "memorize"
-    ):  # a pair's first key x is a token below 512, its second key y is token 512 + y
-        return [f"x{t}" if t < 512 else f"y{t - 512}" for t in tokens]
-    if task.name == "lm":
-        return [task.tokenizer.decode([t]).replace(" ", "␣").replace("\n", "↵") for t in tokens]
-    names = {"needle": NEEDLE_NAMES, "addition": ADDITION_NAMES}.get(
-        task.name, {}
-    )  # modadd, imitate: a token is its number
-    return [names.get(t, str(t)) for t in tokens]
-
-
-def default_attention_input(run: Run):
-    """Figure 2's sequence for needle; otherwise the first test example up to its last scored
-    position."""
-    if run.cfg.task == "needle":
-        return NEEDLE_EXAMPLE
-    test = run.task.test_set()[:1]
-    return test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
+    label = {
+        "parens": lambda t: "_()?"[t],
+        # a pair's first key x is a token below 512, its second key y is token 512 + y
+        "memorize": lambda t: f"x{t}" if t < 512 else f"y{t - 512}",
+        "lm": lambda t: task.tokenizer.decode([t]).replace(" ", "␣").replace("\n", "↵"),
+        "needle": lambda t: NEEDLE_NAMES.get(t, str(t)),
+        "addition": lambda t: ADDITION_NAMES.get(t, str(t)),
+    }.get(task.name, str)  # modadd, imitate: a token is its number
+    return [label(t) for t in tokens]
 
 
 def needle_attention_scores(patterns, batch: tasks.Batch):
@@ -501,6 +491,15 @@ def addition_attention_scores(patterns, batch: tasks.Batch):
 ATTENTION_SCORES = {"needle": needle_attention_scores, "addition": addition_attention_scores}
 
 
+def default_attention_input(run: Run):
+    """Figure 2's sequence for needle; otherwise the first test example up to its last scored
+    position."""
+    if run.cfg.task == "needle":
+        return NEEDLE_EXAMPLE
+    test = run.task.test_set()[:1]
+    return test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
+
+
 def head_scores(run: Run, names) -> dict:
     """The task's ATTENTION_SCORES per layer and head, test-set means; "uniform": a head attending
     evenly to what it sees."""
@@ -510,13 +509,12 @@ def head_scores(run: Run, names) -> dict:
         torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
     )  # row i: 1 / (i + 1) on positions 0..i
     uniform = score(even.expand(1, len(test), 1, T, T), test)  # expand: one (T, T) for every row
-    rows, scores = max(1, CHUNK_TOKENS // T), []
-    for start in range(0, len(test), rows):
-        chunk = test[start : start + rows]
-        patterns = torch.stack(
-            list(run_with_cache(run.model, chunk.x, names).values())
-        )  # (L, B, nh, T, T)
-        scores.append(score(patterns, chunk))
+    rows = max(1, CHUNK_TOKENS // T)
+    # a chunk's patterns (L, B, nh, T, T) at a time, so a long test set fits in memory
+    scores = [
+        score(torch.stack(list(run_with_cache(run.model, chunk.x, names).values())), chunk)
+        for chunk in (test[start : start + rows] for start in range(0, len(test), rows))
+    ]
     return {
         **{key: torch.cat([part[key] for part in scores]).mean(0).tolist() for key in uniform},
         "uniform": {key: value.mean().item() for key, value in uniform.items()},
@@ -558,20 +556,19 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
     save_figure(plt, fig, os.path.join(run.path, "attention.png"))
     last = patterns[:, :, -1]  # (L, nh, T): the last position's weights over the keys
     layer, head, key = (int(i) for i in torch.unravel_index(last.argmax(), last.shape))
-    strongest = {
-        "layer": layer + 1,
-        "head": head + 1,
-        "position": key,
-        "token": labels[key],
-        "weight": last[layer, head, key].item(),
-        "uniform": 1 / len(labels),
-    }
     # patterns (L, nh, T, T): the figure redrawn without weights
     return {
         "tokens": tokens,
         "labels": labels,
         "figure": "attention.png",
-        "last_position": strongest,
+        "last_position": {
+            "layer": layer + 1,
+            "head": head + 1,
+            "position": key,
+            "token": labels[key],
+            "weight": last[layer, head, key].item(),
+            "uniform": 1 / len(labels),
+        },
         "patterns": patterns.mul(1e4).round().div(1e4).tolist(),
         **(head_scores(run, names) if run.cfg.task in ATTENTION_SCORES else {}),
     }
@@ -667,16 +664,7 @@ def distance_irrelevance(model, p):
         torch.arange(p), torch.arange(p)
     )  # (p^2, 2): the pairs (a, b), a major
     logits = model(x, torch.ones(p * p, 1, dtype=torch.long))[:, 0]  # (p^2, p)
-    correct = logits.gather(1, (x.sum(1) % p)[:, None])
-    return distance_irrelevance_from_logits(correct.view(p, p))
-
-
-def clock_pizza(run: Run) -> dict:
-    return {
-        "gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
-        "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
-        "trained": run.paper_model is not None,
-    }
+    return distance_irrelevance_from_logits(logits.gather(1, (x.sum(1) % p)[:, None]).view(p, p))
 
 
 def clock_pizza_markdown(result):
@@ -908,10 +896,11 @@ def training_curves_markdown(result):
     final = ", ".join(
         f"{k} {v:.4g}" for k, v in result["final"].items() if k != "step" and v is not None
     )
-    flat = result.get("flat_from")
     flat = (
-        f" Test accuracy is flat from step {flat[0]:,}, where the lr is {flat[1]:.0f}% of its peak."
-        if flat
+        " Test accuracy is flat from step {:,}, where the lr is {:.0f}% of its peak.".format(
+            *result["flat_from"]
+        )
+        if result.get("flat_from")
         else ""
     )
     return (
@@ -957,7 +946,11 @@ ANALYSES = {
     "clock_pizza": (
         "Clock vs Pizza",
         lambda run: run.cfg.task == "modadd",
-        lambda run, args: clock_pizza(run),
+        lambda run, args: {
+            "gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
+            "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
+            "trained": run.paper_model is not None,
+        },
         clock_pizza_markdown,
     ),
     "attention": (
@@ -1168,10 +1161,8 @@ def main(argv=None):
         if args.watch:
             return watch(args.runs[0])
         runs = [Run(path) for path in args.runs]
-        earlier = [
-            checked_results(run, args) for run in runs
-        ]  # every run is checked before any is analyzed
-        for run, results in zip(runs, earlier):
+        # every run is checked before any is analyzed
+        for run, results in zip(runs, [checked_results(run, args) for run in runs]):
             analyze(run, results, args)
             print(f"wrote {os.path.join(run.path, 'analysis.md')}")
 

@@ -53,7 +53,9 @@ def generate(
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
     device = pick_device(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    return sample_text(model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator)
+    return sample_text(
+        model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator
+    )
 
 
 def main(argv=None):
