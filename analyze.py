@@ -117,9 +117,10 @@ def top_k_variance_fractions(X, k=TOP_K):
     X = X.double() - X.double().mean(0)
     cov = X.T @ X / len(X)  # (d, d)
     trace = cov.trace()
-    pc = torch.linalg.eigvalsh(cov)[-k:].sum() / trace  # eigvalsh: ascending
-    neuron = cov.diagonal().topk(min(k, len(cov))).values.sum() / trace
-    return pc.item(), neuron.item()
+    return (
+        (torch.linalg.eigvalsh(cov)[-k:].sum() / trace).item(),  # eigvalsh: ascending
+        (cov.diagonal().topk(min(k, len(cov))).values.sum() / trace).item(),
+    )
 
 
 def training_states(run: Run, examples: int) -> dict:
@@ -406,9 +407,9 @@ def embedding_markdown(result):
         f"PC{i + 1} {s:.2f} (f={f})"
         for i, (s, f) in enumerate(zip(c["components"], c["frequencies"]))
     )
-    fractions = ", ".join(f"{100 * v:.1f}%" for v in result["variance_fractions"])
     return (
-        f"Variance of the token embedding in PCs 1-4: {fractions}.\n"
+        "Variance of the token embedding in PCs 1-4: "
+        f"{', '.join(f'{100 * v:.1f}%' for v in result['variance_fractions'])}.\n"
         f"Circularity (1 = a perfect circle) {c['mean']:.2f}; per component {per_component}.\n\n"
         f"![token embedding]({result['figure']})"
     )
@@ -667,18 +668,6 @@ def distance_irrelevance(model, p):
     return distance_irrelevance_from_logits(logits.gather(1, (x.sum(1) % p)[:, None]).view(p, p))
 
 
-def clock_pizza_markdown(result):
-    return (
-        f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock ~0.33); "
-        f"distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, Pizza ~0.17)."
-        + (
-            " The paper: 0.88 and 0.88 for a random 1024-wide model."
-            if result.get("trained", True)
-            else ""
-        )
-    )
-
-
 # ---------------------------------------------------------------------------
 # Memorization capacity (Table 3) and language-model samples (Figure 5)
 # ---------------------------------------------------------------------------
@@ -726,13 +715,6 @@ def samples(run: Run) -> dict:
             for prompt in LM_PROMPTS
         ],
     }
-
-
-def samples_markdown(result):
-    return "\n\n".join(
-        f"**{prompt}** ... {text}"
-        for prompt, text in zip(result["prompts"], result["continuations"])
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -859,9 +841,8 @@ def training_curves(run: Run) -> dict:
         return {"skipped": "metrics.jsonl is missing or empty"}
     plt = pyplot()
     fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    test_metrics = [k for k in log[-1] if k.startswith("test_") and k != "test_loss"]
     for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [
-        (k, metric_ax) for k in test_metrics
+        (k, metric_ax) for k in log[-1] if k.startswith("test_") and k != "test_loss"
     ]:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
         if points:
@@ -951,7 +932,16 @@ ANALYSES = {
             "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
             "trained": run.paper_model is not None,
         },
-        clock_pizza_markdown,
+        lambda result: (
+            f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock "
+            f"~0.33); distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, "
+            "Pizza ~0.17)."
+            + (
+                " The paper: 0.88 and 0.88 for a random 1024-wide model."
+                if result.get("trained", True)
+                else ""
+            )
+        ),
     ),
     "attention": (
         "Attention patterns, and each head's scores (Figure 2 for needle)",
@@ -975,7 +965,10 @@ ANALYSES = {
         "Samples (Figure 5)",
         lambda run: run.cfg.task == "lm",
         lambda run, args: samples(run),
-        samples_markdown,
+        lambda result: "\n\n".join(
+            f"**{prompt}** ... {text}"
+            for prompt, text in zip(result["prompts"], result["continuations"])
+        ),
     ),
 }
 
