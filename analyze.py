@@ -1117,39 +1117,40 @@ def score_checkpoints(run_dir, cfg, task, model, scored: set):
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
-    )
-    parser.add_argument(
-        "--watch",
-        action="store_true",
-        help="follow one parentheses run while it trains: its accuracy on the "
-        "test strings training never shows at each checkpoint, into RUN/unseen.jsonl (compare.py "
-        "draws it)",
-    )
-    parser.add_argument(
-        "--only",
-        choices=list(ANALYSES),
-        help="run just this analysis (default: every one that applies)",
-    )
-    parser.add_argument(
-        "--examples",
-        type=int,
-        default=1000,
-        help="inputs for the explained variance (capped at %d hidden states)" % MAX_VECTORS,
-    )
-    parser.add_argument(
-        "--tokens",
-        type=int,
-        nargs="+",
-        help="token ids of the attention input (default: Figure 2's for needle, else the first "
-        "test example)",
-    )
+    for flag, options in {
+        "runs": {"nargs": "+", "metavar": "RUN", "help": "run directories written by train.py"},
+        "--watch": {
+            "action": "store_true",
+            "help": "follow one parentheses run while it trains: its accuracy on the test strings "
+            "training never shows at each checkpoint, into RUN/unseen.jsonl (compare.py draws it)",
+        },
+        "--only": {
+            "choices": list(ANALYSES),
+            "help": "run just this analysis (default: every one that applies)",
+        },
+        "--examples": {
+            "type": int,
+            "default": 1000,
+            "help": f"inputs for the explained variance (capped at {MAX_VECTORS} hidden states)",
+        },
+        "--tokens": {
+            "type": int,
+            "nargs": "+",
+            "help": "token ids of the attention input (default: Figure 2's for needle, else the "
+            "first test example)",
+        },
+    }.items():
+        parser.add_argument(flag, **options)
     args = parser.parse_args(argv)
-    if args.examples < 1:
-        parser.error("--examples must be >= 1")
-    if args.watch and len(args.runs) > 1:
-        parser.error("--watch follows one run; start one analyze.py --watch per run")
+    for bad, message in [
+        (args.examples < 1, "--examples must be >= 1"),
+        (
+            args.watch and len(args.runs) > 1,
+            "--watch follows one run; start one analyze.py --watch per run",
+        ),
+    ]:
+        if bad:
+            parser.error(message)
     with usage_errors("analyze.py"):
         if args.watch:
             return watch(args.runs[0])
