@@ -506,10 +506,9 @@ def head_scores(run: Run, names) -> dict:
     evenly to what it sees."""
     test, score = run.task.test_set(), ATTENTION_SCORES[run.cfg.task]
     T = test.x.size(1)
-    even = (
-        torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
-    )  # row i: 1 / (i + 1) on positions 0..i
-    uniform = score(even.expand(1, len(test), 1, T, T), test)  # expand: one (T, T) for every row
+    # row i: 1 / (i + 1) on positions 0..i; expand: one (T, T) for every row
+    even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+    uniform = score(even.expand(1, len(test), 1, T, T), test)
     rows = max(1, CHUNK_TOKENS // T)
     # a chunk's patterns (L, B, nh, T, T) at a time, so a long test set fits in memory
     scores = [
@@ -787,7 +786,6 @@ def parens_lengths(run: Run) -> dict:
 
 
 def parens_lengths_markdown(result):
-    unseen, seen = result["unseen"], result["seen"]
     rows = [
         [
             r["length"],
@@ -815,9 +813,9 @@ def parens_lengths_markdown(result):
         [
             f"Test accuracy {100 * result['accuracy']:.1f}%. Test strings whose length and answer "
             "never occur in "
-            f"{result['stream_sample']:,} training strings: {unseen['test']}, "
-            f"{100 * unseen['accuracy']:.1f}% correct; "
-            f"the other {seen['test']}: {100 * seen['accuracy']:.1f}%.",
+            f"{result['stream_sample']:,} training strings: {result['unseen']['test']}, "
+            f"{100 * result['unseen']['accuracy']:.1f}% correct; "
+            f"the other {result['seen']['test']}: {100 * result['seen']['accuracy']:.1f}%.",
             "",
             *markdown_table(["length", "answer", "test strings", "accuracy", "in training"], rows),
         ]
@@ -1005,16 +1003,14 @@ def checked_results(run: Run, args) -> dict:
             f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for "
             f"{run.path}"
         )
-    read_metrics(
-        run.path
-    )  # a corrupt log fails here, not after other analyses have written their files
+    # a corrupt log fails here, not after other analyses have written their files
+    read_metrics(run.path)
     path = os.path.join(run.path, "analysis.json")
     if not args.only or not os.path.isfile(path):
         return {}
     try:
-        results = read_json(
-            path, expect=None
-        )  # any JSON: whether it renders below says whether it is results
+        # any JSON: whether it renders below says whether it is results
+        results = read_json(path, expect=None)
     except UsageError as e:
         raise UsageError(f"{e}; delete it or run analyze.py without --only") from None
     if isinstance(results, dict):
@@ -1060,9 +1056,8 @@ def watch(run_dir):
     staged, model, files, changed = beside(run_dir, "new"), None, None, time.time()
     while True:
         if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
-            cfg, task, model, _ = build_seeded(
-                saved_config(run_dir)
-            )  # a checkpoint holds only the weights that train
+            # a checkpoint holds only the weights that train
+            cfg, task, model, _ = build_seeded(saved_config(run_dir))
             if cfg.task != "parens":
                 raise UsageError(f"--watch follows parentheses runs; {run_dir} trains {cfg.task}")
             scored = {record["step"] for record in read_metrics(run_dir, "unseen.jsonl")}
@@ -1100,9 +1095,8 @@ def score_checkpoints(run_dir, cfg, task, model, scored: set):
         step = saved.get("step", cfg.steps)
         if step not in scored:
             scored.add(step)
-            model.load_state_dict(
-                saved["model"], strict=False
-            )  # checkpoint.pt: the seed drew the frozen blocks
+            # checkpoint.pt: the seed drew the frozen blocks
+            model.load_state_dict(saved["model"], strict=False)
             result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
             record = {
                 "step": step,
