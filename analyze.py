@@ -506,7 +506,7 @@ def head_scores(run: Run, names) -> dict:
     evenly to what it sees."""
     test, score = run.task.test_set(), ATTENTION_SCORES[run.cfg.task]
     T = test.x.size(1)
-    # row i: 1 / (i + 1) on positions 0..i; expand: one (T, T) for every row
+    # a head attending evenly: row i is 1 / (i + 1) on positions 0..i, one (T, T) for every row
     even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
     uniform = score(even.expand(1, len(test), 1, T, T), test)
     rows = max(1, CHUNK_TOKENS // T)
@@ -606,13 +606,11 @@ def attention_markdown(result):
             "",
             *markdown_table(["layer"] + [f"head {h + 1}" for h in range(len(rows[0]) - 1)], rows),
         ]
-    if "query_to_value" in steps:
-        lines += [
-            "",
-            "In the paper's Figure 2, values attend to their markers in layer 1 and the "
-            "query to the matching value in layer 2.",
-        ]
-    return "\n".join(lines)
+    figure_2 = (
+        "\n\nIn the paper's Figure 2, values attend to their markers in layer 1 and the query to the "
+        "matching value in layer 2."
+    )
+    return "\n".join(lines) + (figure_2 if "query_to_value" in steps else "")
 
 
 # ---------------------------------------------------------------------------
@@ -972,18 +970,17 @@ ANALYSES = {
 
 
 def markdown(run: Run, results: dict) -> str:
-    parts = [f"# Analysis of {run.label}", "", f"Run: `{run.path}`"]
-    for name, (title, _, _, render) in ANALYSES.items():
-        if name in results:
-            parts += [
-                "",
-                f"## {title}",
-                "",
-                f"Skipped: {results[name]['skipped']}."
-                if "skipped" in results[name]
-                else render(results[name]),
-            ]
-    return "\n".join(parts) + "\n"
+    sections = [
+        f"## {title}\n\n"
+        + (
+            f"Skipped: {results[name]['skipped']}."
+            if "skipped" in results[name]
+            else render(results[name])
+        )
+        for name, (title, _, _, render) in ANALYSES.items()
+        if name in results
+    ]
+    return "\n\n".join([f"# Analysis of {run.label}", f"Run: `{run.path}`", *sections]) + "\n"
 
 
 def checked_results(run: Run, args) -> dict:
@@ -1067,7 +1064,29 @@ def watch(run_dir):
             )
         if model is not None:
             finished = os.path.exists(os.path.join(run_dir, "final.json"))
-            score_checkpoints(run_dir, cfg, task, model, scored)
+            # score checkpoint.pt and model.pt, each at a step not yet scored, into unseen.jsonl
+            for name in ("checkpoint.pt", "model.pt"):
+                try:
+                    saved = torch.load(
+                        os.path.join(run_dir, name), map_location="cpu", weights_only=True
+                    )
+                except Exception:  # not written yet, or being replaced
+                    continue
+                step = saved.get("step", cfg.steps)
+                if step not in scored:
+                    scored.add(step)
+                    # checkpoint.pt: the seed drew the frozen blocks
+                    model.load_state_dict(saved["model"], strict=False)
+                    result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
+                    record = {
+                        "step": step,
+                        "unseen": result["unseen"]["accuracy"],
+                        "n_unseen": result["unseen"]["test"],
+                        "seen": result["seen"]["accuracy"],
+                        "accuracy": result["accuracy"],
+                    }
+                    with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
+                        f.write(json.dumps(record) + "\n")
             if finished:
                 return
         now = [
@@ -1083,30 +1102,6 @@ def watch(run_dir):
                 f"--resume {run_dir}"
             )
         time.sleep(WATCH_POLL_S)
-
-
-def score_checkpoints(run_dir, cfg, task, model, scored: set):
-    """Score checkpoint.pt and model.pt, each at a step not in `scored`, into unseen.jsonl."""
-    for name in ("checkpoint.pt", "model.pt"):
-        try:
-            saved = torch.load(os.path.join(run_dir, name), map_location="cpu", weights_only=True)
-        except Exception:  # not written yet, or being replaced
-            continue
-        step = saved.get("step", cfg.steps)
-        if step not in scored:
-            scored.add(step)
-            # checkpoint.pt: the seed drew the frozen blocks
-            model.load_state_dict(saved["model"], strict=False)
-            result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
-            record = {
-                "step": step,
-                "unseen": result["unseen"]["accuracy"],
-                "n_unseen": result["unseen"]["test"],
-                "seen": result["seen"]["accuracy"],
-                "accuracy": result["accuracy"],
-            }
-            with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
 
 
 def main(argv=None):
