@@ -607,8 +607,8 @@ def attention_markdown(result):
             *markdown_table(["layer"] + [f"head {h + 1}" for h in range(len(rows[0]) - 1)], rows),
         ]
     figure_2 = (
-        "\n\nIn the paper's Figure 2, values attend to their markers in layer 1 and the query to the "
-        "matching value in layer 2."
+        "\n\nIn the paper's Figure 2, values attend to their markers in layer 1 and the query to "
+        "the matching value in layer 2."
     )
     return "\n".join(lines) + (figure_2 if "query_to_value" in steps else "")
 
