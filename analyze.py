@@ -843,9 +843,11 @@ def training_curves(run: Run) -> dict:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points), label=CURVE_LABELS.get(key, key.replace("_", " ")), marker=".")
-    loss_ax.set(yscale="log", ylabel="loss (nats per answer token)", xlabel="step")
-    metric_ax.set(ylabel="test metric", xlabel="step")
-    for ax in (loss_ax, metric_ax):
+    for ax, axis in (
+        (loss_ax, {"yscale": "log", "ylabel": "loss (nats per answer token)"}),
+        (metric_ax, {"ylabel": "test metric"}),
+    ):
+        ax.set(**axis, xlabel="step")
         ax.legend()
     fig.suptitle(run.label)
     fig.tight_layout()
