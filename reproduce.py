@@ -426,18 +426,22 @@ def table5(scale):
 
 
 def fig5(scale):
-    def completion(r):
-        return " ".join(
-            f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()
-        ).replace("|", "/")
-
     return read_table(
         "fig5",
         "Figure 5: a story prompt continued by a random and a fully trained language model",
         lm_models(scale),
         {
             "test loss": final_reader("loss"),
-            "completion": analysis_reader("samples", completion, str),
+            # the prompt in italics, then what the model wrote, on one line of the table
+            "completion": analysis_reader(
+                "samples",
+                lambda r: " ".join(
+                    (
+                        f"*{r['prompts'][0]}*" + r["continuations"][0].removeprefix(r["prompts"][0])
+                    ).split()
+                ).replace("|", "/"),
+                str,
+            ),
         },
         {},
         "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only "
@@ -668,11 +672,10 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
 def table_runs(name: str, args):
     """(the table, its runs per cell) as the command line sets them."""
     table = TABLES[name](args.scale)
-    if args.data:
-        table.configs = {
-            k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg
-            for k, cfg in table.configs.items()
-        }
+    table.configs = {
+        k: replace(cfg, data=args.data) if args.data and cfg.task == "lm" else cfg
+        for k, cfg in table.configs.items()
+    }
     return table, cell_runs(table, args.scale, args.runs, args.seeds)
 
 
@@ -697,8 +700,7 @@ def check_records(runs: dict):
         if saved is None:
             continue
         for name in ("final.json", "train_split.json"):
-            path = os.path.join(cfg.out, name)
-            if os.path.exists(path):
+            if os.path.exists(path := os.path.join(cfg.out, name)):
                 check_numbers(
                     {k: v for k, v in read_json(path).items() if k != "parameters"},
                     path,
@@ -743,23 +745,32 @@ def claimed_cell(args, name: str, row: str, col: str, where: str):
 
 def check_args(args):
     """UsageError for flags that would fail only after hours of training."""
-    if args.seeds < 1 or args.jobs < 1:
-        raise UsageError("--seeds and --jobs must be >= 1")
-    if args.table == "claims" and (args.plan or args.print_commands or args.redraw):
-        raise UsageError("--plan, --print-commands and --redraw take a table or all, not claims")
-    if args.plan and args.scale != "paper":
-        raise UsageError(
+    for wrong, message in (
+        (args.seeds < 1 or args.jobs < 1, "--seeds and --jobs must be >= 1"),
+        (
+            args.table == "claims" and (args.plan or args.print_commands or args.redraw),
+            "--plan, --print-commands and --redraw take a table or all, not claims",
+        ),
+        (
+            args.plan and args.scale != "paper",
             "--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu "
-            "scale's costs)"
-        )
-    for flag, path in (("--runs", args.runs), ("--results", args.results)):
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise UsageError(f"{flag} {path} is a file, not a directory")
-    if args.data:
-        if args.table not in ("fig4", "table5", "fig5", "all"):
-            raise UsageError(
-                "--data applies to the language-modeling tables only: fig4, table5 and fig5"
+            "scale's costs)",
+        ),
+        *(
+            (
+                os.path.exists(path) and not os.path.isdir(path),
+                f"{flag} {path} is a file, not a directory",
             )
+            for flag, path in (("--runs", args.runs), ("--results", args.results))
+        ),
+        (
+            args.data and args.table not in ("fig4", "table5", "fig5", "all"),
+            "--data applies to the language-modeling tables only: fig4, table5 and fig5",
+        ),
+    ):
+        if wrong:
+            raise UsageError(message)
+    if args.data:
         try:
             validation_path(args.data)
         except ValueError as e:
@@ -790,9 +801,9 @@ def main(argv=None):
     parser.add_argument(
         "--jobs",
         type=int,
+        default=torch.cuda.device_count() or 1,
         help="runs trained at once, one process each (default: one per GPU, each worker on its "
-        "own; "
-        "1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)",
+        "own; 1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)",
     )
     parser.add_argument(
         "--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go"
@@ -829,7 +840,6 @@ def main(argv=None):
         "reproduce.py", "; the same command continues from each run's last checkpoint"
     ):
         args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
-        args.jobs = (torch.cuda.device_count() or 1) if args.jobs is None else args.jobs
         check_args(args)
         names = list(TABLES) if args.table == "all" else [args.table]
         if args.table == "claims":
