@@ -595,10 +595,13 @@ PICTURE_TITLES = {  # where a picture draws less than its table: what it does dr
 def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
-        title = PICTURE_TITLES.get(table.name, table.title) + (
-            f"\nours at {scale} scale ({table.name}-{scale}.md)"
+        return PAPER_FIGURES[table.name](
+            table,
+            runs,
+            PICTURE_TITLES.get(table.name, table.title)
+            + f"\nours at {scale} scale ({table.name}-{scale}.md)",
+            path,
         )
-        return PAPER_FIGURES[table.name](table, runs, title, path)
     cells = picture_cells(table, runs)
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
         "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else ""
@@ -837,9 +840,13 @@ def dig(record, path: str):
             if isinstance(record, dict)
             else None
         )
-    if isinstance(record, list):
-        return len(record)
-    return record * 100 if record is not None and re.fullmatch(ACCURACIES, part) else record
+    return (
+        len(record)
+        if isinstance(record, list)
+        else record * 100
+        if record is not None and re.fullmatch(ACCURACIES, part)
+        else record
+    )
 
 
 def cited(claimed_cell, reference: str, where: str) -> str:

@@ -684,8 +684,15 @@ def reproduce(name: str, args, command: str):
     table, runs = table_runs(name, args)
     if args.redraw:
         check_records(runs)
-    trained = 0 if args.redraw else sweep(table, runs, args.jobs)
-    write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
+    write_results(
+        table,
+        args.scale,
+        runs,
+        args.seeds,
+        command,
+        args.results,
+        trained=0 if args.redraw else sweep(table, runs, args.jobs),
+    )
 
 
 def check_records(runs: dict):
@@ -696,8 +703,7 @@ def check_records(runs: dict):
     failure is a UsageError naming the file."""
     for cfg in {cfg.out: cfg for cell in runs.values() for cfg in cell}.values():
         check_same_config(cfg)
-        saved = saved_config(cfg.out)
-        if saved is None:
+        if (saved := saved_config(cfg.out)) is None:  # no config.json: no run yet, nothing to check
             continue
         for name in ("final.json", "train_split.json"):
             if os.path.exists(path := os.path.join(cfg.out, name)):
