@@ -156,25 +156,28 @@ def picture_cells(table, runs: dict) -> dict:
     return cells
 
 
+# table name -> (row, col) -> (panel, line, x) for the tables not drawn a panel per row and a
+# column per x (Tables 1, 2, 9 and the explanation's)
+PICTURE_KEYS = {
+    "table3": lambda row, col: (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None,
+    "fig7": lambda row, col: (row, col.split()[0], int(col.split()[1])),  # "Random 16"
+    # "2 layers, width 64"
+    "fig4": lambda row, col: (col.split(", width ")[0], row, int(col.split()[-1])),
+    "fig6": lambda row, col: ("3-layer students", row, int(col.split()[1])),
+    # "Random L1 PCs": a panel per layer, a line per model and basis
+    "projection": lambda row, col: (
+        f"projected at {row.split()[1]}",
+        "{}, top k {}".format(*row.split()[::2]),
+        int(col.removeprefix("k=")),
+    ),
+}
+
+
 def picture_key(table, row: str, col: str):
     """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not
     drawn. Tables 1, 2, 9: a panel per row, a column per x; Table 3: a panel per metric, a row per
     x; Figures 4, 6, 7: lines over width."""
-    if table.name == "table3":
-        return (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None
-    if table.name == "fig7":  # "Random 16"
-        return row, col.split()[0], int(col.split()[1])
-    if table.name == "fig4":  # "2 layers, width 64"
-        return col.split(", width ")[0], row, int(col.split()[-1])
-    if table.name == "fig6":
-        return "3-layer students", row, int(col.split()[1])
-    if table.name == "projection":  # "Random L1 PCs": a panel per layer, a line per model and basis
-        return (
-            f"projected at {row.split()[1]}",
-            "{}, top k {}".format(*row.split()[::2]),
-            int(col.removeprefix("k=")),
-        )
-    return row, None, col
+    return PICTURE_KEYS.get(table.name, lambda row, col: (row, None, col))(row, col)
 
 
 def y_label(table, panel: str) -> str:
@@ -274,13 +277,16 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
             ylim=(-5, 105) if unit == "accuracy (%)" else (0, None),
             ylabel=unit,
         )
-        exact = any(line == "exact match" for p, line, _ in cells if p == panel)
-        ax.set_title(panel + (": per-token accuracy, and exact sums" if exact else ""), fontsize=10)
+        ax.set_title(
+            panel
+            + (
+                ": per-token accuracy, and exact sums"
+                if any(line == "exact match" for p, line, _ in cells if p == panel)
+                else ""
+            ),
+            fontsize=10,
+        )
         ax.grid(axis="y", alpha=0.3)
-    boxes = any(len(values) >= 5 for values, _ in cells.values())
-    narrower = table.name in ("table1", "table2", "table4", "parens") and any(
-        cfg.width == 512 for cfg in table.configs.values()
-    )
     return [
         dict(marker="o", color="tab:blue", linestyle="", alpha=0.7, label="our seeds"),
         dict(
@@ -295,7 +301,9 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
         dict(
             color="black",
             linewidth=2,
-            label="box: quartiles, median" if boxes else "median over seeds",
+            label="box: quartiles, median"
+            if any(len(values) >= 5 for values, _ in cells.values())
+            else "median over seeds",
         ),
         dict(
             marker="*",
@@ -303,7 +311,10 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
             color="gold",
             markeredgecolor="black",
             linestyle="",
-            label="paper (width 1,024 where ours is 512)" if narrower else "paper",
+            label="paper (width 1,024 where ours is 512)"
+            if table.name in ("table1", "table2", "table4", "parens")
+            and any(cfg.width == 512 for cfg in table.configs.values())
+            else "paper",
         ),
     ]
 
@@ -342,12 +353,8 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
             )
             papers = {x: paper for x, (_, paper) in line_cells.items() if paper is not None}
             ax.scatter(list(papers), list(papers.values()), **{**PAPER_STYLE, "color": color})
-        for (
-            (row, col),
-            paper,
-        ) in (
-            table.paper.items()
-        ):  # a paper number at a width this scale does not train: a level line
+        # a paper number at a width this scale does not train: a level line
+        for (row, col), paper in table.paper.items():
             p, line, x = picture_key(table, row, col)
             if p == panel and (p, line, x) not in cells:
                 ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
@@ -382,7 +389,6 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
             ),
         )
         ax.grid(alpha=0.3)
-    corpus = " (TinyStories, not our corpus)" if table.name == "fig4" else ""
     return [
         *(
             dict(marker="o", color=COLORS.get(n), label=f"{n}: median over seeds")
@@ -403,7 +409,13 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
         )
         if any(paper is not None for _, paper in cells.values())
         else None,
-        dict(color="gray", linestyle="--", label=f"paper{corpus}, at a width not trained here")
+        dict(
+            color="gray",
+            linestyle="--",
+            label="paper"
+            + (" (TinyStories, not our corpus)" if table.name == "fig4" else "")
+            + ", at a width not trained here",
+        )
         if any(picture_key(table, *cell) not in cells for cell in table.paper)
         else None,
     ]
@@ -583,17 +595,24 @@ PICTURE_TITLES = {  # where a picture draws less than its table: what it does dr
 def render_picture(table, scale: str, runs: dict, path: str):
     """results/<table>-<scale>.png, and for the task tables <table>-<scale>-curves.png."""
     if table.name in PAPER_FIGURES:
-        title = PICTURE_TITLES.get(table.name, table.title) + (
-            f"\nours at {scale} scale ({table.name}-{scale}.md)"
+        return PAPER_FIGURES[table.name](
+            table,
+            runs,
+            PICTURE_TITLES.get(table.name, table.title)
+            + f"\nours at {scale} scale ({table.name}-{scale}.md)",
+            path,
         )
-        return PAPER_FIGURES[table.name](table, runs, title, path)
     cells = picture_cells(table, runs)
     title = f"{table.title}\nours at {scale} scale (protocol in {table.name}-{scale}.md)" + (
         "; stars: the paper's numbers" if any(p is not None for _, p in cells.values()) else ""
     )
     plt, fig, axes = new_figure(list(dict.fromkeys(panel for panel, _, _ in cells)), title)
-    handles = (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes)
-    save_with_legend(plt, fig, handles, path)
+    save_with_legend(
+        plt,
+        fig,
+        (plot_lines if table.name in LINE_FIGURES else plot_seeds)(table, cells, axes),
+        path,
+    )
     if table.name in CURVE_TABLES:
         plot_curves(
             table,
@@ -688,10 +707,6 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     commands = {}  # command -> the first cell it trains
     for (row, col), cell in runs.items():
         commands.setdefault(train_command(cell[0], seeds), f"{row}, {col}")
-    curves = (
-        f"![{table.title.split(':')[0]}: test accuracy during training]"
-        f"({table.name}-{scale}-curves.png)"
-    )
     lines = [
         f"# {table.title}",
         "",
@@ -713,7 +728,15 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
         ),
         "",
         f"![{table.title}]({table.name}-{scale}.png)",
-        *(["", curves] if table.name in CURVE_TABLES else []),
+        *(
+            [
+                "",
+                f"![{table.title.split(':')[0]}: test accuracy during training]"
+                f"({table.name}-{scale}-curves.png)",
+            ]
+            if table.name in CURVE_TABLES
+            else []
+        ),
         "",
         "## Commands",
         "",
@@ -775,15 +798,12 @@ def write_results(
 # RESULTS.md: the claims table, and the results/ tables it shows
 # ---------------------------------------------------------------------------
 
-CELL_REFERENCE = re.compile(
-    r"\{([^{}]+)\}"
-)  # {table/row/col[/words]} or {runs/.../NAME/words}: see cited
-PROSE_CITATION = re.compile(
-    r"<!--\{([^{}]+)\}-->.*?<!--/-->"
-)  # a number in prose, rendered after its reference
-PASTED_TABLE = re.compile(
-    r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S
-)  # a results/ table shown in RESULTS.md
+# {table/row/col[/words]} or {runs/.../NAME/words}: see cited
+CELL_REFERENCE = re.compile(r"\{([^{}]+)\}")
+# a number in prose, rendered after its reference
+PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")
+# a results/ table shown in RESULTS.md
+PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)
 DOCUMENTS = (
     "RESULTS.md",
     "README.md",
@@ -820,9 +840,13 @@ def dig(record, path: str):
             if isinstance(record, dict)
             else None
         )
-    if isinstance(record, list):
-        return len(record)
-    return record * 100 if record is not None and re.fullmatch(ACCURACIES, part) else record
+    return (
+        len(record)
+        if isinstance(record, list)
+        else record * 100
+        if record is not None and re.fullmatch(ACCURACIES, part)
+        else record
+    )
 
 
 def cited(claimed_cell, reference: str, where: str) -> str:
@@ -960,9 +984,9 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"),
             claim["verdict"],
         )
-        paper = number(table.paper[cell]) if cell in table.paper else claim["paper"]
         lines.append(
-            f"| {claim['claim']} | {paper} | "
+            f"| {claim['claim']} | "
+            f"{number(table.paper[cell]) if cell in table.paper else claim['paper']} | "
             f"{median_text(values) if values else 'not run'} | {verdict} |"
         )
     texts = {}

@@ -57,10 +57,8 @@ def task_config(task: str, scale: str, **settings) -> TrainConfig:
 
 TASK_ROWS = ["modadd", "needle", "addition", "parens"]
 MODES = {"Normal": "full", "Random": "frozen"}  # the paper's models -> their training mode
-WIDE = {
-    "paper": 1024,
-    "cpu": CPU_WIDTH,
-}  # the wide models' width: Table 1's "wide" columns, and the explanation's models
+# the wide models' width: Table 1's "wide" columns, and the explanation's models
+WIDE = {"paper": 1024, "cpu": CPU_WIDTH}
 
 
 def table1(scale):
@@ -73,12 +71,6 @@ def table1(scale):
         }
         for col, (mode, arch, width) in paper.TABLE1_COLUMNS.items()
     }
-    configs = {
-        (row, col): task_config(row, scale, **settings)
-        for row in TASK_ROWS
-        for col, settings in cols.items()
-    }
-    numbers = {(row, col): v for row in TASK_ROWS for col, v in zip(cols, paper.TABLE1[row])}
     return Table(
         "table1",
         "Table 1: test accuracy (%) of random (frozen) and normal (fully trained) transformers and "
@@ -86,71 +78,66 @@ def table1(scale):
         "accuracy",
         TASK_ROWS,
         list(cols),
-        configs,
-        numbers,
+        configs={
+            (row, col): task_config(row, scale, **settings)
+            for row in TASK_ROWS
+            for col, settings in cols.items()
+        },
+        paper={(row, col): v for row in TASK_ROWS for col, v in zip(cols, paper.TABLE1[row])},
     )
 
 
 def table2(scale):
     rows = ["modadd (train)"] + TASK_ROWS
-    configs = {
-        (row, col): task_config(row.split()[0], scale, mode=mode)
-        for row in rows
-        for col, mode in paper.TABLE2_COLUMNS.items()
-    }
-    numbers = {
-        (row, col): v for row in rows for col, v in zip(paper.TABLE2_COLUMNS, paper.TABLE2[row])
-    }
     return Table(
         "table2",
         "Table 2: accuracy (%) of wide random transformers when only some embeddings train",
         "accuracy",
         rows,
         list(paper.TABLE2_COLUMNS),
-        configs,
-        numbers,
-        "The modadd (train) row is the modadd runs scored on their training split "
+        configs={
+            (row, col): task_config(row.split()[0], scale, mode=mode)
+            for row in rows
+            for col, mode in paper.TABLE2_COLUMNS.items()
+        },
+        paper={
+            (row, col): v for row in rows for col, v in zip(paper.TABLE2_COLUMNS, paper.TABLE2[row])
+        },
+        note="The modadd (train) row is the modadd runs scored on their training split "
         "(train_split.json).",
     )
 
 
 def table3(scale):
     cols = ["accuracy", "bits", "bits_per_parameter"]
-    configs = {
-        (row, col): task_config("memorize", scale, mode=MODES[row]) for row in MODES for col in cols
-    }
-    note = "Columns are final.json keys; each row is one run per seed. " + (
-        "cpu scale: 128 x 128 keys (16,384 pairs, not 262,144), 100 epochs of batch 1,024 (1,600 "
-        "steps), "
-        "far from either model's capacity: the rows compare what each stores in the same steps."
-        if scale == "cpu"
-        else ""
-    )
     return Table(
         "table3",
         "Table 3: memorization at width 128",
         "column",
         ["Normal", "Random"],
         cols,
-        configs,
-        paper.TABLE3,
-        note,
+        configs={
+            (row, col): task_config("memorize", scale, mode=MODES[row])
+            for row in MODES
+            for col in cols
+        },
+        paper=paper.TABLE3,
+        note="Columns are final.json keys; each row is one run per seed. "
+        + (
+            "cpu scale: 128 x 128 keys (16,384 pairs, not 262,144), 100 epochs of batch 1,024 "
+            "(1,600 steps), far from either model's capacity: the rows compare what each stores in "
+            "the same steps."
+            if scale == "cpu"
+            else ""
+        ),
     )
 
 
 def table9(scale):
     width = {"paper": 512, "cpu": CPU_WIDTH}[scale]
     rows = ["needle", "addition", "parens"]
-    cols = {
-        "Softmax random": "gpt",
-        "Linearized random": "linear",
-    }  # the verdict is the contrast, so both are trained
-    configs = {
-        (row, col): task_config(row, scale, mode="frozen", arch=arch, width=width)
-        for row in rows
-        for col, arch in cols.items()
-    }
-    numbers = {(row, "Linearized random"): v for row, v in paper.TABLE9.items()}
+    # the verdict is the contrast, so both are trained
+    cols = {"Softmax random": "gpt", "Linearized random": "linear"}
     return Table(
         "table9",
         "Table 9: test accuracy (%) of random transformers with linearized attention, beside "
@@ -158,85 +145,90 @@ def table9(scale):
         "accuracy",
         rows,
         list(cols),
-        configs,
-        numbers,
-        f"Softmax random is the same model with softmax attention at width {width} (at cpu scale "
-        "Table 1's "
-        "random runs); the paper gives no number for it at width 512, and 100 on all three at 1024 "
-        "(Table 1).",
+        configs={
+            (row, col): task_config(row, scale, mode="frozen", arch=arch, width=width)
+            for row in rows
+            for col, arch in cols.items()
+        },
+        paper={(row, "Linearized random"): v for row, v in paper.TABLE9.items()},
+        note=f"Softmax random is the same model with softmax attention at width {width} (at cpu "
+        "scale Table 1's random runs); the paper gives no number for it at width 512, and 100 on "
+        "all three at 1024 (Table 1).",
     )
 
 
 def fig7(scale):
     rows = ["needle", "addition", "parens"]
-    widths = {"paper": [16, 64, 128, 256, 512, 1024], "cpu": [16, 128, CPU_WIDTH]}[scale]
-    cols = [f"{kind} {w}" for kind in ("Random", "Normal") for w in widths]
-    configs = {
-        (row, col): task_config(row, scale, mode=MODES[col.split()[0]], width=int(col.split()[1]))
-        for row in rows
-        for col in cols
-    }
+    cols = [
+        f"{kind} {w}"
+        for kind in ("Random", "Normal")
+        for w in {"paper": [16, 64, 128, 256, 512, 1024], "cpu": [16, 128, CPU_WIDTH]}[scale]
+    ]
     return Table(
         "fig7",
         "Figure 7: test accuracy (%) across widths (the paper gives box plots, no numbers)",
         "accuracy",
         rows,
         cols,
-        configs,
+        configs={
+            (row, col): task_config(
+                row, scale, mode=MODES[col.split()[0]], width=int(col.split()[1])
+            )
+            for row in rows
+            for col in cols
+        },
     )
 
 
 def fig4(scale):
-    widths = {"paper": [64, 128, 256, 512, 1024], "cpu": [32, 64, 128]}[scale]
-    cols = [f"{layers} layers, width {w}" for layers in (2, 4) for w in widths]
-    configs = {
-        (row, col): task_config(
-            "lm", scale, mode=mode, layers=int(col[0]), width=int(col.split()[-1])
-        )
-        for row, mode in MODES.items()
-        for col in cols
-    }
-    note = (
-        "Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random 512-wide "
-        "2-layer ~2.64 (read off Figure 4). "
-        + (
-            "cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in "
-            "absolute loss)."
-            if scale == "cpu"
-            else "Give the TinyStories train file with --data."
-        )
-    )
+    cols = [
+        f"{layers} layers, width {w}"
+        for layers in (2, 4)
+        for w in {"paper": [64, 128, 256, 512, 1024], "cpu": [32, 64, 128]}[scale]
+    ]
     return Table(
         "fig4",
         "Figure 4: language modeling loss across widths",
         "loss",
         list(MODES),
         cols,
-        configs,
-        paper.FIG4,
-        note,
+        configs={
+            (row, col): task_config(
+                "lm", scale, mode=mode, layers=int(col[0]), width=int(col.split()[-1])
+            )
+            for row, mode in MODES.items()
+            for col in cols
+        },
+        paper=paper.FIG4,
+        note="Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random "
+        "512-wide 2-layer ~2.64 (read off Figure 4). "
+        + (
+            "cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in "
+            "absolute loss)."
+            if scale == "cpu"
+            else "Give the TinyStories train file with --data."
+        ),
     )
 
 
 def fig6(scale):
-    targets = {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[
-        scale
-    ]  # cpu: 8 and the paper's 12 -> 16 -> 32
-    cols = [f"target {w}" for w in targets]
-    configs = {
-        (row, col): task_config(
-            "imitate", scale, mode=mode, layers=3, target_width=int(col.split()[1])
-        )
-        for row, mode in MODES.items()
-        for col in cols
-    }
+    # cpu: 8 and the paper's 12 -> 16 -> 32
+    cols = [
+        f"target {w}" for w in {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[scale]
+    ]
     return Table(
         "fig6",
         "Figure 6: circuit imitation test KL across target widths (lower is better)",
         "kl",
         list(MODES),
         cols,
-        configs,
+        configs={
+            (row, col): task_config(
+                "imitate", scale, mode=mode, layers=3, target_width=int(col.split()[1])
+            )
+            for row, mode in MODES.items()
+            for col in cols
+        },
         note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact "
         "numbers).",
     )
@@ -274,11 +266,15 @@ def analysis_reader(name: str, value, kind=NUMBER):
 def no_booleans(value):
     """value with every true and false made null, so that a reader's arithmetic fails on one
     (True * 100 is 100)."""
-    if isinstance(value, dict):
-        return {k: no_booleans(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [no_booleans(v) for v in value]
-    return None if isinstance(value, bool) else value
+    return (
+        {k: no_booleans(v) for k, v in value.items()}
+        if isinstance(value, dict)
+        else [no_booleans(v) for v in value]
+        if isinstance(value, list)
+        else None
+        if isinstance(value, bool)
+        else value
+    )
 
 
 def final_reader(key: str, scale=1):
@@ -298,9 +294,17 @@ def read_table(
     name: str, title: str, models: dict, cols: dict, paper: dict, note: str, analyses=()
 ) -> Table:
     """A table with one run per row (models[row] its config) and a reader per column (cols[col])."""
-    configs = {(row, col): cfg for row, cfg in models.items() for col in cols}
     return Table(
-        name, title, "column", list(models), list(cols), configs, paper, note, cols, analyses
+        name,
+        title,
+        "column",
+        list(models),
+        list(cols),
+        {(row, col): cfg for row, cfg in models.items() for col in cols},
+        paper,
+        note,
+        cols,
+        analyses,
     )
 
 
@@ -337,44 +341,33 @@ def variance_table(name: str, title: str, models: dict, paper: dict, note: str, 
         for kind in ("PC", "Neuron")
         for i, name in enumerate(["Emb"] + [f"L{n}" for n in range(1, layers + 1)])
     }
-    cells = {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)}
     return read_table(
         name,
         title,
         untrained(models),
         cols,
-        cells,
+        {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)},
         note + " Untrained: the Random row's runs trained for 0 steps (`--steps 0`), "
         "the model at initialization.",
         ("variance",),
     )
 
 
-TABLE4_PAPER = {
-    f"{task} {model}": paper.VARIANCE[task, model, 128 if task == "memorize" else 1024]
-    for task in ("modadd", "memorize")
-    for model in ("Normal", "Random")
-}
-TABLE7_PAPER = {
-    f"{task} {model}": paper.VARIANCE[task, model, 512]
-    for task in ("addition", "needle", "parens")
-    for model in ("Normal", "Random")
-}
-TABLE5_PAPER = paper.TABLE5
-
-
 def table7(scale):
-    models = {
-        f"{task} {model}": cfg if scale == "cpu" else replace(cfg, width=512)
-        for task in ("addition", "needle", "parens")
-        for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()
-    }
     return variance_table(
         "table7",
         "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
         "neurons, width 512",
-        models,
-        TABLE7_PAPER,
+        {
+            f"{task} {model}": cfg if scale == "cpu" else replace(cfg, width=512)
+            for task in ("addition", "needle", "parens")
+            for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()
+        },
+        {
+            f"{task} {model}": paper.VARIANCE[task, model, 512]
+            for task in ("addition", "needle", "parens")
+            for model in ("Normal", "Random")
+        },
         "Table 1's runs at width 512, each analysed by "
         "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 inputs drawn from the "
         "training distribution with seed 0, every position up to the last answer).",
@@ -385,8 +378,7 @@ def table4(scale):
     models = {
         f"modadd {model}": cfg
         for model, cfg in wide_models(scale, "modadd", ("Normal", "Random")).items()
-    }
-    models |= {
+    } | {
         f"memorize {model}": table3(scale).configs[model, "accuracy"]
         for model in ("Normal", "Random")
     }
@@ -395,7 +387,11 @@ def table4(scale):
         f"Table 4: % of hidden-state variance in the top 10 principal components and the top "
         f"10 neurons, modadd at width {models['modadd Normal'].width}, memorization at 128",
         models,
-        TABLE4_PAPER,
+        {
+            f"{task} {model}": paper.VARIANCE[task, model, 128 if task == "memorize" else 1024]
+            for task in ("modadd", "memorize")
+            for model in ("Normal", "Random")
+        },
         "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python "
         "analyze.py RUN --only variance`; the paper's modadd is at width 1,024.",
     )
@@ -418,7 +414,7 @@ def table5(scale):
         "Table 5: % of the language model's hidden-state variance in the top 10 principal "
         "components and the top 10 neurons, 4 layers of width 512",
         lm_models(scale),
-        TABLE5_PAPER,
+        paper.TABLE5,
         "Each run analysed by `python analyze.py RUN --only variance` (docs/protocol.md §6). "
         + (
             "cpu scale: the shipped story corpus, context 128, one epoch, not TinyStories."
@@ -430,26 +426,27 @@ def table5(scale):
 
 
 def fig5(scale):
-    def completion(r):
-        return " ".join(
-            f"*{r['prompts'][0]}*{r['continuations'][0].removeprefix(r['prompts'][0])}".split()
-        ).replace("|", "/")
-
-    cols = {
-        "test loss": final_reader("loss"),
-        "completion": analysis_reader("samples", completion, str),
-    }
     return read_table(
         "fig5",
         "Figure 5: a story prompt continued by a random and a fully trained language model",
         lm_models(scale),
-        cols,
+        {
+            "test loss": final_reader("loss"),
+            # the prompt in italics, then what the model wrote, on one line of the table
+            "completion": analysis_reader(
+                "samples",
+                lambda r: " ".join(
+                    (
+                        f"*{r['prompts'][0]}*" + r["continuations"][0].removeprefix(r["prompts"][0])
+                    ).split()
+                ).replace("|", "/"),
+                str,
+            ),
+        },
         {},
         "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only "
-        "samples`): "
-        "seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is seed 0's. The "
-        "paper "
-        "shows samples and calls them largely grammatical.",
+        "samples`): seed 0, temperature 0.8, top-k 40, 100 new tokens; the completion shown is "
+        "seed 0's. The paper shows samples and calls them largely grammatical.",
         ("samples",),
     )
 
@@ -489,27 +486,25 @@ def projection(scale):
 
 
 def fig2(scale):
-    cols = {
-        f"L{layer + 1} {name}": analysis_reader(
-            "attention", lambda r, key=key, layer=layer: 100 * max(r[key][layer])
-        )
-        for key, name in (
-            ("value_to_marker", "value -> its marker"),
-            ("query_to_value", "query -> queried value"),
-        )
-        for layer in (0, 1)
-    }
     return read_table(
         "fig2",
         "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
         wide_models(scale, "needle"),
-        cols,
+        {
+            f"L{layer + 1} {name}": analysis_reader(
+                "attention", lambda r, key=key, layer=layer: 100 * max(r[key][layer])
+            )
+            for key, name in (
+                ("value_to_marker", "value -> its marker"),
+                ("query_to_value", "query -> queried value"),
+            )
+            for layer in (0, 1)
+        },
         {},
         "Per seed the strongest head of the layer; what a head attending evenly over the positions "
-        "it sees "
-        "would score is each run's analysis.json attention.uniform. The paper shows the patterns, "
-        "no numbers: "
-        "values attend to their markers in layer 1, the query to the queried value in layer 2.",
+        "it sees would score is each run's analysis.json attention.uniform. The paper shows the "
+        "patterns, no numbers: values attend to their markers in layer 1, the query to the "
+        "queried value in layer 2.",
         ("attention",),
     )
 
@@ -517,66 +512,63 @@ def fig2(scale):
 def fig3(scale):
     """Figure 3 draws modadd's embedding on principal components 1 and 3; section 4.2 finds its
     random model a Clock."""
-    cols = {
-        "circle in PCs 1 and 3": analysis_reader("embedding", lambda r: r["circles"]["pcs_1_3"]),
-        "best circle in PCs 1-4": analysis_reader(
-            "embedding", lambda r: r["circles"]["best"]["score"]
-        ),
-        "gradient symmetricity": analysis_reader(
-            "clock_pizza", lambda r: r["gradient_symmetricity"]
-        ),
-        "distance irrelevance": analysis_reader("clock_pizza", lambda r: r["distance_irrelevance"]),
-    }
     return read_table(
         "fig3",
         "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza",
         wide_models(scale, "modadd"),
-        cols,
+        {
+            "circle in PCs 1 and 3": analysis_reader(
+                "embedding", lambda r: r["circles"]["pcs_1_3"]
+            ),
+            "best circle in PCs 1-4": analysis_reader(
+                "embedding", lambda r: r["circles"]["best"]["score"]
+            ),
+            "gradient symmetricity": analysis_reader(
+                "clock_pizza", lambda r: r["gradient_symmetricity"]
+            ),
+            "distance irrelevance": analysis_reader(
+                "clock_pizza", lambda r: r["distance_irrelevance"]
+            ),
+        },
         {("Random", measure): value for measure, value in paper.CLOCK_PIZZA.items()},
         "Circle score of two principal components: the share of their (whitened) points' power in "
-        "one frequency "
-        "over the residues, 1 for a circle, 0.25 for two cosines of different frequencies, about "
-        "ln(p) / p "
-        "for noise. A Clock: symmetricity ~0.33 and irrelevance ~0.85; a Pizza: ~0.99 and ~0.17 "
-        "(docs/protocol.md §6).",
+        "one frequency over the residues, 1 for a circle, 0.25 for two cosines of different "
+        "frequencies, about ln(p) / p for noise. A Clock: symmetricity ~0.33 and irrelevance "
+        "~0.85; a Pizza: ~0.99 and ~0.17 (docs/protocol.md §6).",
         ("embedding", "clock_pizza"),
     )
 
 
 def parens(scale):
-    wide, task_tables = WIDE[scale], (table1(scale), table2(scale))
-    rows = [
-        f"{model} {width}"
-        for model, width in (
-            ("Random", wide),
-            ("Normal", wide),
-            ("Random", 16),
-            ("Normal", 16),
-            ("LSTM", wide),
-        )
-    ]
-    cells = {
+    wide = WIDE[scale]
+    cells = {  # row -> the table whose parens cell it is
         row: table
-        for table in task_tables
-        for row in (rows if table.name == "table1" else paper.TABLE2_COLUMNS)
-    }
-    cols = {
-        "test accuracy": final_reader("accuracy", 100),
-        "strings training shows": analysis_reader("lengths", lambda r: 100 * r["seen"]["accuracy"]),
-        "strings it never shows": analysis_reader(
-            "lengths", lambda r: 100 * r["unseen"]["accuracy"]
-        ),
+        for table, rows in (
+            (
+                table1(scale),
+                [f"Random {wide}", f"Normal {wide}", "Random 16", "Normal 16", f"LSTM {wide}"],
+            ),
+            (table2(scale), paper.TABLE2_COLUMNS),
+        )
+        for row in rows
     }
     return read_table(
         "parens",
         "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and "
         "on the rest",
         {row: table.configs["parens", row] for row, table in cells.items()},
-        cols,
+        {
+            "test accuracy": final_reader("accuracy", 100),
+            "strings training shows": analysis_reader(
+                "lengths", lambda r: 100 * r["seen"]["accuracy"]
+            ),
+            "strings it never shows": analysis_reader(
+                "lengths", lambda r: 100 * r["unseen"]["accuracy"]
+            ),
+        },
         {(row, "test accuracy"): table.paper["parens", row] for row, table in cells.items()},
         "Table 1's and Table 2's parentheses runs, each analysed by `python analyze.py RUN --only "
-        "lengths` "
-        "(docs/protocol.md §6), which keeps each unseen string's answer.",
+        "lengths` (docs/protocol.md §6), which keeps each unseen string's answer.",
         ("lengths",),
     )
 
@@ -600,11 +592,9 @@ def fig8(scale):
         },
         {},
         "Table 3's runs, read from their metrics.jsonl (nothing trains; `analyze.flat_from`). "
-        "Flat: within half a "
-        "point of the final accuracy from that evaluation on. A run flat while its lr is well "
-        "above zero has "
-        "converged; one flat only where the lr is a few % of its peak stopped because the lr "
-        "decayed.",
+        "Flat: within half a point of the final accuracy from that evaluation on. A run flat "
+        "while its lr is well above zero has converged; one flat only where the lr is a few % of "
+        "its peak stopped because the lr decayed.",
     )
 
 
@@ -682,11 +672,10 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
 def table_runs(name: str, args):
     """(the table, its runs per cell) as the command line sets them."""
     table = TABLES[name](args.scale)
-    if args.data:
-        table.configs = {
-            k: replace(cfg, data=args.data) if cfg.task == "lm" else cfg
-            for k, cfg in table.configs.items()
-        }
+    table.configs = {
+        k: replace(cfg, data=args.data) if args.data and cfg.task == "lm" else cfg
+        for k, cfg in table.configs.items()
+    }
     return table, cell_runs(table, args.scale, args.runs, args.seeds)
 
 
@@ -695,8 +684,15 @@ def reproduce(name: str, args, command: str):
     table, runs = table_runs(name, args)
     if args.redraw:
         check_records(runs)
-    trained = 0 if args.redraw else sweep(table, runs, args.jobs)
-    write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
+    write_results(
+        table,
+        args.scale,
+        runs,
+        args.seeds,
+        command,
+        args.results,
+        trained=0 if args.redraw else sweep(table, runs, args.jobs),
+    )
 
 
 def check_records(runs: dict):
@@ -707,12 +703,10 @@ def check_records(runs: dict):
     failure is a UsageError naming the file."""
     for cfg in {cfg.out: cfg for cell in runs.values() for cfg in cell}.values():
         check_same_config(cfg)
-        saved = saved_config(cfg.out)
-        if saved is None:
+        if (saved := saved_config(cfg.out)) is None:  # no config.json: no run yet, nothing to check
             continue
         for name in ("final.json", "train_split.json"):
-            path = os.path.join(cfg.out, name)
-            if os.path.exists(path):
+            if os.path.exists(path := os.path.join(cfg.out, name)):
                 check_numbers(
                     {k: v for k, v in read_json(path).items() if k != "parameters"},
                     path,
@@ -757,23 +751,32 @@ def claimed_cell(args, name: str, row: str, col: str, where: str):
 
 def check_args(args):
     """UsageError for flags that would fail only after hours of training."""
-    if args.seeds < 1 or args.jobs < 1:
-        raise UsageError("--seeds and --jobs must be >= 1")
-    if args.table == "claims" and (args.plan or args.print_commands or args.redraw):
-        raise UsageError("--plan, --print-commands and --redraw take a table or all, not claims")
-    if args.plan and args.scale != "paper":
-        raise UsageError(
+    for wrong, message in (
+        (args.seeds < 1 or args.jobs < 1, "--seeds and --jobs must be >= 1"),
+        (
+            args.table == "claims" and (args.plan or args.print_commands or args.redraw),
+            "--plan, --print-commands and --redraw take a table or all, not claims",
+        ),
+        (
+            args.plan and args.scale != "paper",
             "--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu "
-            "scale's costs)"
-        )
-    for flag, path in (("--runs", args.runs), ("--results", args.results)):
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise UsageError(f"{flag} {path} is a file, not a directory")
-    if args.data:
-        if args.table not in ("fig4", "table5", "fig5", "all"):
-            raise UsageError(
-                "--data applies to the language-modeling tables only: fig4, table5 and fig5"
+            "scale's costs)",
+        ),
+        *(
+            (
+                os.path.exists(path) and not os.path.isdir(path),
+                f"{flag} {path} is a file, not a directory",
             )
+            for flag, path in (("--runs", args.runs), ("--results", args.results))
+        ),
+        (
+            args.data and args.table not in ("fig4", "table5", "fig5", "all"),
+            "--data applies to the language-modeling tables only: fig4, table5 and fig5",
+        ),
+    ):
+        if wrong:
+            raise UsageError(message)
+    if args.data:
         try:
             validation_path(args.data)
         except ValueError as e:
@@ -804,9 +807,9 @@ def main(argv=None):
     parser.add_argument(
         "--jobs",
         type=int,
+        default=torch.cuda.device_count() or 1,
         help="runs trained at once, one process each (default: one per GPU, each worker on its "
-        "own; "
-        "1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)",
+        "own; 1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)",
     )
     parser.add_argument(
         "--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go"
@@ -843,7 +846,6 @@ def main(argv=None):
         "reproduce.py", "; the same command continues from each run's last checkpoint"
     ):
         args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
-        args.jobs = (torch.cuda.device_count() or 1) if args.jobs is None else args.jobs
         check_args(args)
         names = list(TABLES) if args.table == "all" else [args.table]
         if args.table == "claims":
