@@ -230,21 +230,19 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
         for name in ("batch_size", "weight_decay", "width", "layers", "heads")
         if getattr(cfg, name) is None
     }
-    given, cfg = (
-        cfg,
-        replace(cfg, **filled),
-    )  # a copy, filled in further below: each rule reads the ones above it
-    cfg.lr = default_lr(cfg) if cfg.lr is None else cfg.lr
-    cfg.steps = (
-        task.steps_for(cfg.batch_size) if cfg.steps is None else cfg.steps
-    )  # epochs: passes at the batch size used
-    cfg.warmup = min(PAPER_WARMUP, cfg.steps // 10) if cfg.warmup is None else cfg.warmup
-    cfg.eval_every = (
-        max(1, min(cfg.steps, max(100, cfg.steps // 20)))
-        if cfg.eval_every is None
-        else cfg.eval_every
-    )
-    cfg.out = os.path.join("runs", run_name(given, cfg.width)) if cfg.out is None else cfg.out
+    # a copy, filled in further below: each rule reads the ones above it
+    given, cfg = cfg, replace(cfg, **filled)
+    # In this written order: each rule may read the settings filled in above it.
+    for name, rule in {
+        "lr": default_lr,
+        # epochs: passes at the batch size used
+        "steps": lambda cfg: task.steps_for(cfg.batch_size),
+        "warmup": lambda cfg: min(PAPER_WARMUP, cfg.steps // 10),
+        "eval_every": lambda cfg: max(1, min(cfg.steps, max(100, cfg.steps // 20))),
+        "out": lambda cfg: os.path.join("runs", run_name(given, cfg.width)),
+    }.items():
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, rule(cfg))
     return cfg
 
 
@@ -311,27 +309,6 @@ def check_config(cfg: TrainConfig, task) -> None:
     # the optimizer's arithmetic: AdamW's first step divides the lr by 1 - beta1 = 0.1
     # (train.make_optimizer) in float32, where a larger lr is inf
     lr_max = torch.finfo(torch.float32).max * 0.1
-    if not 0 < cfg.lr < lr_max:
-        raise UsageError(f"--lr must be a number > 0 and below {lr_max:.3g}, got {cfg.lr}")
-    if not (
-        math.isfinite(cfg.clip) and cfg.clip > 0
-    ):  # clip <= 0 would flip or zero every gradient
-        raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
-    if (
-        not 0 <= cfg.lr * cfg.weight_decay < 1
-    ):  # AdamW scales weights by 1 - lr * weight decay each step
-        raise UsageError(
-            "--weight-decay must be >= 0 with --lr x --weight-decay below 1, got "
-            f"{cfg.weight_decay}"
-        )
-    for setting, value, choices in (
-        ("dtype", cfg.dtype, DTYPES),
-        ("architecture", cfg.arch, ARCHS),
-    ):
-        if value not in choices:
-            raise UsageError(f"unknown {setting} {value!r}; choose from {', '.join(choices)}")
-    if cfg.arch == "lstm" and cfg.pos != "learned":
-        raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
     # Weights, gradients and AdamW's two moments alone (16 bytes a parameter; activations not
     # counted) must fit this machine's memory: an error before the run starts instead of a failed
     # allocation.
@@ -339,13 +316,44 @@ def check_config(cfg: TrainConfig, task) -> None:
         12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
     )
     needed, available = 16 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if needed > available:
-        raise UsageError(
+    for failed, message in (
+        (
+            not 0 < cfg.lr < lr_max,
+            f"--lr must be a number > 0 and below {lr_max:.3g}, got {cfg.lr}",
+        ),
+        # clip <= 0 would flip or zero every gradient
+        (
+            not (math.isfinite(cfg.clip) and cfg.clip > 0),
+            f"--clip must be a finite number > 0, got {cfg.clip}",
+        ),
+        # AdamW scales weights by 1 - lr * weight decay each step
+        (
+            not 0 <= cfg.lr * cfg.weight_decay < 1,
+            "--weight-decay must be >= 0 with --lr x --weight-decay below 1, got "
+            f"{cfg.weight_decay}",
+        ),
+        (
+            cfg.dtype not in DTYPES,
+            f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}",
+        ),
+        (
+            cfg.arch not in ARCHS,
+            f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}",
+        ),
+        (
+            cfg.arch == "lstm" and cfg.pos != "learned",
+            "the lstm has no positional embedding; --pos applies to gpt and linear",
+        ),
+        (
+            needed > available,
             f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB "
             "for its weights "
             "and optimizer state (an estimate), more than this machine's "
-            f"{available / 2**30:,.0f} GiB"
-        )
+            f"{available / 2**30:,.0f} GiB",
+        ),
+    ):
+        if failed:
+            raise UsageError(message)
     # sample() skips test rows, so a test set holding every input would leave it drawing forever.
     # Below that, the test draws repeat and leave at least 1/e of the inputs for training.
     if isinstance(task, StreamTask) and task.test_size >= task.distinct_inputs:

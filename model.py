@@ -188,12 +188,14 @@ class GPT(nn.Module):
                 f"sequence of {T} tokens is longer than the model's {self.cfg.n_positions} "
                 "positions"
             )
-        pos_emb = (
-            self.wpe[:T]
-            if self.cfg.pos == "sinusoidal"
-            else self.wpe(torch.arange(T, device=idx.device))
+        x = (
+            self.wte(idx)
+            + (  # (B, T, C)
+                self.wpe[:T]
+                if self.cfg.pos == "sinusoidal"
+                else self.wpe(torch.arange(T, device=idx.device))
+            )
         )
-        x = self.wte(idx) + pos_emb  # (B, T, C)
         if cache is not None:
             cache["embed"] = x
         # Nothing after the last block mixes positions, so where logits are wanted at a few

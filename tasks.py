@@ -354,10 +354,12 @@ class Addition(StreamTask):
         seq = torch.cat(
             [digits(a, d), col(PLUS), digits(b, d), col(EQUALS), answer], 1
         )  # (n, 3d + 4)
-        pos = (
-            2 * d + 1 + torch.arange(d + 2, device=device).expand(n, -1)
-        )  # each answer is predicted at the token before it
-        return Batch(seq[:, :-1], pos, torch.where(answer == ADD_PAD, -1, answer))
+        return Batch(
+            seq[:, :-1],
+            # each answer is predicted at the token before it
+            2 * d + 1 + torch.arange(d + 2, device=device).expand(n, -1),
+            torch.where(answer == ADD_PAD, -1, answer),
+        )
 
     def metrics(self, logits, batch):
         wrong = (logits.argmax(-1) != batch.y) & (batch.y >= 0)
@@ -718,5 +720,6 @@ def make_task(name: str, **sizes) -> Task:
     are used; a size given as None keeps the task's default."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
-    cls = TASKS[name]
-    return cls(**{f.name: sizes[f.name] for f in fields(cls) if sizes.get(f.name) is not None})
+    return TASKS[name](
+        **{f.name: sizes[f.name] for f in fields(TASKS[name]) if sizes.get(f.name) is not None}
+    )
