@@ -37,12 +37,13 @@ def make_parser(description="Train one model on one task.", skip=()):
                 action="store_false",
                 help="do not " + f.metadata["help"],
             )
-        if f.type is bool and f.default is not True:
+        if f.type is not bool or f.default is not True:  # a bool: a flag that turns it on
             parser.add_argument(
-                flag(f.name), dest=f.name, action="store_true", help=f.metadata["help"]
+                flag(f.name),
+                dest=f.name,
+                help=f.metadata["help"],
+                **({"action": "store_true"} if f.type is bool else {"type": f.type}),
             )
-        elif f.type is not bool:
-            parser.add_argument(flag(f.name), dest=f.name, type=f.type, help=f.metadata["help"])
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument(
         "--scale",

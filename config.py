@@ -281,8 +281,10 @@ def run_name(given: TrainConfig, width: int) -> str:
     variant = "".join(
         f"-{name_part(v)}" for v in (given.arch, given.pos) if v not in ("gpt", "learned")
     )
-    mode = name_part(mode_label(given.mode))
-    name = f"{name_part(given.task)}{variant}-{mode}-w{width}{scale}{settings}"
+    name = (
+        f"{name_part(given.task)}{variant}-{name_part(mode_label(given.mode))}-w{width}{scale}"
+        f"{settings}"
+    )
     if len(name) > MAX_NAME:
         name = f"{name[: MAX_NAME - 12]}-{digest(name)}"
     return f"{name}-s{given.seed}"

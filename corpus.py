@@ -59,10 +59,6 @@ def read_stories(path: str):
             raise ValueError(f"{path} is not UTF-8 text (byte {e.start} of a line)") from None
 
 
-def has_stories(path: str) -> bool:
-    return next(read_stories(path), None) is not None
-
-
 def is_fresh(cache: str, source: str) -> bool:
     return os.path.exists(cache) and os.path.getmtime(cache) >= os.path.getmtime(source)
 
@@ -73,7 +69,9 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
     cache = f"{os.path.splitext(train_path)[0]}.bpe{vocab}.json"
     if is_fresh(cache, train_path):
         return cache
-    if not has_stories(train_path):  # checked first, so that no tokenizer of nothing is cached
+    if (
+        next(read_stories(train_path), None) is None
+    ):  # checked first, so that no tokenizer of nothing is cached
         raise ValueError(f"{train_path} has no text to train a tokenizer on")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -96,7 +94,7 @@ def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
     beside it as <file stem>.bpe<vocab>.u16 and memory-mapped (TinyStories is ~0.5B tokens)."""
     cache = f"{os.path.splitext(path)[0]}.bpe{vocab}.u16"
     if not (is_fresh(cache, path) and is_fresh(cache, tokenizer_path)):
-        if not has_stories(path):  # an empty cache cannot be memory-mapped
+        if next(read_stories(path), None) is None:  # an empty cache cannot be memory-mapped
             raise ValueError(f"{path} has no text")
         tokenizer = Tokenizer.from_file(tokenizer_path)
         end = tokenizer.token_to_id(END_OF_TEXT)

@@ -137,14 +137,19 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        if cfg.n_embd % cfg.n_head:
-            raise ValueError(f"width {cfg.n_embd} is not divisible by {cfg.n_head} heads")
-        for setting, value, choices in (
-            ("attention", cfg.attention, ("softmax", "linear")),
-            ("positional embedding", cfg.pos, ("learned", "sinusoidal")),
+        for failed, message in (
+            (cfg.n_embd % cfg.n_head, f"width {cfg.n_embd} is not divisible by {cfg.n_head} heads"),
+            (
+                cfg.attention not in ("softmax", "linear"),
+                f"unknown attention {cfg.attention!r}; choose from softmax, linear",
+            ),
+            (
+                cfg.pos not in ("learned", "sinusoidal"),
+                f"unknown positional embedding {cfg.pos!r}; choose from learned, sinusoidal",
+            ),
         ):
-            if value not in choices:
-                raise ValueError(f"unknown {setting} {value!r}; choose from {', '.join(choices)}")
+            if failed:
+                raise ValueError(message)
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         if cfg.pos == "learned":
@@ -203,13 +208,13 @@ class GPT(nn.Module):
         # (cache) wants every position; language modeling scores every one anyway.
         last_at_pos = pos is not None and cache is None and pos.size(1) < T
         for i, block in enumerate(self.h):
-            if last_at_pos and i == len(self.h) - 1:
-                x, pos = block(x, pos=pos), None  # (B, A, C): already at pos
-            else:
-                x = block(x, cache, f"blocks.{i}")
+            # with last_at_pos the last block runs at pos only: its output (B, A, C) is there
+            x = block(
+                x, cache, f"blocks.{i}", pos if last_at_pos and i == len(self.h) - 1 else None
+            )
             if cache is not None:
                 cache[f"blocks.{i}.resid_post"] = x
-        return self.lm_head(self.ln_f(x if pos is None else at(x, pos)))
+        return self.lm_head(self.ln_f(x if pos is None or last_at_pos else at(x, pos)))
 
 
 def at(x, pos):
@@ -279,10 +284,9 @@ TRAINING_MODE_HELP = (
 
 def parameter_group(name: str) -> str:
     """Which of wte / wpe / lm_head / body a parameter belongs to."""
-    top = name.split(".")[0]
-    if top not in GROUPS:
+    if name.split(".")[0] not in GROUPS:
         raise ValueError(f"parameter {name!r} belongs to no training-mode group")
-    return GROUPS[top]
+    return GROUPS[name.split(".")[0]]
 
 
 def mask_patterns(mode: str) -> list:

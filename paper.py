@@ -82,17 +82,14 @@ def test_number(task: str, mode: str, arch: str, width: int):
     stands beside in Tables 1, 2, 3 or 9 (width 16, or any other width as the wide model), or
     None."""
     narrow = width == 16
-    for col, (col_mode, col_arch, col_width) in TABLE1_COLUMNS.items():
-        if (col_mode, col_arch, col_width == 16) == (mode, arch, narrow) and task in TABLE1:
-            return (
-                col.replace("wide", "1024").lower(),
-                "accuracy",
-                TABLE1[task][list(TABLE1_COLUMNS).index(col)],
-                "Table 1",
-            )
-    if mode in TABLE2_COLUMNS.values() and arch == "gpt" and not narrow and task in TABLE2:
-        col = next(col for col, col_mode in TABLE2_COLUMNS.items() if col_mode == mode)
-        return col.lower(), "accuracy", TABLE2[task][list(TABLE2_COLUMNS).index(col)], "Table 2"
+    # Table 2's columns are all wide random transformers, so both tables read as Table 1's.
+    for table, columns, name in (
+        (TABLE1, TABLE1_COLUMNS, "Table 1"),
+        (TABLE2, {col: (m, "gpt", "wide") for col, m in TABLE2_COLUMNS.items()}, "Table 2"),
+    ):
+        for i, (col, (col_mode, col_arch, col_width)) in enumerate(columns.items()):
+            if (col_mode, col_arch, col_width == 16) == (mode, arch, narrow) and task in table:
+                return col.replace("wide", "1024").lower(), "accuracy", table[task][i], name
     if task == "memorize" and arch == "gpt" and mode in ("frozen", "full") and not narrow:
         return model_name(mode).lower(), "accuracy", TABLE3[model_name(mode), "accuracy"], "Table 3"
     if arch == "linear" and mode == "frozen" and not narrow and task in TABLE9:

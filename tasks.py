@@ -221,10 +221,11 @@ class FiniteTask(Task):
             self._train_on_device = self.train_set.to(
                 generator.device
             )  # train_set stays on the CPU for evaluation
-        rows = torch.randint(
-            len(self.train_set), (batch_size,), generator=generator, device=generator.device
-        )
-        return self._train_on_device[rows]
+        return self._train_on_device[
+            torch.randint(
+                len(self.train_set), (batch_size,), generator=generator, device=generator.device
+            )
+        ]
 
 
 # ---------------------------------------------------------------------------
@@ -408,13 +409,9 @@ class Parens(StreamTask):
 
         pairs = 1 + randint(L // 2, n)
         length = torch.where(is_random, 1 + randint(L, n), 2 * pairs)
-        inside = torch.arange(L, device=device) < length[:, None]
-        s = (
-            torch.where(
-                is_random[:, None], 1 + randint(2, n, L), balanced_strings(pairs, L, generator)
-            )
-            * inside
-        )
+        s = torch.where(
+            is_random[:, None], 1 + randint(2, n, L), balanced_strings(pairs, L, generator)
+        ) * (torch.arange(L, device=device) < length[:, None])
 
         swaps = torch.where(mutation & 1 == 1, geometric_count(n, generator), 0)
         rows = torch.arange(n, device=device)
@@ -431,10 +428,9 @@ class Parens(StreamTask):
             # Flips at distinct indices commute and a double flip cancels, so only each index's
             # parity matters.
             at = uniform_below(length[:, None].expand(-1, most_flips), generator)
-            active = torch.arange(at.size(1), device=device) < flips[:, None]
             parity = (
                 torch.zeros(n, L, dtype=torch.long, device=device).scatter_add_(
-                    1, at, active.long()
+                    1, at, (torch.arange(at.size(1), device=device) < flips[:, None]).long()
                 )
                 % 2
             )
