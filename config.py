@@ -404,8 +404,15 @@ def build_seeded(cfg: TrainConfig):
 
 def new_model(cfg: TrainConfig, vocab_size, n_positions, width, layers, heads):
     """A freshly initialized model of cfg's architecture and positions at these sizes."""
-    attention = "linear" if cfg.arch == "linear" else "softmax"
-    shape = GPTConfig(vocab_size, n_positions, width, layers, heads, attention, cfg.pos)
+    shape = GPTConfig(
+        vocab_size,
+        n_positions,
+        width,
+        layers,
+        heads,
+        attention="linear" if cfg.arch == "linear" else "softmax",
+        pos=cfg.pos,
+    )
     return LSTM(shape) if cfg.arch == "lstm" else GPT(shape)
 
 
@@ -535,8 +542,9 @@ def default_lr(cfg: TrainConfig) -> float:
             # blocks), named by a copy of cfg's model on the meta device, which holds no memory:
             # names depend on the architecture and the layers, not on the sizes.
             with torch.device("meta"):
-                layers = TASKS[cfg.task].layers if cfg.layers is None else cfg.layers
-                model = new_model(cfg, 2, 2, 2, layers, 1)
+                model = new_model(
+                    cfg, 2, 2, 2, TASKS[cfg.task].layers if cfg.layers is None else cfg.layers, 1
+                )
             trained = trained_parameters(dict(model.named_parameters()), cfg.mode)
             if any(parameter_group(name) == "body" for name in trained):
                 return CPU_BLOCKS_LR[cfg.task]

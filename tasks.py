@@ -252,12 +252,11 @@ class ModularAddition(FiniteTask):
         if self.p < 2:  # below 2 the 95/5 split leaves no test pair
             raise ValueError(f"modadd needs a modulus p >= 2, got {self.p}")
         a, b = torch.cartesian_prod(torch.arange(self.p), torch.arange(self.p)).T
-        order = torch.randperm(self.p**2, generator=torch.Generator().manual_seed(TEST_SEED))
         pairs = Batch(
             torch.stack([a, b], 1),
             torch.ones(self.p**2, 1, dtype=torch.long),
             ((a + b) % self.p)[:, None],
-        )[order]
+        )[torch.randperm(self.p**2, generator=torch.Generator().manual_seed(TEST_SEED))]
         # The published split is 37,619 train / 1,982 test for p = 199 (docs/protocol.md §4.1).
         n_train = int(0.95 * self.p**2) - 1
         self.train_set, self.test = pairs[:n_train], pairs[n_train:]
@@ -300,10 +299,14 @@ class Needle(StreamTask):
             128 + torch.rand(n, self.MARKERS, generator=generator, device=device).argsort(1)[:, :K]
         )
         values = torch.randint(1, 128, (n, K), generator=generator, device=device)
-        x = torch.stack([markers, values], 2).view(n, 2 * K)  # m1 c1 m2 c2 ...
         x = F.pad(
-            torch.where(torch.arange(2 * K, device=device) < 2 * k[:, None], x, 0), (0, 1)
-        )  # + the query slot
+            torch.where(
+                torch.arange(2 * K, device=device) < 2 * k[:, None],
+                torch.stack([markers, values], 2).view(n, 2 * K),  # m1 c1 m2 c2 ...
+                0,
+            ),
+            (0, 1),  # + the query slot
+        )
         rows, queried = torch.arange(n, device=device), uniform_below(k, generator)
         x[rows, 2 * k] = markers[rows, queried] + self.MARKERS
         return Batch(x, (2 * k)[:, None], values[rows, queried][:, None])
@@ -510,11 +513,13 @@ class Memorization(FiniteTask):
         if not 1 <= self.keys <= 512:
             raise ValueError(f"memorize needs 1 <= keys <= 512, got {self.keys}")
         x, y = torch.cartesian_prod(torch.arange(self.keys), 512 + torch.arange(self.keys)).T
-        z = torch.randint(
-            self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED)
-        )
         self.train_set = self.test = Batch(
-            torch.stack([x, y], 1), torch.ones(self.keys**2, 1, dtype=torch.long), z[:, None]
+            torch.stack([x, y], 1),
+            torch.ones(self.keys**2, 1, dtype=torch.long),
+            # z, each pair's value
+            torch.randint(
+                self.VALUES, (self.keys**2,), generator=torch.Generator().manual_seed(TEST_SEED)
+            )[:, None],
         )
 
     def summary(self, metrics, trainable):
