@@ -137,10 +137,12 @@ def ours(cfg, task, model, device):
 
 
 def authors(cfg, task, model, device):
-    if cfg.task != "needle":
-        raise UsageError("--pipeline authors is implemented for needle only")
-    if cfg.mode not in ("frozen", "full"):
-        raise UsageError("--pipeline authors times the frozen and full modes")
+    for bad, message in [
+        (cfg.task != "needle", "--pipeline authors is implemented for needle only"),
+        (cfg.mode not in ("frozen", "full"), "--pipeline authors times the frozen and full modes"),
+    ]:
+        if bad:
+            raise UsageError(message)
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 

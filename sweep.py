@@ -52,8 +52,7 @@ def check_same_config(cfg: TrainConfig):
     equal the cell's resolved ones, defaults filled in (one left to the scale counts too).
     UsageError naming the first that differs."""
     resolved = resolve(cfg)[0]
-    changed = changed_settings(resolved, cfg.out)  # config.NOT_COMPUTED aside
-    if changed:
+    if changed := changed_settings(resolved, cfg.out):  # config.NOT_COMPUTED aside
         name = changed[0]
         raise UsageError(
             f"{cfg.out} was trained with other settings ({name} "
@@ -335,8 +334,13 @@ def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
         if measured
         else max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
     )
-    source = f"measured, {measured[0]:.1f} steps/s ({measured[1]})" if measured else "assumed"
-    return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds, source
+    return (
+        cfg.steps,
+        lengths.sum().item() * cfg.steps,
+        step * cfg.steps,
+        seconds,
+        f"measured, {measured[0]:.1f} steps/s ({measured[1]})" if measured else "assumed",
+    )
 
 
 def plan(tables: list, scale: str) -> str:
@@ -365,9 +369,10 @@ def plan(tables: list, scale: str) -> str:
             owner = os.path.basename(os.path.dirname(out)).split("-")[
                 0
             ]  # Figure 7 trains some of Table 1's cells
-            shared = "" if owner == table.name else f" ({owner}'s runs)"
             lines.append(
-                f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | "
+                f"| {' / '.join(labels)}"
+                + ("" if owner == table.name else f" ({owner}'s runs)")
+                + f" | {count} | {steps:,} | {tokens:.3g} | "
                 f"{flops:.3g} | {seconds / 60:.1f} | {source} |"
             )
         lines += [
