@@ -65,9 +65,10 @@ def load(path) -> Run:
         for k, v in asdict(cfg).items()
         if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)
     }
-    final_path = os.path.join(path, "final.json")
     final = (
-        read_json(final_path, optional=FINAL_KEYS) if os.path.isfile(final_path) else None
+        read_json(final_path, optional=FINAL_KEYS)
+        if os.path.isfile(final_path := os.path.join(path, "final.json"))
+        else None
     )  # None: still training, or killed
     # analyze.py --watch's score of the unseen strings, where there is one, joins the evaluation
     # at its step
@@ -181,8 +182,11 @@ def table(groups) -> str:
 def cell(value) -> str:
     """A name or a setting as one markdown table cell ("-" for none, a float in %g): a | or a line
     break in a mask or a path would end it."""
-    text = "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-    return " ".join(text.splitlines()).replace("|", "\\|")
+    return " ".join(
+        (
+            "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        ).splitlines()
+    ).replace("|", "\\|")
 
 
 def plot(groups, path, figure_title=None, labels=None):
@@ -228,19 +232,18 @@ def plot(groups, path, figure_title=None, labels=None):
                             color=color,
                             alpha=0.2,
                         )
-        accuracy = key == "test_accuracy"
         ax.set(
             title=title
             + (
                 " (addition: per token; dashed: whole sums exact)"
-                if accuracy and "test_exact_match" in logged
+                if key == "test_accuracy" and "test_exact_match" in logged
                 else ""
             ),
             xlabel="step",
             ylabel=y_label
             + (
                 " (imitate: the student's top token is the target's)"
-                if accuracy and "test_kl" in logged
+                if key == "test_accuracy" and "test_kl" in logged
                 else ""
             ),
             yscale=scale,

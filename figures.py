@@ -683,14 +683,13 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
 
     def cell_text(row, col):
         values = table.seed_values(row, col, runs[row, col])
-        unread = (
-            "not analysed"
-            if table.read and any(run_state(c.out) == "finished" for c in runs[row, col])
-            else "not run"
-        )
         # a text cell shows the first seed's completion
         return (
-            unread
+            (
+                "not analysed"
+                if table.read and any(run_state(c.out) == "finished" for c in runs[row, col])
+                else "not run"
+            )
             if not values
             else values[0]
             if isinstance(values[0], str)
@@ -757,13 +756,17 @@ def results_text(
     """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw
     (trained 0, the .md there) keeps the date, machine and command that trained the runs; the run
     count and minutes are always the records'."""
-    device = (
+    path = os.path.join(results, f"{table.name}-{scale}.md")
+    lines = render(
+        table,
+        scale,
+        runs,
+        seeds,
+        command,
         torch.cuda.get_device_name()
         if torch.cuda.is_available()
-        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
-    )
-    path = os.path.join(results, f"{table.name}-{scale}.md")
-    lines = render(table, scale, runs, seeds, command, device).split("\n")
+        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+    ).split("\n")
     if trained or not os.path.exists(path):
         lines.insert(
             4,

@@ -101,13 +101,10 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
 def run_cost(cfg: TrainConfig) -> float:
     """A run's training time relative to others': the longest start first, so --jobs workers finish
     together."""
-    tokens = (
-        cfg.context if cfg.task == "lm" else build_task(cfg).seq_len
-    )  # lm would read its corpus
     return (
         (10_000 if cfg.steps is None else cfg.steps)  # 0: an untrained run, nearly free
         * (cfg.batch_size or 1000)
-        * tokens
+        * (cfg.context if cfg.task == "lm" else build_task(cfg).seq_len)  # lm would read its corpus
         * (cfg.width or 1024) ** 2
         * (1.5 if cfg.mode == "full" else 1.0)
     )  # a trained body's weight gradients
@@ -173,8 +170,11 @@ def visible_gpus() -> list:
     """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); []
     without one."""
     count = torch.cuda.device_count()
-    names = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return (names.split(",") if names else [str(i) for i in range(count)])[:count]
+    return (
+        names.split(",")
+        if (names := os.environ.get("CUDA_VISIBLE_DEVICES"))
+        else [str(i) for i in range(count)]
+    )[:count]
 
 
 def start_worker(started, gpus: list):
@@ -364,8 +364,11 @@ def plan(tables: list, scale: str) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for out, (cell, labels) in rows.items():
-            estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0], speeds))
-            count, steps, tokens, flops, seconds, source = estimates[out]
+            # a run shared with an earlier table is estimated once
+            count, steps, tokens, flops, seconds, source = estimates[out] = estimates.get(out) or (
+                len(cell),
+                *run_estimate(cell[0], speeds),
+            )
             owner = os.path.basename(os.path.dirname(out)).split("-")[
                 0
             ]  # Figure 7 trains some of Table 1's cells
