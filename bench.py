@@ -137,10 +137,12 @@ def ours(cfg, task, model, device):
 
 
 def authors(cfg, task, model, device):
-    if cfg.task != "needle":
-        raise UsageError("--pipeline authors is implemented for needle only")
-    if cfg.mode not in ("frozen", "full"):
-        raise UsageError("--pipeline authors times the frozen and full modes")
+    for bad, message in [
+        (cfg.task != "needle", "--pipeline authors is implemented for needle only"),
+        (cfg.mode not in ("frozen", "full"), "--pipeline authors times the frozen and full modes"),
+    ]:
+        if bad:
+            raise UsageError(message)
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -193,10 +195,15 @@ def authors(cfg, task, model, device):
             tokens = [t for pair in zip(markers, values) for t in pair] + [
                 markers[queried] + Needle.MARKERS
             ]
-            if tuple(tokens) not in test:
-                pad = task.n_positions - len(tokens)
-                inputs.append(tokens + [values[queried]] + [0] * (pad - 1))
-                labels.append([-100] * len(tokens) + [values[queried]] + [-100] * (pad - 1))
+            if tuple(tokens) not in test:  # padded to n_positions
+                inputs.append(
+                    (tokens + [values[queried]] + [0] * task.n_positions)[: task.n_positions]
+                )
+                labels.append(
+                    ([-100] * len(tokens) + [values[queried]] + [-100] * task.n_positions)[
+                        : task.n_positions
+                    ]
+                )
         return torch.tensor(inputs, device=device), torch.tensor(labels, device=device)
 
     def step():
@@ -244,13 +251,18 @@ def main(argv=None):
         cfg, _ = config_from_args(  # train.py's flags alone
             argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own_flags})
         )
-        if (
-            args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0
-        ):  # timings that measure nothing
-            raise UsageError("--steps-timed and --repeats must be >= 1, --warmup-steps >= 0")
-        # not finite or not > 0 (NaN fails every comparison)
-        if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
-            raise UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
+        for bad, message in [
+            (  # timings that measure nothing
+                args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0,
+                "--steps-timed and --repeats must be >= 1, --warmup-steps >= 0",
+            ),
+            (  # not finite or not > 0 (NaN fails every comparison)
+                args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"),
+                f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}",
+            ),
+        ]:
+            if bad:
+                raise UsageError(message)
         device = pick_device(cfg.device)
         bf16 = uses_bf16(device, cfg.dtype)
         cfg, task, model, _ = build_seeded(replace(cfg, out="unused"))

@@ -65,11 +65,11 @@ def load(path) -> Run:
         for k, v in asdict(cfg).items()
         if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)
     }
-    final_path = os.path.join(path, "final.json")
     final = (
-        read_json(final_path, optional=FINAL_KEYS) if os.path.isfile(final_path) else None
+        read_json(final_path, optional=FINAL_KEYS)
+        if os.path.isfile(final_path := os.path.join(path, "final.json"))
+        else None
     )  # None: still training, or killed
-    log = read_metrics(path)
     # analyze.py --watch's score of the unseen strings, where there is one, joins the evaluation
     # at its step
     unseen = {
@@ -82,7 +82,7 @@ def load(path) -> Run:
         settings,
         read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable"),
         final,
-        [r | unseen.get(r["step"], {}) for r in log],
+        [r | unseen.get(r["step"], {}) for r in read_metrics(path)],
     )
 
 
@@ -90,8 +90,14 @@ def seed_groups(runs) -> list:
     """Lists of runs, one per table row: finished runs that differ only in their seed share one."""
     groups = {}
     for run in runs:
-        same_but_seed = {k: v for k, v in run.settings.items() if k != "seed"}
-        key = (SEED_SUFFIX.sub("", run.path), json.dumps(same_but_seed)) if run.final else run.path
+        key = (
+            (
+                SEED_SUFFIX.sub("", run.path),
+                json.dumps({k: v for k, v in run.settings.items() if k != "seed"}),
+            )
+            if run.final
+            else run.path
+        )
         groups.setdefault(key, []).append(run)
     return list(groups.values())
 
@@ -105,19 +111,23 @@ def results(run) -> dict:
         for k, v in (run.log[-1] if run.log else {}).items()
         if k.startswith("test_") or k == "elapsed"
     }
-    numbers = {
-        k: v for k, v in last.items() if k not in ("step", "elapsed") and type(v) in (int, float)
+    return {
+        **{
+            k: v
+            for k, v in last.items()
+            if k not in ("step", "elapsed") and type(v) in (int, float)
+        },
+        "minutes": last.get("elapsed", math.nan) / 60,
     }
-    return {**numbers, "minutes": last.get("elapsed", math.nan) / 60}
 
 
 def row_name(group) -> str:
     run = group[0]
     name = os.path.basename(os.path.normpath(run.path))
-    if len(group) > 1:
-        return f"{SEED_SUFFIX.sub('', name)} ({len(group)} seeds)"
     return (
-        name
+        f"{SEED_SUFFIX.sub('', name)} ({len(group)} seeds)"
+        if len(group) > 1
+        else name
         if run.final is not None
         else f"{name} (unfinished, "
         + (f"step {run.log[-1]['step']})" if run.log else "not yet evaluated)")
@@ -172,8 +182,11 @@ def table(groups) -> str:
 def cell(value) -> str:
     """A name or a setting as one markdown table cell ("-" for none, a float in %g): a | or a line
     break in a mask or a path would end it."""
-    text = "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-    return " ".join(text.splitlines()).replace("|", "\\|")
+    return " ".join(
+        (
+            "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        ).splitlines()
+    ).replace("|", "\\|")
 
 
 def plot(groups, path, figure_title=None, labels=None):
@@ -194,12 +207,10 @@ def plot(groups, path, figure_title=None, labels=None):
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for i, group in enumerate(groups):
             color = None  # matplotlib's next colour for the row's line, the same for its dashed one
-            curves = (
-                ((key, "-"), ("test_exact_match", "--"))
-                if key == "test_accuracy"
-                else ((key, "-"),)
-            )
-            for curve_key, style in curves:
+            # addition's whole sums dashed beside its per-token accuracy
+            for curve_key, style in ((key, "-"), ("test_exact_match", "--"))[
+                : 2 if key == "test_accuracy" else 1
+            ]:
                 steps, ranges = median_curve(group, curve_key)
                 if steps:
                     (line,) = ax.plot(
@@ -221,19 +232,18 @@ def plot(groups, path, figure_title=None, labels=None):
                             color=color,
                             alpha=0.2,
                         )
-        accuracy = key == "test_accuracy"
         ax.set(
             title=title
             + (
                 " (addition: per token; dashed: whole sums exact)"
-                if accuracy and "test_exact_match" in logged
+                if key == "test_accuracy" and "test_exact_match" in logged
                 else ""
             ),
             xlabel="step",
             ylabel=y_label
             + (
                 " (imitate: the student's top token is the target's)"
-                if accuracy and "test_kl" in logged
+                if key == "test_accuracy" and "test_kl" in logged
                 else ""
             ),
             yscale=scale,
@@ -273,29 +283,28 @@ def median_curve(group, key):
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
-    )
-    parser.add_argument(
-        "--plot",
-        default=os.path.join("runs", "compare.png") if os.path.isdir("runs") else "compare.png",
-        help="where to write the figure (default: runs/compare.png, or compare.png without runs/)",
-    )
-    parser.add_argument("--title", help="the figure's title (default: none)")
-    parser.add_argument(
-        "--labels",
-        help="the legend's name for each row of the table, comma-separated, in its order "
-        "(default: the rows' names, their run directories)",
-    )
+    for flag, options in {
+        "runs": dict(nargs="+", metavar="RUN", help="run directories written by train.py"),
+        "--plot": dict(
+            default=os.path.join("runs", "compare.png") if os.path.isdir("runs") else "compare.png",
+            help="where to write the figure (default: runs/compare.png, or compare.png without "
+            "runs/)",
+        ),
+        "--title": dict(help="the figure's title (default: none)"),
+        "--labels": dict(
+            help="the legend's name for each row of the table, comma-separated, in its order "
+            "(default: the rows' names, their run directories)"
+        ),
+    }.items():
+        parser.add_argument(flag, **options)
     args = parser.parse_args(argv)
     with usage_errors("compare.py"):
         if not os.path.isdir(os.path.dirname(args.plot) or "."):
             raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
-        paths = {}
-        for path in args.runs:
-            # a run once, however its path is spelled
-            paths.setdefault(os.path.realpath(path), os.path.normpath(path))
-        groups = seed_groups([load(path) for path in paths.values()])
+        # a run once, however its path is spelled: the first spelling of each
+        real = [os.path.realpath(path) for path in args.runs]
+        paths = [os.path.normpath(p) for i, p in enumerate(args.runs) if real.index(real[i]) == i]
+        groups = seed_groups([load(path) for path in paths])
         print(table(groups))
         plot(groups, args.plot, args.title, args.labels.split(",") if args.labels else None)
         print(f"wrote {args.plot}", file=sys.stderr)

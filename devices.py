@@ -28,10 +28,12 @@ def pick_device(name: str) -> torch.device:
         "cpu": True,
     }
     name = next(kind for kind, ok in available.items() if ok) if name == "auto" else name
-    if name not in available:
-        raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
-    if not available[name]:
-        raise UsageError(f"device {name} is not available on this machine")
+    for bad, message in [
+        (name not in available, f"unknown device {name!r}; choose from auto, cpu, cuda, mps"),
+        (not available.get(name), f"device {name} is not available on this machine"),
+    ]:
+        if bad:
+            raise UsageError(message)
     return torch.device(name)
 
 
@@ -129,9 +131,9 @@ class Ranks:
         clip = partial(torch.nn.utils.clip_grad_norm_, params, max_norm)
 
         def sum_then_clip():
-            for p in params:
-                if p.grad is not None:  # None on every rank alike: the ranks run the same graph
-                    self.sum(p.grad)
+            # None on every rank alike: the ranks run the same graph
+            for grad in (p.grad for p in params if p.grad is not None):
+                self.sum(grad)
             clip()
 
         return clip if self.world == 1 else sum_then_clip

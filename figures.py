@@ -64,12 +64,16 @@ class Table:
                 if run_state(cfg.out) == "finished"
                 and (v := self.read.get((row, col), self.read.get(col))(cfg.out)) is not None
             ]
-        source = "train_split.json" if row.endswith("(train)") else "final.json"
         own = col if self.metric == "column" else self.metric
         metric = metric or own
         records = [
             read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
-            for path in (os.path.join(cfg.out, source) for cfg in cell)
+            for path in (
+                os.path.join(
+                    cfg.out, "train_split.json" if row.endswith("(train)") else "final.json"
+                )
+                for cfg in cell
+            )
             if os.path.exists(path)
         ]
         # only a named extra metric may be missing (a record without exact_match draws no ring)
@@ -147,12 +151,11 @@ def picture_cells(table, runs: dict) -> dict:
     number, whole sums the stricter one."""
     cells = {}
     for (row, col), cell in runs.items():
-        if (key := picture_key(table, row, col)) is None:
-            # Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
-            continue
         if table.name in CURVE_TABLES and row == "addition":
             cells[row, "exact match", col] = table.seed_values(row, col, cell, "exact_match"), None
-        cells[key] = table.seed_values(row, col, cell), table.paper.get((row, col))
+        # None: Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
+        if (key := picture_key(table, row, col)) is not None:
+            cells[key] = table.seed_values(row, col, cell), table.paper.get((row, col))
     return cells
 
 
@@ -239,6 +242,16 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
                 )
             elif values:
                 ax.hlines(median_range(values)[0], i - 0.3, i + 0.3, color="black", linewidth=2)
+            else:
+                ax.text(
+                    i,
+                    0.5,
+                    "not run",
+                    transform=ax.get_xaxis_transform(),
+                    ha="center",
+                    fontsize=8,
+                    color="gray",
+                )
             offsets = (
                 [0.0]
                 if len(values) == 1
@@ -258,16 +271,6 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
             )
             if paper is not None:
                 ax.scatter([i], [paper], **PAPER_STYLE)
-            if not values:
-                ax.text(
-                    i,
-                    0.5,
-                    "not run",
-                    transform=ax.get_xaxis_transform(),
-                    ha="center",
-                    fontsize=8,
-                    color="gray",
-                )
         ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
         unit = y_label(
             table, panel
@@ -359,13 +362,14 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
             if p == panel and (p, line, x) not in cells:
                 ax.axhline(paper, color=COLORS.get(line), linestyle="--", linewidth=1)
                 # the paper gives fully trained language models' 1.35 without a width (section 5)
-                where = (
-                    "fully trained"
-                    if (table.name, line) == ("fig4", "Normal")
-                    else f"{line.lower()} width {x}"
-                )
                 ax.annotate(
-                    f"paper, {where}: {paper:g}",
+                    "paper, "
+                    + (
+                        "fully trained"
+                        if (table.name, line) == ("fig4", "Normal")
+                        else f"{line.lower()} width {x}"
+                    )
+                    + f": {paper:g}",
                     (0.02, paper),
                     xycoords=("axes fraction", "data"),
                     xytext=(0, 3),
@@ -462,11 +466,9 @@ def plot_convergence(table, runs: dict, title: str, path: str):
                 alpha=0.8,
                 marker=".",
             )
-        log = read_metrics(runs[row, table.cols[0]][0].out)
         lr_ax = ax.twinx()
         lr_ax.plot(
-            [r["step"] for r in log],
-            [r["lr"] for r in log],
+            *zip(*((r["step"], r["lr"]) for r in read_metrics(runs[row, table.cols[0]][0].out))),
             color="gray",
             linestyle="--",
             linewidth=1,
@@ -539,10 +541,9 @@ def plot_circles(table, runs: dict, title: str, path: str):
         if result is None or "circles" not in result:
             axes[f"{row} paper"].set_title(f"{row}: not analysed")
             continue
-        best = result["circles"]["best"]
         for panel, (i, j), score in (
             ("paper", (1, 3), result["circles"]["pcs_1_3"]),
-            ("best", best["pcs"], best["score"]),
+            ("best", result["circles"]["best"]["pcs"], result["circles"]["best"]["score"]),
         ):
             points = [[point[i - 1], point[j - 1]] for point in result["projections"]]
             ax = axes[f"{row} {panel}"]
@@ -682,14 +683,13 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
 
     def cell_text(row, col):
         values = table.seed_values(row, col, runs[row, col])
-        unread = (
-            "not analysed"
-            if table.read and any(run_state(c.out) == "finished" for c in runs[row, col])
-            else "not run"
-        )
         # a text cell shows the first seed's completion
         return (
-            unread
+            (
+                "not analysed"
+                if table.read and any(run_state(c.out) == "finished" for c in runs[row, col])
+                else "not run"
+            )
             if not values
             else values[0]
             if isinstance(values[0], str)
@@ -707,45 +707,47 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
     commands = {}  # command -> the first cell it trains
     for (row, col), cell in runs.items():
         commands.setdefault(train_command(cell[0], seeds), f"{row}, {col}")
-    lines = [
-        f"# {table.title}",
-        "",
-        f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
-        f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over "
-        "runs.",
-        f"Command: `{command}`",
-        "",
-        *([cpu_note(cfgs, seeds), ""] if scale == "cpu" else []),
-        *([table.note, ""] if table.note else []),
-        "Each cell: our median [min, max] over seeds (seeds finished), then the paper's "
-        "number where it gives one.",
-        "",
-        "| | " + " | ".join(table.cols) + " |",
-        "|---" * (len(table.cols) + 1) + "|",
-        *(
-            f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |"
-            for row in table.rows
-        ),
-        "",
-        f"![{table.title}]({table.name}-{scale}.png)",
-        *(
-            [
-                "",
-                f"![{table.title.split(':')[0]}: test accuracy during training]"
-                f"({table.name}-{scale}-curves.png)",
-            ]
-            if table.name in CURVE_TABLES
-            else []
-        ),
-        "",
-        "## Commands",
-        "",
-        "One `train.py` call per cell trains its seeds into the same directories "
-        "(and writes `<out>-seeds.json`, the cell's median, min and max):",
-        "",
-        *(f"- {where}: `{cmd}`" for cmd, where in commands.items()),
-    ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(
+        [
+            f"# {table.title}",
+            "",
+            f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
+            f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over "
+            "runs.",
+            f"Command: `{command}`",
+            "",
+            *([cpu_note(cfgs, seeds), ""] if scale == "cpu" else []),
+            *([table.note, ""] if table.note else []),
+            "Each cell: our median [min, max] over seeds (seeds finished), then the paper's "
+            "number where it gives one.",
+            "",
+            "| | " + " | ".join(table.cols) + " |",
+            "|---" * (len(table.cols) + 1) + "|",
+            *(
+                f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |"
+                for row in table.rows
+            ),
+            "",
+            f"![{table.title}]({table.name}-{scale}.png)",
+            *(
+                [
+                    "",
+                    f"![{table.title.split(':')[0]}: test accuracy during training]"
+                    f"({table.name}-{scale}-curves.png)",
+                ]
+                if table.name in CURVE_TABLES
+                else []
+            ),
+            "",
+            "## Commands",
+            "",
+            "One `train.py` call per cell trains its seeds into the same directories "
+            "(and writes `<out>-seeds.json`, the cell's median, min and max):",
+            "",
+            *(f"- {where}: `{cmd}`" for cmd, where in commands.items()),
+            "",  # the file ends with a line break
+        ]
+    )
 
 
 def results_text(
@@ -754,13 +756,17 @@ def results_text(
     """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw
     (trained 0, the .md there) keeps the date, machine and command that trained the runs; the run
     count and minutes are always the records'."""
-    device = (
+    path = os.path.join(results, f"{table.name}-{scale}.md")
+    lines = render(
+        table,
+        scale,
+        runs,
+        seeds,
+        command,
         torch.cuda.get_device_name()
         if torch.cuda.is_available()
-        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
-    )
-    path = os.path.join(results, f"{table.name}-{scale}.md")
-    lines = render(table, scale, runs, seeds, command, device).split("\n")
+        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+    ).split("\n")
     if trained or not os.path.exists(path):
         lines.insert(
             4,
@@ -932,11 +938,10 @@ def cited(claimed_cell, reference: str, where: str) -> str:
         values = table.seed_values(row, col, cell, metric)
     if not values:
         return "(not run)"
-    median, low, high = median_range(values)
     if summary == ["gap"]:
-        return f"{median - table.paper[row, col]:+.1f}"
-    low, high = number(low), number(high)
-    return number(median) if not summary else low if low == high else f"{low}-{high}"
+        return f"{median_range(values)[0] - table.paper[row, col]:+.1f}"
+    median, low, high = map(number, median_range(values))
+    return median if not summary else low if low == high else f"{low}-{high}"
 
 
 def claims(claimed_cell, results: str, scale: str) -> dict:
@@ -980,14 +985,16 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         values = table.seed_values(
             *cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs
         )
-        verdict = CELL_REFERENCE.sub(
-            lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"),
-            claim["verdict"],
-        )
         lines.append(
             f"| {claim['claim']} | "
             f"{number(table.paper[cell]) if cell in table.paper else claim['paper']} | "
-            f"{median_text(values) if values else 'not run'} | {verdict} |"
+            f"{median_text(values) if values else 'not run'} | "
+            # the verdict with each {reference} read by cited()
+            + CELL_REFERENCE.sub(
+                lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"),
+                claim["verdict"],
+            )
+            + " |"
         )
     texts = {}
     for path in (path for path in DOCUMENTS if os.path.isfile(path)):

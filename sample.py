@@ -57,9 +57,14 @@ def generate(
     if cfg.task != "lm":
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
     device = pick_device(device)
-    generator = torch.Generator(device=device).manual_seed(seed)
     return sample_text(
-        model.to(device), task, prompt, max_new_tokens, temperature, top_k, generator
+        model.to(device),
+        task,
+        prompt,
+        max_new_tokens,
+        temperature,
+        top_k,
+        torch.Generator(device=device).manual_seed(seed),
     )
 
 

@@ -52,8 +52,7 @@ def check_same_config(cfg: TrainConfig):
     equal the cell's resolved ones, defaults filled in (one left to the scale counts too).
     UsageError naming the first that differs."""
     resolved = resolve(cfg)[0]
-    changed = changed_settings(resolved, cfg.out)  # config.NOT_COMPUTED aside
-    if changed:
+    if changed := changed_settings(resolved, cfg.out):  # config.NOT_COMPUTED aside
         name = changed[0]
         raise UsageError(
             f"{cfg.out} was trained with other settings ({name} "
@@ -102,13 +101,10 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
 def run_cost(cfg: TrainConfig) -> float:
     """A run's training time relative to others': the longest start first, so --jobs workers finish
     together."""
-    tokens = (
-        cfg.context if cfg.task == "lm" else build_task(cfg).seq_len
-    )  # lm would read its corpus
     return (
         (10_000 if cfg.steps is None else cfg.steps)  # 0: an untrained run, nearly free
         * (cfg.batch_size or 1000)
-        * tokens
+        * (cfg.context if cfg.task == "lm" else build_task(cfg).seq_len)  # lm would read its corpus
         * (cfg.width or 1024) ** 2
         * (1.5 if cfg.mode == "full" else 1.0)
     )  # a trained body's weight gradients
@@ -174,8 +170,11 @@ def visible_gpus() -> list:
     """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); []
     without one."""
     count = torch.cuda.device_count()
-    names = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return (names.split(",") if names else [str(i) for i in range(count)])[:count]
+    return (
+        names.split(",")
+        if (names := os.environ.get("CUDA_VISIBLE_DEVICES"))
+        else [str(i) for i in range(count)]
+    )[:count]
 
 
 def start_worker(started, gpus: list):
@@ -335,8 +334,13 @@ def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
         if measured
         else max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
     )
-    source = f"measured, {measured[0]:.1f} steps/s ({measured[1]})" if measured else "assumed"
-    return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds, source
+    return (
+        cfg.steps,
+        lengths.sum().item() * cfg.steps,
+        step * cfg.steps,
+        seconds,
+        f"measured, {measured[0]:.1f} steps/s ({measured[1]})" if measured else "assumed",
+    )
 
 
 def plan(tables: list, scale: str) -> str:
@@ -360,14 +364,18 @@ def plan(tables: list, scale: str) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for out, (cell, labels) in rows.items():
-            estimates[out] = estimates.get(out) or (len(cell), *run_estimate(cell[0], speeds))
-            count, steps, tokens, flops, seconds, source = estimates[out]
+            # a run shared with an earlier table is estimated once
+            count, steps, tokens, flops, seconds, source = estimates[out] = estimates.get(out) or (
+                len(cell),
+                *run_estimate(cell[0], speeds),
+            )
             owner = os.path.basename(os.path.dirname(out)).split("-")[
                 0
             ]  # Figure 7 trains some of Table 1's cells
-            shared = "" if owner == table.name else f" ({owner}'s runs)"
             lines.append(
-                f"| {' / '.join(labels)}{shared} | {count} | {steps:,} | {tokens:.3g} | "
+                f"| {' / '.join(labels)}"
+                + ("" if owner == table.name else f" ({owner}'s runs)")
+                + f" | {count} | {steps:,} | {tokens:.3g} | "
                 f"{flops:.3g} | {seconds / 60:.1f} | {source} |"
             )
         lines += [
