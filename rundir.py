@@ -126,7 +126,7 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
         if os.path.exists(os.path.join(cfg.out, "final.json")):
             raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
     else:
-        check_run_dir(cfg, lead)
+        check_run_dir(cfg.out, cfg.overwrite, lead)
         if dist.is_initialized():
             dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
     start, staged = Start(), beside(cfg.out, "new")
@@ -427,14 +427,13 @@ def lock_held(run_dir) -> bool:
         return False
 
 
-def check_run_dir(cfg, lead):
-    """UsageError unless cfg.out may become a new run: a path of its own, absent, empty, or (with
+def check_run_dir(out, overwrite, lead):
+    """UsageError unless out may become a new run: a path of its own, absent, empty, or (with
     --overwrite) an old run: a directory holding config.json and only files that this program
     writes."""
-    out = cfg.out
     real, cwd = os.path.realpath(out), os.path.realpath(os.getcwd())
-    # the nearest that exists (real itself for "/", which has no parents)
-    parent = next(p for p in (real, *Path(real).parents) if os.path.exists(p))
+    # the nearest that exists; "/" has none, and is refused above as holding the current directory
+    parent = next((p for p in Path(real).parents if os.path.exists(p)), real)
     for wrong, message in (
         (not out.strip(), "--out is empty; name a run directory"),
         (
@@ -454,18 +453,24 @@ def check_run_dir(cfg, lead):
         finish_swap(out)
     if not os.path.exists(out) or not os.listdir(out):
         return
-    if not cfg.overwrite:  # a finished run cannot be resumed
-        raise UsageError(
+    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
+    what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
+    for wrong, message in (
+        (  # a finished run cannot be resumed
+            not overwrite,
             f"{out} holds a finished run; pass --overwrite to replace it, or --out another "
             "directory"
             if os.path.exists(os.path.join(out, "final.json"))
             else f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
-            "continue it"
-        )
-    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
-    if foreign or not os.path.exists(os.path.join(out, "config.json")):
-        what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
-        raise UsageError(f"{out} is not a run directory ({what}); --overwrite replaces only runs")
+            "continue it",
+        ),
+        (
+            foreign or not os.path.exists(os.path.join(out, "config.json")),
+            f"{out} is not a run directory ({what}); --overwrite replaces only runs",
+        ),
+    ):
+        if wrong:
+            raise UsageError(message)
 
 
 def run_state(run_dir) -> str:
@@ -738,10 +743,9 @@ class Run:
         )
         steps_per_s = len(self.losses) / (time.time() - self.lap_began) if self.losses else None
         self.check_finite(step, loss, metrics)
-        self.metrics = metrics
         self.write_eval(step, loss, lr, metrics, self.elapsed(), steps_per_s)
         # evaluation time does not count as training time for steps/s
-        self.losses, self.lap_began = [], time.time()
+        self.metrics, self.losses, self.lap_began = metrics, [], time.time()
 
     def elapsed(self) -> float:
         return time.time() - self.began
@@ -941,12 +945,11 @@ def thread_choice(step, device) -> tuple:
 
 def thread_text(threads) -> str:
     """How many threads a CPU run uses, and whether thread_choice chose them."""
-    chosen = (
-        f" (faster here than {THREADS + 1 - threads})"
+    return f", {threads} thread{'s' * (threads > 1)}" + (
+        f" (faster here than {THREADS + 1 - threads})"  # thread_choice chose them
         if "OMP_NUM_THREADS" not in os.environ and THREADS > 1
         else ""
     )
-    return f", {threads} thread{'s' * (threads > 1)}{chosen}"
 
 
 def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1) -> str:
