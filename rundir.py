@@ -432,7 +432,7 @@ def check_run_dir(out, overwrite, lead):
     --overwrite) an old run: a directory holding config.json and only files that this program
     writes."""
     real, cwd = os.path.realpath(out), os.path.realpath(os.getcwd())
-    # the nearest that exists; "/" has none, and is refused above as holding the current directory
+    # the nearest that exists; "/" has none (the first refusals catch it: it holds the cwd)
     parent = next((p for p in Path(real).parents if os.path.exists(p)), real)
     for wrong, message in (
         (not out.strip(), "--out is empty; name a run directory"),
