@@ -48,26 +48,24 @@ def train_batched(cfg) -> list:
     a slice of stacked weights (leading seed dimension); as train.train would, its init follows
     torch.manual_seed(seed) and its data a generator seeded with its seed. One AdamW over the stack
     is N independent AdamWs, AdamW being elementwise."""
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        raise UsageError(
-            "batched seeds run in one process; use torchrun with train.py for single large runs"
-        )
-    if cfg.seeds < 2:
-        raise UsageError("--seeds must be >= 2 (train.py trains a single run)")
-    if cfg.arch == "lstm":  # torch.func.vmap has no rule for the LSTM kernel
-        raise UsageError(
-            "batched seeds cannot train the lstm; train.py --arch lstm --seeds N trains its seeds"
-        )
+    for wrong, message in (
+        (
+            int(os.environ.get("WORLD_SIZE", 1)) > 1,
+            "batched seeds run in one process; use torchrun with train.py for single large runs",
+        ),
+        (cfg.seeds < 2, "--seeds must be >= 2 (train.py trains a single run)"),
+        (  # torch.func.vmap has no rule for the LSTM kernel
+            cfg.arch == "lstm",
+            "batched seeds cannot train the lstm; train.py --arch lstm --seeds N trains its seeds",
+        ),
+    ):
+        if wrong:
+            raise UsageError(message)
     device = pick_device(cfg.device)
-    built = []
-    for run in seed_configs(cfg):
-        run, task, model, n = build_seeded(run)
-        built.append((run, model.to(device), n))
-    seeds, models, counts = map(list, zip(*built))
-    cfg = seeds[0]  # settings filled in by build, shared by every seed
-    params, _ = torch.func.stack_module_state(
-        models
-    )  # {name: (N, ...)}; frozen tensors stay without grad
+    seeds, tasks, models, counts = zip(*map(build_seeded, seed_configs(cfg)))
+    cfg, task = seeds[0], tasks[0]  # settings filled in by build, shared by every seed
+    # {name: (N, ...)}; frozen tensors stay without grad; Module.to moves each model in place
+    params, _ = torch.func.stack_module_state([model.to(device) for model in models])
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
     # the seeds' forward(x, pos), base vmapped over the stacked params: (N, B, ...) -> (N, B, A, V)
     stacked = compile_model(
@@ -85,12 +83,20 @@ def train_batched(cfg) -> list:
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
-    timed_step = spare_step(cfg, task, base, device, Ranks())  # one seed's step, for the first line
     # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls,
     # which vmap batches.
     with (
         sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext(),
-        SeedRuns(seeds, task, models, params, counts, device, timed_step) as run,
+        # spare_step: one seed's step, for the first line
+        SeedRuns(
+            seeds,
+            task,
+            models,
+            params,
+            counts,
+            device,
+            spare_step(cfg, task, base, device, Ranks()),
+        ) as run,
     ):
         for step in range(cfg.steps + 1):
             run.step = step
@@ -238,14 +244,19 @@ class SeedRuns(Run):
 
     def save_finished(self):
         for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
-            state = {k: v[i].detach().clone() for k, v in self.params.items()}
-            final = {
-                "step": self.step,
-                "elapsed": self.elapsed(),
-                "parameters": n,
-                **self.summary(metrics, n["trainable"]),
-            }
-            save_final(run, state, self.models[0].cfg, metrics, final)
+            save_final(
+                run,
+                {k: v[i].detach().clone() for k, v in self.params.items()},
+                self.models[0].cfg,
+                metrics,
+                {
+                    **metrics,
+                    "step": self.step,
+                    "elapsed": self.elapsed(),
+                    "parameters": n,
+                    **self.summary(metrics, n["trainable"]),
+                },
+            )
         write_seed_summary(self.seeds)
 
 

@@ -126,7 +126,7 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
         if os.path.exists(os.path.join(cfg.out, "final.json")):
             raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
     else:
-        check_run_dir(cfg, lead)
+        check_run_dir(cfg.out, cfg.overwrite, lead)
         if dist.is_initialized():
             dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
     start, staged = Start(), beside(cfg.out, "new")
@@ -171,8 +171,7 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
     checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
     # saved under other settings than config.json's, an edited mode would train other tensors with
     # the old optimizer state
-    saved = checkpoint.get("config")
-    if not isinstance(saved, dict):
+    if not isinstance(saved := checkpoint.get("config"), dict):
         raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
     for name, value in asdict(cfg).items():
         if name in saved and name not in NOT_COMPUTED and saved[name] != value:
@@ -193,11 +192,10 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
                 f"its weights are another model's ({(untrained or ['an unknown tensor'])[0]})"
             )
         optimizer.load_state_dict(checkpoint["optimizer"])
-        rng = checkpoint["rng"]
-        torch.set_rng_state(rng["torch"])
-        generator.set_state(rng["data"])
-        if "cuda" in rng:
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        generator.set_state(checkpoint["rng"]["data"])
+        if "cuda" in checkpoint["rng"]:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
         step, elapsed = int(checkpoint["step"]), float(checkpoint["elapsed"])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise UsageError(
@@ -208,8 +206,13 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
         raise UsageError(f"{checkpoint_path} is at step {step}, outside this run's 0..{cfg.steps}")
     if lead:
         roll_back(cfg.out, step)
-    start.step, start.elapsed, start.logged = step, elapsed, step
-    start.metrics, start.losses = checkpoint.get("metrics", {}), checkpoint.get("losses", [])
+    start.step, start.elapsed, start.logged, start.metrics, start.losses = (
+        step,
+        elapsed,
+        step,
+        checkpoint.get("metrics", {}),
+        checkpoint.get("losses", []),
+    )
 
 
 def replace_old_run(out, start: Start):
@@ -288,10 +291,12 @@ def check_swapped(hidden, out) -> bool:
     """Whether hidden, beside out, is a swap's: a directory holding the SWAP_MARK of out (a symbolic
     link never is). If not, UsageError, unless it is an empty directory (removing it loses
     nothing)."""
-    name = os.path.basename(os.path.abspath(out)).encode()
     with contextlib.suppress(OSError):  # no mark there
         with open(os.path.join(hidden, SWAP_MARK), "rb") as f:
-            if f.read() == name and not os.path.islink(hidden):
+            if (
+                not os.path.islink(hidden)
+                and f.read() == os.path.basename(os.path.abspath(out)).encode()
+            ):
                 return True
     if not os.path.isdir(hidden) or os.path.islink(hidden) or os.listdir(hidden):
         raise UsageError(
@@ -306,9 +311,11 @@ def tidy(out):
     """Remove what a kill left in run directory out: the swap's mark and, in a finished run
     (final.json), its checkpoint.pt and write_atomic's temp files, and a lock file, all under
     out's lock. While another process holds the lock, nothing is left over: nothing is touched."""
-    if not os.path.isdir(out) or os.path.islink(out):
-        return
-    finished, names = os.path.exists(os.path.join(out, "final.json")), os.listdir(out)
+    # nothing to tidy where out is no directory, or a symbolic link to one
+    finished, names = (
+        os.path.exists(os.path.join(out, "final.json")),
+        os.listdir(out) if os.path.isdir(out) and not os.path.islink(out) else [],
+    )
     stale = [
         name
         for name in names
@@ -420,41 +427,50 @@ def lock_held(run_dir) -> bool:
         return False
 
 
-def check_run_dir(cfg, lead):
-    """UsageError unless cfg.out may become a new run: a path of its own, absent, empty, or (with
+def check_run_dir(out, overwrite, lead):
+    """UsageError unless out may become a new run: a path of its own, absent, empty, or (with
     --overwrite) an old run: a directory holding config.json and only files that this program
     writes."""
-    out = cfg.out
-    if not out or not out.strip():
-        raise UsageError("--out is empty; name a run directory")
-    if os.path.islink(out.rstrip("/")):
-        raise UsageError(f"--out {out} is a symbolic link; give the directory it points to")
     real, cwd = os.path.realpath(out), os.path.realpath(os.getcwd())
-    if cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
-        raise UsageError(
-            f"--out {out} holds the current directory; a run needs a directory of its own"
-        )
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"--out {out} is a file, not a directory")
-    parent = next(p for p in Path(real).parents if os.path.exists(p))  # the nearest that exists
-    if not os.path.isdir(parent):
-        raise UsageError(f"--out {out} lies under {parent}, which is a file")
+    # the nearest that exists; "/" has none (the first refusals catch it: it holds the cwd)
+    parent = next((p for p in Path(real).parents if os.path.exists(p)), real)
+    for wrong, message in (
+        (not out.strip(), "--out is empty; name a run directory"),
+        (
+            os.path.islink(out.rstrip("/")),
+            f"--out {out} is a symbolic link; give the directory it points to",
+        ),
+        (
+            cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep),
+            f"--out {out} holds the current directory; a run needs a directory of its own",
+        ),
+        (os.path.exists(out) and not os.path.isdir(out), f"--out {out} is a file, not a directory"),
+        (not os.path.isdir(parent), f"--out {out} lies under {parent}, which is a file"),
+    ):
+        if wrong:
+            raise UsageError(message)
     if lead:
         finish_swap(out)
     if not os.path.exists(out) or not os.listdir(out):
         return
-    if not cfg.overwrite:  # a finished run cannot be resumed
-        raise UsageError(
+    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
+    what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
+    for wrong, message in (
+        (  # a finished run cannot be resumed
+            not overwrite,
             f"{out} holds a finished run; pass --overwrite to replace it, or --out another "
             "directory"
             if os.path.exists(os.path.join(out, "final.json"))
             else f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
-            "continue it"
-        )
-    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
-    if foreign or not os.path.exists(os.path.join(out, "config.json")):
-        what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
-        raise UsageError(f"{out} is not a run directory ({what}); --overwrite replaces only runs")
+            "continue it",
+        ),
+        (
+            foreign or not os.path.exists(os.path.join(out, "config.json")),
+            f"{out} is not a run directory ({what}); --overwrite replaces only runs",
+        ),
+    ):
+        if wrong:
+            raise UsageError(message)
 
 
 def run_state(run_dir) -> str:
@@ -518,13 +534,15 @@ def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix="
     except OSError as e:  # a full disk fails in write or close, unnamed
         raise OSError(e.errno, e.strerror, path) from None
     if not sys.stderr.isatty():
-        parts = (
-            [f"{prefix}step {step}/{steps}"]
-            + ([f"loss {loss:.4f}"] if loss is not None else [])
-            + [f"test {k} {v:.4f}" for k, v in metrics.items()]
-            + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else [])
+        print(
+            ", ".join(
+                [f"{prefix}step {step}/{steps}"]
+                + ([f"loss {loss:.4f}"] if loss is not None else [])
+                + [f"test {k} {v:.4f}" for k, v in metrics.items()]
+                + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else [])
+            ),
+            flush=True,
         )
-        print(", ".join(parts), flush=True)
 
 
 def roll_back(run_dir, step):
@@ -543,10 +561,9 @@ def roll_back(run_dir, step):
 
 
 def save_final(cfg, state_dict, model_cfg, metrics, final):
-    """model.pt (the weights and what rebuilds their model), then final.json (metrics plus `final`),
-    written last because it marks the run finished. A finished run cannot be resumed, so its
-    checkpoint.pt (model and optimizer, 3x model.pt) goes."""
-    final = {**metrics, **final}
+    """model.pt (the weights and what rebuilds their model), then final.json (`final`: the test
+    metrics and what the run adds to them), written last because it marks the run finished. A
+    finished run cannot be resumed, so its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
     save_torch(
         os.path.join(cfg.out, "model.pt"),
         {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)},
@@ -656,12 +673,12 @@ class Run:
             thread_choice(spare_step, device) if resume or cfg.steps else (THREADS, 0.0)
         )
         self.start = self.begin(resume, device)
-        self.step, self.metrics, self.losses = (
+        self.step, self.metrics, self.losses, self.stop_requested = (
             self.start.step,
             self.start.metrics,
             self.start.losses,
+            False,
         )
-        self.stop_requested = False
         if ranks.lead:  # the first lines, before any step, wherever the output goes
             print(self.first_line(device, seconds), flush=True)
 
@@ -726,10 +743,9 @@ class Run:
         )
         steps_per_s = len(self.losses) / (time.time() - self.lap_began) if self.losses else None
         self.check_finite(step, loss, metrics)
-        self.metrics = metrics
         self.write_eval(step, loss, lr, metrics, self.elapsed(), steps_per_s)
-        self.losses = []
-        self.lap_began = time.time()  # evaluation time does not count as training time for steps/s
+        # evaluation time does not count as training time for steps/s
+        self.metrics, self.losses, self.lap_began = metrics, [], time.time()
 
     def elapsed(self) -> float:
         return time.time() - self.began
@@ -804,22 +820,22 @@ class Run:
         self.start.close()
 
     def save_stopped(self):
-        if self.ranks.lead:
-            save_checkpoint(
-                self.cfg,
-                self.step,
-                self.model,
-                self.optimizer,
-                self.generator,
-                self.elapsed(),
-                self.metrics,
-                self.losses,
-            )
-            print(
-                f"interrupted at step {self.step}; checkpoint saved, continue with: "
-                f"python train.py --resume {self.cfg.out}",
-                file=sys.stderr,
-            )
+        # signals are caught only in a single process (__enter__), the lead: it writes
+        save_checkpoint(
+            self.cfg,
+            self.step,
+            self.model,
+            self.optimizer,
+            self.generator,
+            self.elapsed(),
+            self.metrics,
+            self.losses,
+        )
+        print(
+            f"interrupted at step {self.step}; checkpoint saved, continue with: "
+            f"python train.py --resume {self.cfg.out}",
+            file=sys.stderr,
+        )
 
     def save_finished(self):
         save_final(
@@ -828,6 +844,7 @@ class Run:
             self.model.cfg,
             self.metrics,
             {
+                **self.metrics,
                 "step": self.step,
                 "elapsed": self.elapsed(),
                 "parameters": self.counts,
@@ -864,9 +881,9 @@ def result_line(cfg, metrics) -> str:
     scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its own settings"
     )
-    model = "LSTM" if cfg.arch == "lstm" else model_name(cfg.mode).lower()
     what = (
-        f"{cfg.task}, {'linearized ' if cfg.arch == 'linear' else ''}{model} {cfg.width} ({scale})"
+        f"{cfg.task}, {'linearized ' if cfg.arch == 'linear' else ''}"
+        f"{'LSTM' if cfg.arch == 'lstm' else model_name(cfg.mode).lower()} {cfg.width} ({scale})"
     )
     # an untrained (0-step) run stands for no model of the paper's: they all train
     published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width) if cfg.steps else None
@@ -916,10 +933,9 @@ def thread_choice(step, device) -> tuple:
     faster of torch's default and one thread, kept for the run: on a busy machine the default's
     threads wait for each other, and one thread can be several times faster."""
     cpu = device.type == "cpu"
-    if not cpu or "OMP_NUM_THREADS" in os.environ or THREADS == 1:
-        return torch.get_num_threads(), typical_seconds(step, cpu)
+    choose = cpu and "OMP_NUM_THREADS" not in os.environ and THREADS > 1
     seconds = {}
-    for threads in (THREADS, 1):
+    for threads in (THREADS, 1) if choose else (torch.get_num_threads(),):
         torch.set_num_threads(threads)
         seconds[threads] = typical_seconds(step, cpu)
     threads = min(seconds, key=seconds.get)
@@ -929,21 +945,20 @@ def thread_choice(step, device) -> tuple:
 
 def thread_text(threads) -> str:
     """How many threads a CPU run uses, and whether thread_choice chose them."""
-    chosen = (
-        f" (faster here than {THREADS + 1 - threads})"
+    return f", {threads} thread{'s' * (threads > 1)}" + (
+        f" (faster here than {THREADS + 1 - threads})"  # thread_choice chose them
         if "OMP_NUM_THREADS" not in os.environ and THREADS > 1
         else ""
     )
-    return f", {threads} thread{'s' * (threads > 1)}{chosen}"
 
 
 def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1) -> str:
     """What the run trains, by whose protocol, and how long it will take on this machine."""
-    linear = "linearized " if cfg.arch == "linear" else ""
     model = (
         "the LSTM"
         if cfg.arch == "lstm"
-        else f"the {model_name(cfg.mode).lower()} {linear}transformer"
+        else f"the {model_name(cfg.mode).lower()} "
+        f"{'linearized ' if cfg.arch == 'linear' else ''}transformer"
     )
     protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its saved settings"
