@@ -36,17 +36,26 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     device = ranks.device(cfg.device)
     model.to(device)
     test, task = task.test_set(), ranks.shard_task(task)
-    timed_step = spare_step(cfg, task, model, device, ranks)  # for the first line's time estimate
-    compile_model(model, device, cfg.compile)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
+    # Run times a spare step on a copy of the model for its first line, and keeps nothing of it
     with (
         deterministic_kernels(cfg.deterministic),
         Run(
-            cfg, task, model, optimizer, generator, counts, device, ranks, resume, timed_step
+            cfg,
+            task,
+            model,
+            optimizer,
+            generator,
+            counts,
+            device,
+            ranks,
+            resume,
+            spare_step(cfg, task, model, device, ranks),
         ) as run,
     ):
+        compile_model(model, device, cfg.compile)  # after the spare step's copy, which runs eagerly
         for step in range(run.start.step, cfg.steps + 1):
             run.step = step
             last = step == cfg.steps
