@@ -875,16 +875,21 @@ def seed_state(cfg, seeds: int) -> str:
     return state
 
 
+def model_words(cfg) -> str:
+    """The model a run trains, as its first and last lines name it: the LSTM, or the mode's model
+    (model.model_name), linearized where its attention is."""
+    if cfg.arch == "lstm":
+        return "LSTM"
+    return ("linearized " if cfg.arch == "linear" else "") + model_name(cfg.mode).lower()
+
+
 def result_line(cfg, metrics) -> str:
     """A finished run's result (cfg resolved) beside the paper's comparable number, where it has
     one."""
     scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its own settings"
     )
-    what = (
-        f"{cfg.task}, {'linearized ' if cfg.arch == 'linear' else ''}"
-        f"{'LSTM' if cfg.arch == 'lstm' else model_name(cfg.mode).lower()} {cfg.width} ({scale})"
-    )
+    what = f"{cfg.task}, {model_words(cfg)} {cfg.width} ({scale})"
     # an untrained (0-step) run stands for no model of the paper's: they all train
     published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width) if cfg.steps else None
     if published is None or published[1] not in metrics:
@@ -933,7 +938,7 @@ def thread_choice(step, device) -> tuple:
     faster of torch's default and one thread, kept for the run: on a busy machine the default's
     threads wait for each other, and one thread can be several times faster."""
     cpu = device.type == "cpu"
-    choose = cpu and "OMP_NUM_THREADS" not in os.environ and THREADS > 1
+    choose = cpu and threads_chosen()
     seconds = {}
     for threads in (THREADS, 1) if choose else (torch.get_num_threads(),):
         torch.set_num_threads(threads)
@@ -943,23 +948,24 @@ def thread_choice(step, device) -> tuple:
     return threads, seconds[threads]
 
 
+def threads_chosen() -> bool:
+    """Whether a CPU run chooses its threads (thread_choice): OMP_NUM_THREADS does not set them, and
+    torch would use more than one."""
+    return "OMP_NUM_THREADS" not in os.environ and THREADS > 1
+
+
 def thread_text(threads) -> str:
     """How many threads a CPU run uses, and whether thread_choice chose them."""
     return f", {threads} thread{'s' * (threads > 1)}" + (
         f" (faster here than {THREADS + 1 - threads})"  # thread_choice chose them
-        if "OMP_NUM_THREADS" not in os.environ and THREADS > 1
+        if threads_chosen()
         else ""
     )
 
 
 def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1) -> str:
     """What the run trains, by whose protocol, and how long it will take on this machine."""
-    model = (
-        "the LSTM"
-        if cfg.arch == "lstm"
-        else f"the {model_name(cfg.mode).lower()} "
-        f"{'linearized ' if cfg.arch == 'linear' else ''}transformer"
-    )
+    model = f"the {model_words(cfg)}" + ("" if cfg.arch == "lstm" else " transformer")
     protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its saved settings"
     )
