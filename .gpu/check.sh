@@ -1,43 +1,75 @@
 #!/usr/bin/env bash
-# The device check of the paper-scale issue, one GPU slot (about 9 minutes on an H100 or H200):
-#   1. the whole test suite on CUDA (the resume and batched-seeds tests have CUDA variants);
-#   2. bench.py at the paper's settings for every task, compiled and eager: steps/s, MFU, data share;
-#   3. what --deterministic costs, on needle and parentheses;
-#   4. ten batched seeds of needle random 1024 against one seed, 500 steps each (time, and final metrics).
-# Run from the repository root; everything it prints lands in $OUT (the device tool brings $OUT back).
+# The device check of the paper-scale issue, in parts (all four take about 9 minutes on an H100 or H200):
+#   suite          the whole test suite on CUDA (the resume and batched-seeds tests have CUDA variants);
+#   bench          bench.py at the paper's settings for each of TASKS, compiled and eager: steps/s, MFU,
+#                  data share;
+#   deterministic  what --deterministic costs, on needle and parentheses;
+#   seeds          ten batched seeds of needle random 1024 against one seed, 500 steps each (time, and
+#                  final metrics).
+# PARTS picks the parts (default: all four, in that order) and TASKS the benches' tasks (default: all
+# seven). UNTIL, in seconds since the epoch, is the slot's end: a bench that could not end before it is
+# skipped, so a slot shared with a training run ends on time.
+# Run from the repository root on the GPU machine; everything it prints lands in $OUT (the device tool
+# brings $OUT back), the suite's whole output in $OUT/pytest.log.
 set -uo pipefail
+if ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  echo "check.sh: no CUDA GPU here; it measures a lent GPU" >&2
+  exit 2
+fi
 out=${OUT:-/tmp/gpu-check}
+parts=${PARTS:-suite bench deterministic seeds}
+tasks=${TASKS:-needle parens addition modadd imitate memorize lm}
+until=${UNTIL:-$(($(date +%s) + 3600))}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-log() { echo "== $((SECONDS)) s: $*" | tee -a "$out/check.log"; }
+log() { echo "== $(date +%T): $*" | tee -a "$out/check.log"; }
+time_left() { echo $((until - $(date +%s))); }
 
-log "environment"
-{ nvidia-smi --query-gpu=name,memory.total --format=csv; python -c "import torch; print(torch.__version__)"; git log -1 --oneline; } \
-  2>&1 | tee -a "$out/check.log"
+bench() {  # bench TASK FLAGS...: one row of the bench table, if a compiled bench still fits the slot
+  if [ "$(time_left)" -lt 100 ]; then
+    log "bench $* skipped: the slot ends in $(time_left) s"
+    return
+  fi
+  log "bench $*"
+  timeout 90 python bench.py --frozen --scale paper --device cuda --task "$@" 2>&1 | tail -2 \
+    | tee -a "$out/check.log"
+}
 
-log "pytest"
-timeout 240 python -m pytest -q -x -p no:logging -p no:cacheprovider 2>&1 | tail -15 | tee -a "$out/check.log"
-
-for task in needle parens addition modadd imitate memorize lm; do
-  for compile in --compile --no-compile; do
-    log "bench $task $compile"
-    timeout 90 python bench.py --task "$task" --frozen --scale paper --device cuda $compile 2>&1 | tail -2 | tee -a "$out/check.log"
-  done
-done
-for task in needle parens; do
-  log "bench $task --deterministic"
-  timeout 90 python bench.py --task "$task" --frozen --scale paper --device cuda --deterministic 2>&1 | tail -2 | tee -a "$out/check.log"
-done
-
-log "one seed against ten batched, needle random 1024, 500 steps"
-common="--task needle --frozen --scale paper --steps 500 --eval-every 500 --device cuda"
-/usr/bin/time -f "one seed: %e s" python train.py $common --out /tmp/one 2>&1 | tail -2 | tee -a "$out/check.log"
-/usr/bin/time -f "ten seeds batched: %e s" python batched_seeds.py $common --seeds 10 --out /tmp/ten 2>&1 | tail -2 \
-  | tee -a "$out/check.log"
-python - <<'PY' 2>&1 | tee -a "$out/check.log"
+for part in $parts; do
+  case $part in
+    suite)
+      log "pytest"
+      timeout 300 python -m pytest -q -p no:logging -p no:cacheprovider >"$out/pytest.log" 2>&1
+      log "pytest exit $?: $(tail -1 "$out/pytest.log")"
+      ;;
+    bench)
+      for task in $tasks; do
+        bench "$task" --compile
+        bench "$task" --no-compile
+      done
+      ;;
+    deterministic)
+      bench needle --deterministic
+      bench parens --deterministic
+      ;;
+    seeds)
+      log "one seed against ten batched, needle random 1024, 500 steps"
+      common="--task needle --frozen --scale paper --steps 500 --eval-every 500 --device cuda"
+      /usr/bin/time -f "one seed: %e s" python train.py $common --out /tmp/one 2>&1 | tail -2 \
+        | tee -a "$out/check.log"
+      /usr/bin/time -f "ten seeds batched: %e s" python batched_seeds.py $common --seeds 10 --out /tmp/ten \
+        2>&1 | tail -2 | tee -a "$out/check.log"
+      python - <<'PY' 2>&1 | tee -a "$out/check.log"
 import json
 one = json.load(open("/tmp/one/final.json"))
 ten = json.load(open("/tmp/ten-s0/final.json"))
 print("seed 0 alone:", one["accuracy"], one["loss"], "| batched:", ten["accuracy"], ten["loss"])
 PY
-log "end"
+      ;;
+    *)
+      echo "check.sh: unknown part '$part' (suite, bench, deterministic, seeds)" >&2
+      exit 2
+      ;;
+  esac
+done
+log "end of $parts"

@@ -7,16 +7,25 @@
 # then here: tar -xf <files_at>/records.tar, and commit the records (git ignores checkpoints and weights).
 set -uo pipefail
 out=${OUT:-/tmp/slot}
-slot=${SLOT_SECONDS:-540}  # the slot's 9 minutes; the machine's start and the transfers take the rest
+# The slot's 9 minutes (the machine's start and the transfers take the rest), or up to UNTIL (seconds since
+# the epoch) when the slot is shared with .gpu/check.sh
+slot=${SLOT_SECONDS:-540}
+if [ -n "${UNTIL:-}" ]; then
+  slot=$((UNTIL - $(date +%s)))
+fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # why torch.compile recompiled, if it did, in slot.log
 table=runs/reproduce/table1-paper
 # First the decisive run (the cpu scale's parentheses random cell reached 95.1%, the paper's 100), then the
 # random-1024 column of Table 1 at 3 seeds.
-RUNS="parens-random-1024-s0"
-for seed in 0 1 2; do
-  for task in needle addition parens modadd; do RUNS="$RUNS $task-random-1024-s$seed"; done
-done
+# RUNS, if set, names the runs instead.
+if [ -z "${RUNS:-}" ]; then
+  RUNS="parens-random-1024-s0"
+  for seed in 0 1 2; do
+    for task in needle addition parens modadd; do RUNS="$RUNS $task-random-1024-s$seed"; done
+  done
+fi
 
 python reproduce.py table1 --scale paper --print-commands 2>/dev/null > /tmp/commands.txt
 for run in $RUNS; do
