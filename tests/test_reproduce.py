@@ -144,6 +144,9 @@ def test_git_keeps_the_files_a_table_is_drawn_from_and_not_the_weights():
         if ignored(run + name)
     ] == []
     assert ignored(run + "model.pt") and ignored(run + "checkpoint.pt")
+    # a paper-scale run stopped at a GPU slot's end goes on from its checkpoint in the next slot
+    paper_run = "runs/reproduce/table1-paper/parens-random-1024-s0/"
+    assert not ignored(paper_run + "checkpoint.pt") and ignored(paper_run + "model.pt")
     assert ignored("runs/needle-frozen-w16-s0/final.json")  # a run outside a sweep stays local
 
 
