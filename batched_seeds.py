@@ -12,15 +12,17 @@ computes for it, up to float rounding, and its directory holds the same files.
 
 import contextlib
 import os
+import time
 import warnings
 from functools import partial
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm import tqdm
 
 from cli import parse_args, seed_configs
 from config import build_seeded
-from devices import Ranks, autocast, compile_model, pick_device
+from devices import Ranks, autocast, choose_threads, compile_model, pick_device
 from errors import UsageError, usage_errors
 from rundir import (
     Run,
@@ -33,7 +35,7 @@ from rundir import (
     write_seed_summary,
 )
 from tasks import Batch, join_batches
-from train import evaluate, lr_at, make_optimizer, set_lr, spare_step
+from train import evaluate, lr_at, make_optimizer, set_lr
 
 
 def seed_model(base, params, i):
@@ -83,53 +85,41 @@ def train_batched(cfg) -> list:
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
+    precision = autocast(device, cfg.dtype)
+    # one seed's forward and backward passes, timed for the first line (train.train does the same)
+    spare_data = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
+    spare_batch = task.sample(cfg.batch_size, spare_data).to(device)
+    threads, seconds = choose_threads(base, task.loss, spare_batch, precision, device)
     # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls,
     # which vmap batches.
-    with (
-        sdpa_kernel(SDPBackend.MATH) if device.type == "cuda" else contextlib.nullcontext(),
-        # spare_step: one seed's step, for the first line
-        SeedRuns(
-            seeds,
-            task,
-            models,
-            params,
-            counts,
-            device,
-            spare_step(cfg, task, base, device, Ranks()),
-        ) as run,
-    ):
+    if device.type == "cuda":
+        attention_kernel = sdpa_kernel(SDPBackend.MATH)
+    else:
+        attention_kernel = contextlib.nullcontext()
+    with attention_kernel, SeedRuns(seeds, models, params, counts, device, threads) as run:
+        run.open()
+        print(run.first_line(seconds), flush=True)
         for step in range(cfg.steps + 1):
-            run.step = step
             last = step == cfg.steps
-            if last or step > 0 and step % cfg.eval_every == 0:
-                run.log(
-                    step,
-                    lr_at(step, cfg),
-                    [
-                        evaluate(seed_model(base, params, i), task, test, device, cfg.dtype)
-                        for i in range(len(seeds))
-                    ],
-                )
+            if last or (step > 0 and step % cfg.eval_every == 0):
+                metrics = []
+                for i in range(len(seeds)):
+                    seed_forward = seed_model(base, params, i)
+                    metrics.append(evaluate(seed_forward, task, test, device, cfg.dtype))
+                run.log(step, lr_at(step, cfg), metrics)
             if last or run.stop_requested:
                 break
             set_lr(optimizer, lr_at(step, cfg))
-            batch = join_batches(
-                [task.sample(cfg.batch_size, g).to(device) for g in generators], torch.stack
-            )
-            run.losses.append(
-                stacked_step(
-                    stacked,
-                    task,
-                    batch,
-                    optimizer,
-                    trainable,
-                    cfg.clip,
-                    autocast(device, cfg.dtype),
-                )
-            )
-            run.bar.update()
-            if run.start.staged:
-                run.place()
+            seed_batches = [task.sample(cfg.batch_size, g).to(device) for g in generators]
+            batch = join_batches(seed_batches, torch.stack)
+            loss = stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, precision)
+            run.step_taken(loss)
+        # a stopped batched run keeps nothing to resume from: the same command with --overwrite
+        # starts it again
+        if step == cfg.steps:
+            run.save_final(step, models[0].cfg, task.summary)
+        if run.stop_requested:
+            raise KeyboardInterrupt
     return run.metrics
 
 
@@ -169,60 +159,53 @@ class SeedRuns(Run):
     """rundir.Run for the seeds' N run directories at once: staged and put in place together, one
     log line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
-    def __init__(self, seeds, task, models, params, counts, device, timed_step):
-        self.seeds, self.models, self.params, self.seed_counts, self.starts = (
-            seeds,
-            models,
-            params,
-            counts,
-            [],
-        )
-        super().__init__(
-            seeds[0], task, models[0], None, None, counts[0], device, Ranks(), False, timed_step
-        )
+    def __init__(self, seeds, models, params, counts, device, threads):
+        super().__init__(seeds[0], counts[0], device, Ranks(), threads)
+        self.seeds, self.models, self.params, self.seed_counts = seeds, models, params, counts
+        self.starts = []
 
-    def begin(self, resume, device):
-        try:  # every seed checked and staged, or none
-            for run, model, n in zip(self.seeds, self.models, self.seed_counts):
-                self.starts.append(
-                    start_or_resume(
-                        run, False, model, None, None, run_record(run, n, device, self.threads)
-                    )
-                )
+    def open(self):
+        """Every seed's directory checked and staged, or none."""
+        try:
+            for run, model, counts in zip(self.seeds, self.models, self.seed_counts):
+                record = run_record(run, counts, self.device, self.threads)
+                self.starts.append(start_or_resume(run, False, model, None, None, record))
         except BaseException:
             self.close()
             raise
-        return self.starts[0]
+        self.start = self.starts[0]
+        self.began = time.time()
+        self.lap_began = time.time()
+        self.bar = tqdm(total=self.cfg.steps, dynamic_ncols=True, disable=None)
+        return self.start
 
-    def first_line(self, device, seconds):
+    def first_line(self, seconds):
         n, counts = len(self.seeds), self.counts
+        timed = f"{n} seeds: a seed's step timed x {n}"
+        line = first_line(
+            self.cfg, counts, self.device, n * seconds, self.cfg.steps, timed, self.threads
+        )
         return (
-            first_line(
-                self.cfg,
-                counts,
-                device,
-                n * seconds,
-                self.cfg.steps,
-                f"{n} seeds: a seed's step timed x {n}",
-                self.threads,
-            )
-            + f"\n{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters "
-            f"each on {device}"
+            line + f"\n{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable "
+            f"parameters each on {self.device}"
         )
 
-    def place(self):
+    def take_place(self):
         if self.start.staged and not self.stop_requested:
             for run, start in zip(self.seeds, self.starts):
                 replace_old_run(run.out, start)
 
     def check_finite(self, step, loss, metrics):
-        for seed_loss, seed_metrics in zip(loss or [None] * len(self.seeds), metrics):
+        if loss is None:
+            loss = [None] * len(self.seeds)
+        for seed_loss, seed_metrics in zip(loss, metrics):
             Run.check_finite(step, seed_loss, seed_metrics)
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
-        for run, seed_loss, seed_metrics in zip(
-            self.seeds, loss or [None] * len(self.seeds), metrics
-        ):
+        if loss is None:
+            loss = [None] * len(self.seeds)
+        for run, seed_loss, seed_metrics in zip(self.seeds, loss, metrics):
+            prefix = f"seed {run.seed}: "
             log_eval(
                 run.out,
                 step,
@@ -232,31 +215,25 @@ class SeedRuns(Run):
                 seed_metrics,
                 elapsed,
                 steps_per_s,
-                prefix=f"seed {run.seed}: ",
+                prefix=prefix,
             )
 
     def close(self):
         for start in self.starts:
             start.close()
 
-    def save_stopped(self):
-        pass  # nothing to resume from: the same command with --overwrite starts again
-
-    def save_finished(self):
-        for i, (run, metrics, n) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
-            save_final(
-                run,
-                {k: v[i].detach().clone() for k, v in self.params.items()},
-                self.models[0].cfg,
-                metrics,
-                {
-                    **metrics,
-                    "step": self.step,
-                    "elapsed": self.elapsed(),
-                    "parameters": n,
-                    **self.summary(metrics, n["trainable"]),
-                },
-            )
+    def save_final(self, step, model_cfg, summary):
+        """Each seed's model.pt and final.json, then the seeds' medians beside them."""
+        for i, (run, metrics, counts) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
+            weights = {name: stacked[i].detach().clone() for name, stacked in self.params.items()}
+            final = {
+                **metrics,
+                "step": step,
+                "elapsed": self.elapsed(),
+                "parameters": counts,
+                **summary(metrics, counts["trainable"]),
+            }
+            save_final(run, weights, model_cfg, metrics, final)
         write_seed_summary(self.seeds)
 
 

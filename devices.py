@@ -11,6 +11,7 @@ sizes hold whatever the number of GPUs).
 
 import os
 import sys
+import time
 from contextlib import contextmanager
 from functools import partial
 
@@ -21,20 +22,70 @@ from errors import UsageError
 
 
 def pick_device(name: str) -> torch.device:
-    # in order of preference: auto takes the first available
+    """The device a run asks for; auto takes the first of cuda, mps and cpu this machine has."""
     available = {
         "cuda": torch.cuda.is_available(),
         "mps": torch.backends.mps.is_available(),
         "cpu": True,
     }
-    name = next(kind for kind, ok in available.items() if ok) if name == "auto" else name
-    for bad, message in [
-        (name not in available, f"unknown device {name!r}; choose from auto, cpu, cuda, mps"),
-        (not available.get(name), f"device {name} is not available on this machine"),
-    ]:
-        if bad:
-            raise UsageError(message)
+    if name == "auto":
+        for kind, present in available.items():
+            if present:
+                name = kind
+                break
+    if name not in available:
+        raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
+    if not available[name]:
+        raise UsageError(f"device {name} is not available on this machine")
     return torch.device(name)
+
+
+THREADS = torch.get_num_threads()  # torch's own choice, a thread per core, before any run chooses
+
+
+def threads_chosen() -> bool:
+    """Whether a CPU run chooses its threads (choose_threads): OMP_NUM_THREADS does not set them,
+    and torch would use more than one."""
+    return "OMP_NUM_THREADS" not in os.environ and THREADS > 1
+
+
+def choose_threads(model, loss_fn, batch, precision, device) -> tuple:
+    """(threads, seconds a training step takes on them), for the first line's time estimate: the
+    forward and backward passes of the run's own model over `batch`, timed. On a CPU where
+    OMP_NUM_THREADS does not say, the faster of torch's default and one thread is kept for the run:
+    on a busy machine the default's threads wait for each other, and one thread can be several times
+    faster. Nothing of the run changes: the optimizer does not step, and the gradients are dropped.
+
+    On a CPU the second pass counts (the first allocates), or the first alone where it took over
+    5 s. On a GPU the fastest of five: its first passes load kernels and choose algorithms for each
+    new shape, which can take longer than a short run's every other step."""
+    cpu = device.type == "cpu"
+    if cpu and threads_chosen():
+        candidates = (THREADS, 1)
+    else:
+        candidates = (torch.get_num_threads(),)
+    seconds = {}
+    for threads in candidates:
+        torch.set_num_threads(threads)
+        timings = []
+        while True:
+            began = time.perf_counter()
+            for chunk, weight in batch.length_chunks():
+                with precision:
+                    loss = loss_fn(model(chunk.x, chunk.pos), chunk) * weight
+                loss.backward()
+            loss.item()  # waits for the device
+            timings.append(time.perf_counter() - began)
+            if cpu and (len(timings) == 2 or timings[0] > 5):
+                seconds[threads] = timings[-1]
+                break
+            if not cpu and len(timings) == 5:
+                seconds[threads] = min(timings)
+                break
+    model.zero_grad(set_to_none=True)
+    threads = min(seconds, key=seconds.get)
+    torch.set_num_threads(threads)
+    return threads, seconds[threads]
 
 
 def uses_bf16(device, dtype="auto") -> bool:

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from cli import command_line
 from config import CPU_VARIANTS, NOT_COMPUTED, TrainConfig, changed_settings, resolve, saved_config
-from devices import uses_bf16
+from devices import THREADS, threads_chosen, uses_bf16
 from errors import Diverged, UsageError
 from files import (
     FINAL_KEYS,
@@ -640,112 +640,114 @@ def run_record(cfg, counts: dict, device, threads: int) -> dict:
 
 
 class Run:
-    """Everything a training loop needs besides the algorithm, so that train.train() reads as the
-    algorithm.
+    """What a training loop needs besides the algorithm, each behind one plainly named call, so
+    that train.train() reads as the algorithm:
 
-    On entry: the run directory staged (new) or resumed (start_or_resume), its lock held, signals
-    caught, and a first line saying what trains and how long it will take here (spare_step: a
-    training step to time). place() moves a new run's staged directory into place once its first
-    step has succeeded. log() checks for divergence, appends metrics.jsonl, saves the checkpoint and
-    prints. On exit: a finished run's model.pt and final.json; one stopped by a signal, its
-    checkpoint, then KeyboardInterrupt; one that ended early otherwise (train's stop_after), nothing
-    more, as if killed. Under torchrun the lead rank (0) alone writes files and prints.
+        with Run(cfg, counts, device, ranks, threads) as run:   # signals caught, progress bar
+            start = run.open(resume, model, optimizer, generator)   # stage a new run or restore one
+            ...
+            run.log(step, lr, metrics)            # metrics.jsonl and the console
+            run.save_checkpoint(step, model, optimizer, generator)
+            run.step_taken(loss)                  # the bar; a new run takes its place after step 1
+            ...
+            run.save_stopped(...) or run.save_final(...)
+
+    On exit, however the run ends: the signals back as they were, and the run directory closed (a
+    new run that never took its place goes; the locks go with their files). Under torchrun the lead
+    rank (0) alone writes files and prints.
     """
 
-    def __init__(
-        self,
-        cfg,
-        task,
-        model,
-        optimizer,
-        generator,
-        counts,
-        device,
-        ranks,
-        resume=False,
-        spare_step=None,
-    ):
-        self.cfg, self.model, self.optimizer, self.generator = cfg, model, optimizer, generator
-        self.counts, self.ranks, self.summary = counts, ranks, task.summary
-        # timed before config.json is written, which records the threads: float sums, so the last
-        # bits, follow them
-        self.threads, seconds = (
-            thread_choice(spare_step, device) if resume or cfg.steps else (THREADS, 0.0)
+    def __init__(self, cfg, counts, device, ranks, threads):
+        self.cfg, self.counts, self.device, self.ranks = cfg, counts, device, ranks
+        self.threads = (
+            threads  # config.json records them: float sums, so the last bits, follow them
         )
-        self.start = self.begin(resume, device)
-        self.step, self.metrics, self.losses, self.stop_requested = (
-            self.start.step,
-            self.start.metrics,
-            self.start.losses,
-            False,
-        )
-        if ranks.lead:  # the first lines, before any step, wherever the output goes
-            print(self.first_line(device, seconds), flush=True)
-
-    def begin(self, resume, device) -> Start:
-        return start_or_resume(
-            self.cfg,
-            resume,
-            self.model,
-            self.optimizer,
-            self.generator,
-            run_record(self.cfg, self.counts, device, self.threads),
-            self.ranks.lead,
-        )
-
-    def first_line(self, device, seconds) -> str:
-        return (
-            first_line(
-                self.cfg,
-                self.counts,
-                device,
-                seconds,
-                self.cfg.steps - self.step,
-                threads=self.threads,
-            )
-            + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
-            f"{self.counts['frozen']:,} frozen parameters on {device} -> {self.cfg.out}"
-        )
+        self.start = Start()
+        self.metrics, self.losses = {}, []
+        self.stop_requested = False
+        self.logged_elapsed = 0.0
 
     def __enter__(self):
-        self.began, self.lap_began = (
-            time.time() - self.start.elapsed,
-            time.time(),
-        )  # a resumed run carries its earlier time
-        self.handlers = {  # the ones the signals had before the run (request_stop: where caught)
-            s: signal.signal(s, self.request_stop)
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-            if self.ranks.world == 1 and threading.current_thread() is threading.main_thread()
-        }
+        # the handlers the signals had before the run, given back on exit (request_stop: where
+        # signals are caught at all)
+        self.handlers = {}
+        if self.ranks.world == 1 and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self.handlers[sig] = signal.signal(sig, self.request_stop)
+        return self
+
+    def open(self, resume, model, optimizer, generator) -> "Start":
+        """Stage a new run's directory, or restore a stopped one's model, optimizer and RNGs from
+        its checkpoint (start_or_resume); hold its lock. Returns where the loop starts."""
+        record = run_record(self.cfg, self.counts, self.device, self.threads)
+        self.start = start_or_resume(
+            self.cfg, resume, model, optimizer, generator, record, self.ranks.lead
+        )
+        self.metrics, self.losses = self.start.metrics, self.start.losses
+        # a resumed run carries its earlier time
+        self.began = time.time() - self.start.elapsed
+        self.lap_began = time.time()
         self.bar = tqdm(
             total=self.cfg.steps,
-            initial=self.step,
+            initial=self.start.step,
             dynamic_ncols=True,
             disable=None if self.ranks.lead else True,
         )
-        return self
+        return self.start
 
-    def place(self):
+    def first_line(self, seconds) -> str:
+        """What trains and how long it will take here (a step takes `seconds`), then the sizes."""
+        steps_left = self.cfg.steps - self.start.step
+        line = first_line(
+            self.cfg, self.counts, self.device, seconds, steps_left, threads=self.threads
+        )
+        return (
+            line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
+            f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"
+        )
+
+    def step_taken(self, loss):
+        """A training step done: its loss kept for the next log line, the bar moved on, and a new
+        run's staged directory put in its place after its first step."""
+        self.losses.append(loss)
+        self.bar.update()
+        if self.start.staged:
+            self.take_place()
+
+    def take_place(self):
         """Put a staged new run where it belongs once a step has succeeded (or it has no step to
         take), unless a stop came during that step: then the old run stays as it was."""
         if self.start.staged and not self.stop_requested:
             replace_old_run(self.cfg.out, self.start)
 
     def log(self, step, lr, metrics):
-        """Evaluation `step`'s test metrics, and the lr the schedule gives it."""
-        self.place()
+        """Evaluation `step`'s test metrics, and the lr the schedule gives it: a line in
+        metrics.jsonl and on the console, after checking that nothing diverged."""
+        self.take_place()
         if self.start.staged:  # stopped in its first step: the run is dropped
             return
         # the mean training loss since the last evaluation, over every rank (a list for batched
         # seeds); its .tolist() waits for every queued step, so the lap is true training time
-        loss = (
-            (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist() if self.losses else None
-        )
-        steps_per_s = len(self.losses) / (time.time() - self.lap_began) if self.losses else None
+        loss = None
+        steps_per_s = None
+        if self.losses:
+            loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist()
+            steps_per_s = len(self.losses) / (time.time() - self.lap_began)
         self.check_finite(step, loss, metrics)
-        self.write_eval(step, loss, lr, metrics, self.elapsed(), steps_per_s)
+        self.logged_elapsed = self.elapsed()
+        self.write_eval(step, loss, lr, metrics, self.logged_elapsed, steps_per_s)
+        self.metrics, self.losses = metrics, []
         # evaluation time does not count as training time for steps/s
-        self.metrics, self.losses, self.lap_began = metrics, [], time.time()
+        self.lap_began = time.time()
+
+    def save_checkpoint(self, step, model, optimizer, generator):
+        """checkpoint.pt at the evaluation just logged: written after its metrics.jsonl line, so a
+        kill between the two leaves a line newer than the checkpoint, which resuming drops."""
+        if self.start.staged or not self.ranks.lead:
+            return
+        save_checkpoint(
+            self.cfg, step, model, optimizer, generator, self.logged_elapsed, self.metrics
+        )
 
     def elapsed(self) -> float:
         return time.time() - self.began
@@ -754,11 +756,10 @@ class Run:
     def check_finite(step, loss, metrics):
         """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot
         hold it."""
-        bad = {
-            name: value
-            for name, value in [("training loss", loss), *metrics.items()]
-            if value is not None and not math.isfinite(value)
-        }
+        bad = {}
+        for name, value in [("training loss", loss), *metrics.items()]:
+            if value is not None and not math.isfinite(value):
+                bad[name] = value
         if bad:
             raise Diverged(
                 f"training diverged by step {step} "
@@ -767,16 +768,14 @@ class Run:
             )
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
-        if self.ranks.lead:  # the log line first: a kill between the two is undone by resuming
+        """The evaluation's line in metrics.jsonl (and on the console where the bar does not show),
+        and its headline metrics beside the progress bar."""
+        if self.ranks.lead:
             log_eval(self.cfg.out, step, self.cfg.steps, loss, lr, metrics, elapsed, steps_per_s)
-            save_checkpoint(
-                self.cfg, step, self.model, self.optimizer, self.generator, elapsed, metrics
-            )
         # every headline metric (addition: exact sums beside per-token accuracy); the log line has
         # them all
-        self.bar.set_postfix(
-            loss=loss, **{k: v for k, v in metrics.items() if k != "loss"}, steps_per_s=steps_per_s
-        )
+        headline = {name: value for name, value in metrics.items() if name != "loss"}
+        self.bar.set_postfix(loss=loss, **headline, steps_per_s=steps_per_s)
 
     def request_stop(self, signum, frame):
         """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the
@@ -785,7 +784,10 @@ class Run:
         data-parallel ranks would stop at different steps."""
         self.stop_requested = True
         self.restore_signals()
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            name = "Ctrl-C"
+        else:
+            name = signal.Signals(signum).name
         tqdm.write(
             f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to "
             "stop now",
@@ -794,64 +796,50 @@ class Run:
 
     def restore_signals(self):
         while self.handlers:
-            signal.signal(*self.handlers.popitem())  # (signal, the handler it had before the run)
+            sig, handler_before = self.handlers.popitem()
+            signal.signal(sig, handler_before)
 
-    def __exit__(self, error, *details):
-        self.bar.close()
-        self.restore_signals()
-        # then close(), however this ends: a run that never took its place goes; the locks go with
-        # their files
-        with contextlib.closing(self):
-            if error:
-                return
-            if self.stop_requested and self.start.staged:
-                print(
-                    f"interrupted before the first step; {self.cfg.out} is as it was",
-                    file=sys.stderr,
-                )
-            elif self.stop_requested and self.step < self.cfg.steps:
-                self.save_stopped()
-            elif self.ranks.lead and self.step == self.cfg.steps:  # else stop_after ended it
-                self.save_finished()
-            if self.stop_requested:  # in the last step or evaluation too: saved, still a stop
-                raise KeyboardInterrupt
-
-    def close(self):
-        self.start.close()
-
-    def save_stopped(self):
-        # signals are caught only in a single process (__enter__), the lead: it writes
+    def save_stopped(self, step, model, optimizer, generator):
+        """A run stopped by a signal before its last step: a checkpoint to resume from (signals are
+        caught only in a single process, the lead). One stopped during its first step leaves its
+        directory as it was."""
+        if self.start.staged:
+            print(
+                f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr
+            )
+            return
         save_checkpoint(
-            self.cfg,
-            self.step,
-            self.model,
-            self.optimizer,
-            self.generator,
-            self.elapsed(),
-            self.metrics,
-            self.losses,
+            self.cfg, step, model, optimizer, generator, self.elapsed(), self.metrics, self.losses
         )
         print(
-            f"interrupted at step {self.step}; checkpoint saved, continue with: "
+            f"interrupted at step {step}; checkpoint saved, continue with: "
             f"python train.py --resume {self.cfg.out}",
             file=sys.stderr,
         )
 
-    def save_finished(self):
-        save_final(
-            self.cfg,
-            self.model.state_dict(),
-            self.model.cfg,
-            self.metrics,
-            {
-                **self.metrics,
-                "step": self.step,
-                "elapsed": self.elapsed(),
-                "parameters": self.counts,
-                **self.summary(self.metrics, self.counts["trainable"]),
-            },
-        )
+    def save_final(self, step, model, summary):
+        """The finished run: model.pt, then final.json (the test metrics, and what the task's
+        summary adds to them), then its last line beside the paper's number."""
+        if not self.ranks.lead:
+            return
+        final = {
+            **self.metrics,
+            "step": step,
+            "elapsed": self.elapsed(),
+            "parameters": self.counts,
+            **summary(self.metrics, self.counts["trainable"]),
+        }
+        save_final(self.cfg, model.state_dict(), model.cfg, self.metrics, final)
         print(result_line(self.cfg, self.metrics), flush=True)
+
+    def __exit__(self, error, *details):
+        if hasattr(self, "bar"):
+            self.bar.close()
+        self.restore_signals()
+        self.close()
+
+    def close(self):
+        self.start.close()
 
 
 def resumed_config(run_dir):
@@ -918,46 +906,10 @@ def slow_run_hint(cfg, seconds):
     )
 
 
-def typical_seconds(step, cpu: bool) -> float:
-    """On a CPU, the second of two calls of step (the first allocates), or the first alone where it
-    took over 5 s. On a GPU, the fastest of five: its first steps load kernels and choose algorithms
-    for each new shape, which can take longer than a short run's every other step."""
-    seconds = []
-    while len(seconds) < (2 if cpu else 5) and not (cpu and sum(seconds) > 5):
-        start = time.time()
-        step()
-        seconds.append(time.time() - start)
-    return seconds[-1] if cpu else min(seconds)
-
-
-THREADS = torch.get_num_threads()  # torch's own choice, a thread per core, before any run chooses
-
-
-def thread_choice(step, device) -> tuple:
-    """(threads, seconds a step takes on them). On a CPU where OMP_NUM_THREADS does not say, the
-    faster of torch's default and one thread, kept for the run: on a busy machine the default's
-    threads wait for each other, and one thread can be several times faster."""
-    cpu = device.type == "cpu"
-    choose = cpu and threads_chosen()
-    seconds = {}
-    for threads in (THREADS, 1) if choose else (torch.get_num_threads(),):
-        torch.set_num_threads(threads)
-        seconds[threads] = typical_seconds(step, cpu)
-    threads = min(seconds, key=seconds.get)
-    torch.set_num_threads(threads)
-    return threads, seconds[threads]
-
-
-def threads_chosen() -> bool:
-    """Whether a CPU run chooses its threads (thread_choice): OMP_NUM_THREADS does not set them, and
-    torch would use more than one."""
-    return "OMP_NUM_THREADS" not in os.environ and THREADS > 1
-
-
 def thread_text(threads) -> str:
-    """How many threads a CPU run uses, and whether thread_choice chose them."""
+    """How many threads a CPU run uses, and whether choose_threads (devices.py) chose them."""
     return f", {threads} thread{'s' * (threads > 1)}" + (
-        f" (faster here than {THREADS + 1 - threads})"  # thread_choice chose them
+        f" (faster here than {THREADS + 1 - threads})"  # choose_threads chose them
         if threads_chosen()
         else ""
     )

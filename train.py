@@ -13,16 +13,16 @@ the last step (or at Ctrl-C), else set the lr, draw a batch and take one step. E
 run needs (its directory, checkpoints, logs, the progress bar, signals) is rundir.Run's.
 """
 
-import copy
 import math
 from dataclasses import replace
 
 import torch
 
 from cli import parse_args, seed_configs
-from config import build_seeded, resolve
-from devices import Ranks, autocast, compile_model, deterministic_kernels
-from errors import usage_errors
+from config import new_model, resolve
+from devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
+from errors import UsageError, usage_errors
+from model import apply_training_mode
 from rundir import Run, resumed_config, seed_state, write_seed_summary
 from tasks import Batch
 
@@ -32,47 +32,59 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     stop_after: end after this many steps as if killed (tests use it to prove resuming is exact).
     Under torchrun each process trains on its slice of every batch (devices.Ranks)."""
     ranks = Ranks()
-    cfg, task, model, counts = build_seeded(cfg)
+    cfg, task = resolve(cfg)  # the paper's settings for the task, where cfg leaves them unset
     device = ranks.device(cfg.device)
+
+    # The model, drawn from the seed: the same seed draws the same frozen blocks again, which is
+    # why a checkpoint holds only the weights that train. The training mode (model.py) chooses them.
+    torch.manual_seed(cfg.seed)
+    try:
+        model = new_model(cfg, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads)
+        counts = apply_training_mode(model, cfg.mode)
+    except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
+        raise UsageError(str(e)) from None
     model.to(device)
-    test, task = task.test_set(), ranks.shard_task(task)
+
+    test = task.test_set()
+    task = ranks.shard_task(task)
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
+    clip = ranks.clipper(model.parameters(), cfg.clip)
+    precision = autocast(device, cfg.dtype)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
-    # Run times a spare step on a copy of the model for its first line, and keeps nothing of it
-    with (
-        deterministic_kernels(cfg.deterministic),
-        Run(
-            cfg,
-            task,
-            model,
-            optimizer,
-            generator,
-            counts,
-            device,
-            ranks,
-            resume,
-            spare_step(cfg, task, model, device, ranks),
-        ) as run,
-    ):
-        compile_model(model, device, cfg.compile)  # after the spare step's copy, which runs eagerly
-        for step in range(run.start.step, cfg.steps + 1):
-            run.step = step
+
+    # How long a step takes here, for the first line's estimate (and on a CPU, how many threads make
+    # it fastest): forward and backward passes on a batch of its own, not the run's data.
+    threads, seconds = torch.get_num_threads(), 0.0
+    if resume or cfg.steps:
+        spare_data = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
+        spare_batch = task.sample(cfg.batch_size, spare_data).to(device)
+        threads, seconds = choose_threads(model, task.loss, spare_batch, precision, device)
+
+    with deterministic_kernels(cfg.deterministic), Run(cfg, counts, device, ranks, threads) as run:
+        start = run.open(resume, model, optimizer, generator)
+        if ranks.lead:
+            print(run.first_line(seconds), flush=True)
+        compile_model(model, device, cfg.compile)
+        for step in range(start.step, cfg.steps + 1):
             last = step == cfg.steps
-            if step > run.start.logged and (last or step > 0 and step % cfg.eval_every == 0):
-                run.log(step, lr_at(step, cfg), evaluate(model, task, test, device, cfg.dtype))
+            evaluation_due = last or (step > 0 and step % cfg.eval_every == 0)
+            if evaluation_due and step > start.logged:
+                metrics = evaluate(model, task, test, device, cfg.dtype)
+                run.log(step, lr_at(step, cfg), metrics)
+                run.save_checkpoint(step, model, optimizer, generator)
             if last or step == stop_after or run.stop_requested:
                 break
             set_lr(optimizer, lr_at(step, cfg))
             batch = task.sample(cfg.batch_size, generator).to(device)
-            run.losses.append(
-                train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
-            )
-            run.bar.update()
-            if (
-                run.start.staged
-            ):  # a new run takes its directory's place once its first step has succeeded
-                run.place()
+            loss = train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
+            run.step_taken(loss)
+        # Ctrl-C or SIGTERM: a checkpoint to resume from; the last step: the final model
+        if run.stop_requested and step < cfg.steps:
+            run.save_stopped(step, model, optimizer, generator)
+        elif step == cfg.steps:
+            run.save_final(step, model, task.summary)
+        if run.stop_requested:
+            raise KeyboardInterrupt
     return run.metrics
 
 
@@ -133,26 +145,6 @@ def make_optimizer(params, cfg, device) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda"
     )
-
-
-def spare_step(cfg, task, model, device, ranks):
-    """A training step on copies of the model (uncompiled) and optimizer, with a batch of their own,
-    for the run's time estimate (rundir.typical_seconds): the run's weights, optimizer state and
-    data stay untouched."""
-    model = copy.deepcopy(model)
-    optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip, precision = ranks.clipper(model.parameters(), cfg.clip), autocast(device, cfg.dtype)
-    generator = torch.Generator(device=device).manual_seed(
-        (cfg.seed + 1) % 2**64
-    )  # not the run's data
-    return lambda: train_step(
-        model,
-        task.loss,
-        task.sample(cfg.batch_size, generator).to(device).length_chunks(),
-        optimizer,
-        clip,
-        precision,
-    ).item()
 
 
 def main(argv=None):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import batched_seeds
 import bench
 import config
+import devices
 import rundir
 import tasks
 import train
@@ -330,33 +332,74 @@ def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
     assert counters["stats"]["unique_graphs"] <= 4 and counters["frames"]["ok"] <= 4
 
 
+class ClockedModel(torch.nn.Module):
+    """A model whose every forward pass advances a fake clock by the next of `durations`, or by
+    seconds_for(threads) when durations is None: choose_threads times it without real work."""
+
+    def __init__(self, clock, durations=None, seconds_for=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.clock, self.durations, self.seconds_for = clock, durations, seconds_for
+
+    def forward(self, x, pos):
+        if self.durations is not None:
+            self.clock[0] += next(self.durations)
+        else:
+            self.clock[0] += self.seconds_for(torch.get_num_threads())
+        return self.weight * 1.0
+
+
+class OneChunk:
+    """A batch of one length chunk, as choose_threads reads it."""
+
+    x, pos = None, None
+
+    def length_chunks(self):
+        return [(self, 1.0)]
+
+
+def sum_loss(logits, chunk):
+    return logits.sum()
+
+
 @pytest.mark.parametrize("cpu, expected", [(True, 6.9), (False, 0.1)])
 def test_the_first_lines_step_time_skips_a_gpus_warm_up_steps(monkeypatch, cpu, expected):
     # On the H200 a needle run's first step (kernels loading) took 6.9 s and its 10,000 steps 204 s;
     # timing that step announced "about 19.1 h". A CPU step that long is a real one: it stops there.
-    durations, clock = iter([6.9, 0.8, 0.1, 0.1, 0.1]), [0.0]
-    monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
-    step = lambda: clock.__setitem__(0, clock[0] + next(durations))
-    assert rundir.typical_seconds(step, cpu) == pytest.approx(expected)
+    clock = [0.0]
+    model = ClockedModel(clock, durations=iter([6.9, 0.8, 0.1, 0.1, 0.1]))
+    monkeypatch.setattr(devices.time, "perf_counter", lambda: clock[0])
+    device = torch.device("cpu" if cpu else "cuda")
+    monkeypatch.setattr(devices, "threads_chosen", lambda: False)
+    threads, seconds = devices.choose_threads(model, sum_loss, OneChunk(), nullcontext(), device)
+    assert seconds == pytest.approx(expected)
+    assert model.weight.grad is None  # the run's gradients stay untouched
 
 
 def test_a_cpu_run_keeps_the_faster_of_the_default_threads_and_one(monkeypatch):
     # On a busy 2-core machine torch's two threads wait for each other: a step takes longer than on
     # one.
     clock, before = [0.0], torch.get_num_threads()
-    monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
+
+    def seconds_for(threads):
+        if threads == 2:
+            return 4.0
+        return 0.6
+
+    model = ClockedModel(clock, seconds_for=seconds_for)
+    monkeypatch.setattr(devices.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(devices, "THREADS", 2)
     monkeypatch.setattr(rundir, "THREADS", 2)
-    step = lambda: clock.__setitem__(0, clock[0] + (4.0 if torch.get_num_threads() == 2 else 0.6))
+    cpu = torch.device("cpu")
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        assert (
-            rundir.thread_choice(step, torch.device("cpu")) == (1, pytest.approx(0.6))
-            and torch.get_num_threads() == 1
-        )
+        chosen = devices.choose_threads(model, sum_loss, OneChunk(), nullcontext(), cpu)
+        assert chosen == (1, pytest.approx(0.6)) and torch.get_num_threads() == 1
         assert "1 thread (faster here than 2)" in rundir.thread_text(1)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's word: kept, nothing timed twice
         torch.set_num_threads(2)
-        assert rundir.thread_choice(step, torch.device("cpu")) == (2, pytest.approx(4.0))
+        chosen = devices.choose_threads(model, sum_loss, OneChunk(), nullcontext(), cpu)
+        assert chosen == (2, pytest.approx(4.0))
         assert rundir.thread_text(2) == ", 2 threads"
     finally:
         torch.set_num_threads(before)
