@@ -28,7 +28,7 @@ from errors import OneLineParser, UsageError, usage_errors
 from figures import markdown_table, pyplot, save_figure
 from files import FINAL_KEYS, load_checkpoint, read_json, read_metrics, write_atomic, write_json
 from model import GPT, at, model_name
-from rundir import beside, lock_held
+from rundir import hidden_sibling, lock_held
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -1052,7 +1052,7 @@ def watch(run_dir):
     run has final.json. A run still staged beside it (before its first step) is waited for;
     anything else without a config.json is refused at once, and a run whose lock no process
     holds and that has not changed for WATCH_IDLE_S ends the watch with one line."""
-    staged, model, files, changed = beside(run_dir, "new"), None, None, time.time()
+    staged, model, files, changed = hidden_sibling(run_dir, "new"), None, None, time.time()
     while True:
         if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
             # a checkpoint holds only the weights that train

@@ -12,7 +12,7 @@ A new run is staged in the hidden sibling .<name>.new and takes runs/<name>'s pl
 once its first step has succeeded, in one step (replace_old_run); whatever a kill leaves
 of that, the next start or --resume completes or undoes (finish_swap), touching a hidden
 sibling only if it holds the .swap mark naming the run (a folder of the user's own is refused),
-then tidies what a kill left in the run itself (tidy). Every JSON file
+then tidies what a kill left in the run itself (remove_kill_leftovers). Every JSON file
 the project reads goes through read_json: a malformed one is one UsageError line.
 """
 
@@ -86,7 +86,7 @@ def is_run_file(name):
 
 
 @dataclass
-class Start:
+class StartPoint:
     """Where a run's loop begins; logged: the last step already in metrics.jsonl (-1: none).
     staged: a new run's directory until its first step (then replace_old_run moves it to cfg.out);
     locks: held until close() (RunLock)."""
@@ -115,7 +115,7 @@ class Start:
             lock.release()
 
 
-def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> Start:
+def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> StartPoint:
     """Prepare the run directory for the loop, holding its lock (a second process on the run is
     refused), and return where the loop starts: a new run staged, so that a failed start leaves
     nothing and an old run it would --overwrite survives any failure; a resumed one at its
@@ -129,7 +129,7 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
         check_run_dir(cfg.out, cfg.overwrite, lead)
         if dist.is_initialized():
             dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
-    start, staged = Start(), beside(cfg.out, "new")
+    start, staged = StartPoint(), hidden_sibling(cfg.out, "new")
     try:  # refused or failed: the start is undone, and the locks go with their files
         if resume:
             start.locks = [RunLock(cfg.out)] if lead else []
@@ -149,7 +149,7 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
             start.made = [str(p) for p in reversed(Path(staged).parents) if not os.path.lexists(p)]
             os.makedirs(staged)
             start.staged = staged
-            mark(staged, cfg.out)
+            write_swap_mark(staged, cfg.out)
             start.locks.append(RunLock(staged))
             write_json(os.path.join(staged, "config.json"), record)
     except BaseException:
@@ -158,7 +158,7 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     return start
 
 
-def restore(cfg, start: Start, model, optimizer, generator, lead):
+def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
     """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
     file changes (its settings must be config.json's, config.NOT_COMPUTED aside); then roll the
     files back to it (roll_back). No checkpoint yet: start over in place."""
@@ -171,7 +171,8 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
     checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
     # saved under other settings than config.json's, an edited mode would train other tensors with
     # the old optimizer state
-    if not isinstance(saved := checkpoint.get("config"), dict):
+    saved = checkpoint.get("config")
+    if not isinstance(saved, dict):
         raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
     for name, value in asdict(cfg).items():
         if name in saved and name not in NOT_COMPUTED and saved[name] != value:
@@ -181,9 +182,8 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
                 "settings: put them back in config.json"
             )
     try:
-        missing = model.load_state_dict(
-            checkpoint["model"], strict=False
-        ).missing_keys  # frozen: drawn from the seed
+        # the frozen weights are missing from a checkpoint: the seed drew them already
+        missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys
         untrained = [
             name for name, p in model.named_parameters() if p.requires_grad and name in missing
         ]
@@ -206,16 +206,14 @@ def restore(cfg, start: Start, model, optimizer, generator, lead):
         raise UsageError(f"{checkpoint_path} is at step {step}, outside this run's 0..{cfg.steps}")
     if lead:
         roll_back(cfg.out, step)
-    start.step, start.elapsed, start.logged, start.metrics, start.losses = (
-        step,
-        elapsed,
-        step,
-        checkpoint.get("metrics", {}),
-        checkpoint.get("losses", []),
-    )
+    start.step = step
+    start.elapsed = elapsed
+    start.logged = step
+    start.metrics = checkpoint.get("metrics", {})
+    start.losses = checkpoint.get("losses", [])
 
 
-def replace_old_run(out, start: Start):
+def replace_old_run(out, start: StartPoint):
     """Put the staged new run, past its first step, at out, where the old run (if any) was, so that
     out holds one whole run at every instant: the two directories trade places in one step
     (exchange), and the old run, now at .NAME.new, is deleted. Where the system cannot exchange,
@@ -223,8 +221,9 @@ def replace_old_run(out, start: Start):
     finish_swap completes the swap at the next start or --resume."""
     staged, hidden = start.staged, None  # hidden: where the old run goes before it is deleted
     if os.path.isdir(out):
-        mark(out, out)  # the old run, to be hidden: finish_swap's proof, should a kill leave it
-        hidden = staged if exchange(staged, out) else beside(out, "old")
+        # the old run, to be hidden: finish_swap's proof, should a kill leave it
+        write_swap_mark(out, out)
+        hidden = staged if exchange(staged, out) else hidden_sibling(out, "old")
         if hidden != staged:
             # never over a hidden old run: finish_swap settled any, under the locks held
             os.rename(out, hidden)
@@ -232,9 +231,8 @@ def replace_old_run(out, start: Start):
         os.rename(staged, out)
     start.staged, start.made = None, []  # the folders made for the run now hold it
     for lock in start.locks:
-        lock.run_dir = (
-            out if lock.run_dir == staged else lock.run_dir
-        )  # the lock file moved with its run
+        if lock.run_dir == staged:
+            lock.run_dir = out  # the lock file moved with its run
     if hidden:
         shutil.rmtree(hidden, ignore_errors=True)
     os.remove(os.path.join(out, SWAP_MARK))  # the new run is in place, nothing hidden left to prove
@@ -250,9 +248,9 @@ def finish_swap(out):
       - .NAME.new beside out, or alone: a new run killed before its first step (out is as it was),
         or the old run an exchange replaced: it goes. A hidden sibling without SWAP_MARK naming out
         is no swap's: UsageError, nothing touched (an empty one goes: nothing is lost). Then
-        tidy(out). Without hidden siblings nothing else is touched; while another process holds a
-        lock there (it is starting or swapping now), UsageError."""
-    new, old = beside(out, "new"), beside(out, "old")
+        remove_kill_leftovers(out). Without hidden siblings nothing else is touched; while another
+        process holds a lock there (it is starting or swapping now), UsageError."""
+    new, old = hidden_sibling(out, "new"), hidden_sibling(out, "old")
     if os.path.lexists(out) and not os.path.isdir(out):
         return
     # each hidden sibling: whether it is a swap's (else it is empty)
@@ -268,17 +266,18 @@ def finish_swap(out):
             back = new if hidden.get(new) else old
             os.rename(back, out)
             for lock in locks:
-                lock.run_dir = out if lock.run_dir == back else lock.run_dir
+                if lock.run_dir == back:
+                    lock.run_dir = out
         for path in hidden:
             if os.path.lexists(path):  # checked above: a swap's, or empty; or moved to out
                 shutil.rmtree(path)
     finally:
         for lock in locks:
             lock.release()
-    tidy(out)
+    remove_kill_leftovers(out)
 
 
-def mark(run_dir, out):
+def write_swap_mark(run_dir, out):
     """Write SWAP_MARK, out's name, into run_dir: a directory a swap of out stages, hides or
     deletes."""
     write_atomic(
@@ -307,22 +306,23 @@ def check_swapped(hidden, out) -> bool:
     return False
 
 
-def tidy(out):
+def remove_kill_leftovers(out):
     """Remove what a kill left in run directory out: the swap's mark and, in a finished run
     (final.json), its checkpoint.pt and write_atomic's temp files, and a lock file, all under
     out's lock. While another process holds the lock, nothing is left over: nothing is touched."""
     # nothing to tidy where out is no directory, or a symbolic link to one
-    finished, names = (
-        os.path.exists(os.path.join(out, "final.json")),
-        os.listdir(out) if os.path.isdir(out) and not os.path.islink(out) else [],
-    )
-    stale = [
-        name
-        for name in names
-        if name == SWAP_MARK
-        or finished
-        and (name == "checkpoint.pt" or name.endswith(".tmp") and is_run_file(name))
-    ]
+    if not os.path.isdir(out) or os.path.islink(out):
+        return
+    finished = os.path.exists(os.path.join(out, "final.json"))
+    names = os.listdir(out)
+    stale = []
+    for name in names:
+        if name == SWAP_MARK:
+            stale.append(name)
+        elif finished and name == "checkpoint.pt":
+            stale.append(name)
+        elif finished and name.endswith(".tmp") and is_run_file(name):
+            stale.append(name)
     if not stale and not (finished and ".lock" in names):
         return
     try:
@@ -355,7 +355,7 @@ def exchange(a, b) -> bool:
     raise OSError(code, os.strerror(code), b)
 
 
-def beside(out, what):
+def hidden_sibling(out, what):
     """The hidden sibling .<name>.<what> of run directory out."""
     out = os.path.abspath(out)
     return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{what}")
@@ -431,57 +431,63 @@ def check_run_dir(out, overwrite, lead):
     """UsageError unless out may become a new run: a path of its own, absent, empty, or (with
     --overwrite) an old run: a directory holding config.json and only files that this program
     writes."""
-    real, cwd = os.path.realpath(out), os.path.realpath(os.getcwd())
-    # the nearest that exists; "/" has none (the first refusals catch it: it holds the cwd)
-    parent = next((p for p in Path(real).parents if os.path.exists(p)), real)
-    for wrong, message in (
-        (not out.strip(), "--out is empty; name a run directory"),
-        (
-            os.path.islink(out.rstrip("/")),
-            f"--out {out} is a symbolic link; give the directory it points to",
-        ),
-        (
-            cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep),
-            f"--out {out} holds the current directory; a run needs a directory of its own",
-        ),
-        (os.path.exists(out) and not os.path.isdir(out), f"--out {out} is a file, not a directory"),
-        (not os.path.isdir(parent), f"--out {out} lies under {parent}, which is a file"),
-    ):
-        if wrong:
-            raise UsageError(message)
+    if not out.strip():
+        raise UsageError("--out is empty; name a run directory")
+    if os.path.islink(out.rstrip("/")):
+        raise UsageError(f"--out {out} is a symbolic link; give the directory it points to")
+    real = os.path.realpath(out)
+    cwd = os.path.realpath(os.getcwd())
+    if cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
+        raise UsageError(
+            f"--out {out} holds the current directory; a run needs a directory of its own"
+        )
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out} is a file, not a directory")
+    # the nearest folder above that exists ("/" has none, but the check above caught it: it holds
+    # the current directory)
+    parent = real
+    for folder in Path(real).parents:
+        if os.path.exists(folder):
+            parent = folder
+            break
+    if not os.path.isdir(parent):
+        raise UsageError(f"--out {out} lies under {parent}, which is a file")
     if lead:
         finish_swap(out)
     if not os.path.exists(out) or not os.listdir(out):
         return
-    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
-    what = f"holds {foreign[0]}, which no run writes" if foreign else "has no config.json"
-    for wrong, message in (
-        (  # a finished run cannot be resumed
-            not overwrite,
+    finished = os.path.exists(os.path.join(out, "final.json"))
+    if not overwrite and finished:  # a finished run cannot be resumed
+        raise UsageError(
             f"{out} holds a finished run; pass --overwrite to replace it, or --out another "
             "directory"
-            if os.path.exists(os.path.join(out, "final.json"))
-            else f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
-            "continue it",
-        ),
-        (
-            foreign or not os.path.exists(os.path.join(out, "config.json")),
-            f"{out} is not a run directory ({what}); --overwrite replaces only runs",
-        ),
-    ):
-        if wrong:
-            raise UsageError(message)
+        )
+    if not overwrite:
+        raise UsageError(
+            f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
+            "continue it"
+        )
+    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
+    if foreign:
+        raise UsageError(
+            f"{out} is not a run directory (holds {foreign[0]}, which no run writes); "
+            "--overwrite replaces only runs"
+        )
+    if not os.path.exists(os.path.join(out, "config.json")):
+        raise UsageError(
+            f"{out} is not a run directory (has no config.json); --overwrite replaces only runs"
+        )
 
 
 def run_state(run_dir) -> str:
     """finished (final.json), resume (a run past its first step: --resume continues it from its
     checkpoint, or starts it over in place if it has none yet) or fresh (no run here)."""
-    present = [
-        name
-        for name in ("final.json", "checkpoint.pt", "config.json")
-        if os.path.exists(os.path.join(run_dir, name))
-    ]
-    return "finished" if "final.json" in present else "resume" if present else "fresh"
+    if os.path.exists(os.path.join(run_dir, "final.json")):
+        return "finished"
+    for name in ("checkpoint.pt", "config.json"):
+        if os.path.exists(os.path.join(run_dir, name)):
+            return "resume"
+    return "fresh"
 
 
 def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, losses=()):
@@ -662,7 +668,7 @@ class Run:
         self.threads = (
             threads  # config.json records them: float sums, so the last bits, follow them
         )
-        self.start = Start()
+        self.start = StartPoint()
         self.metrics, self.losses = {}, []
         self.stop_requested = False
         self.logged_elapsed = 0.0
@@ -676,7 +682,7 @@ class Run:
                 self.handlers[sig] = signal.signal(sig, self.request_stop)
         return self
 
-    def open(self, resume, model, optimizer, generator) -> "Start":
+    def open(self, resume, model, optimizer, generator) -> "StartPoint":
         """Stage a new run's directory, or restore a stopped one's model, optimizer and RNGs from
         its checkpoint (start_or_resume); hold its lock. Returns where the loop starts."""
         record = run_record(self.cfg, self.counts, self.device, self.threads)
@@ -858,7 +864,7 @@ def seed_state(cfg, seeds: int) -> str:
     cfg = resolve(cfg)[0]  # its directory named
     state = "new" if changed_settings(cfg, cfg.out) else run_state(cfg.out)
     if state == "finished":
-        tidy(cfg.out)  # what a kill after its final.json left
+        remove_kill_leftovers(cfg.out)  # what a kill after its final.json left
         print(f"{cfg.out} finished before; skipped")
     return state
 
@@ -922,18 +928,17 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", t
         cfg.scale, "its saved settings"
     )
     minutes = seconds * steps_left / 60
-    took = (
-        f"{60 * minutes:.0f} s"
-        if minutes < 1
-        else f"{minutes:.0f} min"
-        if minutes < 90
-        else f"{minutes / 60:.1f} h"
-    )
-    hint = (
-        "--scale paper insists on the paper's protocol"
-        if cfg.scale == "cpu"
-        else device.type == "cpu" and slow_run_hint(cfg, seconds * steps_left)
-    )
+    if minutes < 1:
+        took = f"{60 * minutes:.0f} s"
+    elif minutes < 90:
+        took = f"{minutes:.0f} min"
+    else:
+        took = f"{minutes / 60:.1f} h"
+    hint = None
+    if cfg.scale == "cpu":
+        hint = "--scale paper insists on the paper's protocol"
+    elif device.type == "cpu":
+        hint = slow_run_hint(cfg, seconds * steps_left)
     return (
         f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
         f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
