@@ -29,79 +29,118 @@ class GPTConfig:
     n_layer: int = 2  # transformer blocks
     n_head: int = 4  # attention heads per block; must divide n_embd
     attention: str = "softmax"  # "linear": Table 9's baseline, attention matrix = causal all-ones
-    # "sinusoidal": fixed sin/cos positions, a buffer that never trains and is never counted
-    pos: str = "learned"
+    # The positional embedding: "learned" (GPT-2's wpe), or "sinusoidal", fixed sin/cos positions in
+    # a buffer that never trains and is never counted. (Training's --pos flag sets it.)
+    positional: str = "learned"
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a fused qkv projection.
 
-    One path computes it, for training and for analysis alike: each query at position t mixes the
-    values at positions <= t with weights pattern = softmax(q k^T * scale) (linear attention: the
-    unnormalized all-ones causal matrix instead, Table 9). With a cache the pattern is materialised,
-    stored as "blocks.{i}.attn.pattern" and applied; without one, a fused kernel computes the same
-    mix (scaled_dot_product_attention, or a running sum for linear attention) without ever holding
-    the (T, T) pattern. Edit `scale` and both change; the fused kernel never calls `pattern`, and
-    `mask` only for queries at pos (the last block's answers), so an edit there reaches all of
-    training once the kernel's line is replaced by the cache path's `pattern @ v`. The tests check
-    the two agree.
+    The paper's attention, for each head with head size d: y = softmax(q k^T / sqrt(d)) v, where the
+    query at position t sees only the keys at positions <= t. `pattern` writes the weights out and
+    forward's reference path applies them, `pattern @ v`; analysis runs this path (a cache stores
+    each pattern as "blocks.{i}.attn.pattern"), and so does GPT.forward(..., reference=True).
+    Table 9's linearized baseline (attention="linear") replaces the softmax by the unnormalized
+    all-ones causal matrix.
+
+    Training runs faster code that computes the same numbers, up to float rounding, without ever
+    holding the (T, T) pattern:
+    - `fused_softmax`: PyTorch's scaled_dot_product_attention kernel;
+    - `running_sum`: the linearized baseline's all-ones pattern @ v is a cumulative sum;
+    - `project` with answer positions: the last block scores queries only where answers are.
+    tests/test_core.py checks that they agree with the reference. `scale` reaches both paths; the
+    fast paths read `mask` only at the answers and `pattern` never, so an edit to those reaches
+    training once forward's fast branches are replaced by the reference path.
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
         self.linear = cfg.attention == "linear"
-        self.scale = 1.0 / math.sqrt(
-            cfg.n_embd // cfg.n_head
-        )  # softmax temperature: 1 / sqrt(head size)
+        head_size = cfg.n_embd // cfg.n_head
+        # softmax temperature: 1 / sqrt(head size)
+        self.scale = 1.0 / math.sqrt(head_size)
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
-    def forward(self, x, cache=None, name="", pos=None):
-        """x (B, T, C) -> (B, T, C), or with pos (B, A) the output at those positions only, (B, A,
-        C)."""
-        B, T, C = x.shape
-        if pos is None:
-            q, k, v = self.c_attn(x).split(C, dim=2)
-        # q at pos only, k and v everywhere: c_attn's query third is skipped where nothing is scored
-        else:
-            w, b = self.c_attn.weight, self.c_attn.bias
-            q, (k, v) = (
-                F.linear(at(x, pos), w[:C], b[:C]),
-                F.linear(x, w[C:], b[C:]).split(C, dim=2),
-            )
-        q, k, v = (
-            t.view(B, t.size(1), self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
-        )  # (B, nh, *, hs)
-        if cache is not None:
-            pattern = self.pattern(q, k, self.mask(T, pos, x.device))  # (B, nh, A, T)
-            cache[f"{name}.attn.pattern"] = pattern
-            y = pattern @ v
-        elif self.linear:  # pattern @ v with the all-ones causal pattern is a running sum
-            y = v.cumsum(dim=2)
-            if pos is not None:
-                y = y.gather(2, pos[:, None, :, None].expand(-1, self.n_head, -1, y.size(-1)))
-        else:  # all queries: the kernel's own causal mask; queries at pos: theirs
-            mask = None if pos is None else self.mask(T, pos, x.device)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=pos is None, scale=self.scale
-            )
-        y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)  # (B, A, C)
-        return self.c_proj(y)
+    def pattern(self, q, k, mask):
+        """The attention weights (B, nh, A, T) that mix the values: softmax(q k^T / sqrt(d)) over
+        the keys each query sees (where mask is true); for the linearized baseline, 1 at every key
+        the query sees."""
+        if self.linear:
+            return mask.to(q.dtype).expand(q.size(0), self.n_head, q.size(2), k.size(2))
+        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, A, T)
+        # A key the query must not see gets weight exp(-inf) = 0.
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(dim=-1)
 
     @staticmethod
     def mask(T, pos, device):
         """Which keys each query sees: (T, T) causal, or (B, 1, A, T) for queries at positions pos
         (B, A)."""
         keys = torch.arange(T, device=device)
-        return keys <= (keys[:, None] if pos is None else pos[:, None, :, None])
+        if pos is None:
+            queries = keys[:, None]  # (T, 1)
+        else:
+            queries = pos[:, None, :, None]  # (B, 1, A, 1)
+        return keys <= queries
 
-    def pattern(self, q, k, mask):
-        """The attention weights (B, nh, A, T) that mix the values."""
-        if self.linear:
-            return mask.to(q.dtype).expand(q.size(0), self.n_head, q.size(2), k.size(2))
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, A, T)
-        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    def forward(self, x, cache=None, name="", pos=None, reference=False):
+        """x (B, T, C) -> (B, T, C), or with pos (B, A) the output at those positions only,
+        (B, A, C). With a cache to fill, or reference=True, the reference path runs."""
+        B, T, C = x.shape
+        q, k, v = self.project(x, pos)  # q (B, nh, A, hs); k, v (B, nh, T, hs)
+        if reference or cache is not None:
+            # The reference: the paper's attention, written out.
+            pattern = self.pattern(q, k, self.mask(T, pos, x.device))  # (B, nh, A, T)
+            if cache is not None:
+                cache[f"{name}.attn.pattern"] = pattern
+            y = pattern @ v
+        elif self.linear:
+            y = self.running_sum(v, pos)
+        else:
+            y = self.fused_softmax(q, k, v, pos)
+        y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)  # (B, A, C)
+        return self.c_proj(y)
+
+    def project(self, x, pos):
+        """Queries, keys and values, split into heads: q (B, nh, A, hs) at positions pos (B, A), or
+        at every position without pos; k and v (B, nh, T, hs) at every position.
+
+        Equivalent to running c_attn everywhere and keeping the queries at pos: with pos, only
+        c_attn's query third runs at pos, since no other query is ever scored.
+        """
+        C = x.size(2)
+        if pos is None:
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:
+            w, b = self.c_attn.weight, self.c_attn.bias
+            q = F.linear(at(x, pos), w[:C], b[:C])
+            k, v = F.linear(x, w[C:], b[C:]).split(C, dim=2)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def split_heads(self, t):
+        """(B, T, C) -> (B, nh, T, hs)."""
+        B, T, C = t.shape
+        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+
+    def running_sum(self, v, pos):
+        """Equivalent to the reference's pattern @ v for the linearized baseline: each query's
+        all-ones causal row adds up the values at and before it, a cumulative sum."""
+        y = v.cumsum(dim=2)  # (B, nh, T, hs)
+        if pos is None:
+            return y
+        return y.gather(2, pos[:, None, :, None].expand(-1, self.n_head, -1, y.size(-1)))
+
+    def fused_softmax(self, q, k, v, pos):
+        """Equivalent to the reference's pattern @ v for softmax attention, by PyTorch's fused
+        scaled_dot_product_attention kernel: the kernel's own causal mask for queries at every
+        position, or `mask` for queries at pos."""
+        if pos is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        mask = self.mask(k.size(2), pos, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
 
 
 class MLP(nn.Module):
@@ -126,9 +165,12 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None, name="", pos=None):
+    def forward(self, x, cache=None, name="", pos=None, reference=False):
         """pos (B, A): compute the block's output at those positions only, (B, A, C)."""
-        x = (x if pos is None else at(x, pos)) + self.attn(self.ln_1(x), cache, name, pos)
+        attended = self.attn(self.ln_1(x), cache, name, pos, reference)
+        if pos is not None:
+            x = at(x, pos)
+        x = x + attended
         return x + self.mlp(self.ln_2(x))
 
 
@@ -137,22 +179,19 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        for failed, message in (
-            (cfg.n_embd % cfg.n_head, f"width {cfg.n_embd} is not divisible by {cfg.n_head} heads"),
-            (
-                cfg.attention not in ("softmax", "linear"),
-                f"unknown attention {cfg.attention!r}; choose from softmax, linear",
-            ),
-            (
-                cfg.pos not in ("learned", "sinusoidal"),
-                f"unknown positional embedding {cfg.pos!r}; choose from learned, sinusoidal",
-            ),
-        ):
-            if failed:
-                raise ValueError(message)
+        if cfg.n_head < 1:
+            raise ValueError(f"a GPT needs at least 1 attention head, got {cfg.n_head}")
+        if cfg.n_embd % cfg.n_head != 0:
+            raise ValueError(f"width {cfg.n_embd} is not divisible by {cfg.n_head} heads")
+        if cfg.attention not in ("softmax", "linear"):
+            raise ValueError(f"unknown attention {cfg.attention!r}; choose from softmax, linear")
+        if cfg.positional not in ("learned", "sinusoidal"):
+            raise ValueError(
+                f"unknown positional embedding {cfg.positional!r}; choose from learned, sinusoidal"
+            )
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        if cfg.pos == "learned":
+        if cfg.positional == "learned":
             self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
         else:
             self.register_buffer("wpe", sinusoids(cfg.n_positions, cfg.n_embd), persistent=False)
@@ -180,12 +219,14 @@ class GPT(nn.Module):
             else:
                 p.normal_(0.0, 0.02)
 
-    def forward(self, idx, pos=None, cache=None):
+    def forward(self, idx, pos=None, cache=None, reference=False):
         """Logits for tokens idx (B, T): (B, T, vocab), or (B, A, vocab) at positions pos (B, A)
         only.
 
         cache: a dict to fill with activations for analysis, named like TransformerLens: "embed" and
         "blocks.{i}.resid_post" (B, T, C), "blocks.{i}.attn.pattern" (B, nh, T, T).
+        reference: run the written-out attention at every position (what a cache runs too), not the
+        fast paths training runs; the tests hold the fast paths to it.
         """
         B, T = idx.shape
         if T > self.cfg.n_positions:
@@ -193,28 +234,29 @@ class GPT(nn.Module):
                 f"sequence of {T} tokens is longer than the model's {self.cfg.n_positions} "
                 "positions"
             )
-        x = (
-            self.wte(idx)
-            + (  # (B, T, C)
-                self.wpe[:T]
-                if self.cfg.pos == "sinusoidal"
-                else self.wpe(torch.arange(T, device=idx.device))
-            )
-        )
+        if self.cfg.positional == "sinusoidal":
+            positions = self.wpe[:T]
+        else:
+            positions = self.wpe(torch.arange(T, device=idx.device))
+        x = self.wte(idx) + positions  # (B, T, C)
         if cache is not None:
             cache["embed"] = x
         # Nothing after the last block mixes positions, so where logits are wanted at a few
-        # positions (the answers) its queries, MLP and unembedding run only there. Analysis
-        # (cache) wants every position; language modeling scores every one anyway.
-        last_at_pos = pos is not None and cache is None and pos.size(1) < T
+        # positions (the answers) its queries, MLP and unembedding run only there: an equivalent of
+        # running it everywhere and keeping those positions. Analysis (cache) and the reference
+        # want every position; language modeling scores every one anyway.
+        last_at_pos = pos is not None and cache is None and not reference and pos.size(1) < T
         for i, block in enumerate(self.h):
-            # with last_at_pos the last block runs at pos only: its output (B, A, C) is there
-            x = block(
-                x, cache, f"blocks.{i}", pos if last_at_pos and i == len(self.h) - 1 else None
-            )
+            block_pos = None
+            if last_at_pos and i == len(self.h) - 1:
+                # the last block runs at pos only: its output (B, A, C) is there
+                block_pos = pos
+            x = block(x, cache, f"blocks.{i}", block_pos, reference)
             if cache is not None:
                 cache[f"blocks.{i}.resid_post"] = x
-        return self.lm_head(self.ln_f(x if pos is None or last_at_pos else at(x, pos)))
+        if pos is not None and not last_at_pos:
+            x = at(x, pos)
+        return self.lm_head(self.ln_f(x))
 
 
 def at(x, pos):
@@ -226,9 +268,9 @@ def sinusoids(n_positions, n_embd):
     """Vaswani et al.'s fixed positions: even columns sin(t / 10000^(2i/d)), odd columns cos."""
     freq = torch.exp(-math.log(10000.0) * torch.arange(0, n_embd, 2, dtype=torch.float32) / n_embd)
     angles = torch.arange(n_positions, dtype=torch.float32)[:, None] * freq  # (P, ceil(d / 2))
-    return torch.stack([angles.sin(), angles.cos()], 2).flatten(1)[
-        :, :n_embd
-    ]  # (P, d): sin, cos, sin, cos, ...
+    # (P, d): sin, cos, sin, cos, ...; an odd width drops the last cos column
+    interleaved = torch.stack([angles.sin(), angles.cos()], 2).flatten(1)
+    return interleaved[:, :n_embd]
 
 
 class LSTM(nn.Module):
@@ -252,7 +294,8 @@ class LSTM(nn.Module):
         x = self.wte(idx)  # (B, T, C)
         h, _ = self.lstm(x)  # (B, T, C)
         if cache is not None:
-            cache["embed"], cache["lstm.out"] = x, h
+            cache["embed"] = x
+            cache["lstm.out"] = h
         return self.lm_head(h if pos is None else at(h, pos))  # (B, T or A, vocab)
 
 
@@ -302,37 +345,44 @@ def trained_parameters(names, mode: str) -> set:
     if mode in TRAINING_MODES:
         return {name for name in names if parameter_group(name) in TRAINING_MODES[mode]}
     patterns = mask_patterns(mode)
-    matched = {
-        p: {
-            name
-            for name in names
-            if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")
-        }
-        for p in patterns
-    }
-    unmatched = [p for p in patterns if not matched[p]]
-    if not patterns or unmatched:
+    # What a mistyped mask could have said: each parameter's module, e.g. "h.1.mlp.c_fc".
+    modules = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
+    if not patterns:
         raise ValueError(
-            f"--train {(unmatched or [mode])[0]!r} names no parameter; choose a mode "
-            f"({', '.join(TRAINING_MODES)}) or patterns of these: "
-            f"{', '.join(dict.fromkeys(name.rsplit('.', 1)[0] for name in names))}"
+            f"--train {mode!r} names no parameter; choose a mode ({', '.join(TRAINING_MODES)}) "
+            f"or patterns of these: {modules}"
         )
-    return set().union(*matched.values())
+    trained = set()
+    for pattern in patterns:
+        matched = set()
+        for name in names:
+            # a pattern names the parameters it matches and those under it
+            if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*"):
+                matched.add(name)
+        if not matched:
+            raise ValueError(
+                f"--train {pattern!r} names no parameter; choose a mode "
+                f"({', '.join(TRAINING_MODES)}) or patterns of these: {modules}"
+            )
+        trained |= matched
+    return trained
 
 
 def mode_label(mode: str) -> str:
     """The mode as a run directory's name shows it: a mask's patterns joined by +, * read as all."""
-    return (
-        mode
-        if mode in TRAINING_MODES
-        else "+".join(p.removesuffix(".*").replace("*", "all") for p in mask_patterns(mode))
-    )
+    if mode in TRAINING_MODES:
+        return mode
+    return "+".join(p.removesuffix(".*").replace("*", "all") for p in mask_patterns(mode))
 
 
 def model_name(mode: str) -> str:
     """A mode as the paper names the model it trains, Random (frozen blocks) or Normal (everything
     trains), and any other by its label: how run lines, analyses and tables all name a model."""
-    return {"frozen": "Random", "full": "Normal"}.get(mode) or mode_label(mode)
+    if mode == "frozen":
+        return "Random"
+    if mode == "full":
+        return "Normal"
+    return mode_label(mode)
 
 
 def apply_training_mode(model: nn.Module, mode: str) -> dict:

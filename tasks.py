@@ -39,18 +39,23 @@ class Batch:
     x: torch.Tensor  # (B, T) input tokens
     pos: torch.Tensor  # (B, A) positions whose logits are scored
     y: torch.Tensor  # (B, A) answer token at each position, -1 = no answer there
-    target: torch.Tensor = (
-        None  # (B, A, V) target log-probabilities where labels are distributions (imitate)
-    )
+    # (B, A, V) target log-probabilities where labels are distributions (imitate)
+    target: torch.Tensor = None
 
     def __len__(self):
         return self.x.size(0)
 
     def to(self, device):
-        return self.apply(lambda t: t.to(device))
+        def move(t):
+            return t.to(device)
+
+        return self.apply(move)
 
     def __getitem__(self, rows):
-        return self.apply(lambda t: t[rows])
+        def select(t):
+            return t[rows]
+
+        return self.apply(select)
 
     def apply(self, fn):
         """fn applied to every field that is set (target is None outside imitation)."""
@@ -71,26 +76,31 @@ class Batch:
         chunks = [
             rows for rows in last.argsort(-1).tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)
         ]
+        # ends[0] is the shortest row's last answer, ends[1:] each chunk's longest.
         ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
-        # Every row the same length: no sorting, one chunk.
-        chunks, ends = ([None], ends[:1]) if ends[0] == ends[-1] else (chunks, ends[1:])
-        trimmed = [
-            replace(
-                chunk, x=chunk.x[..., : end + 1].contiguous()
-            )  # one memory layout for every chunk: no recompile
-            for chunk, end in zip(
-                [self if rows is None else self.take_rows(rows) for rows in chunks], ends
-            )
-        ]
+        if ends[0] == ends[-1]:
+            # Every row the same length: no sorting, one chunk.
+            untrimmed = [self]
+            ends = ends[:1]
+        else:
+            untrimmed = [self.take_rows(rows) for rows in chunks]
+            ends = ends[1:]
+        trimmed = []
+        for chunk, end in zip(untrimmed, ends):
+            # contiguous: one memory layout for every chunk, so a compiled step never recompiles
+            trimmed.append(replace(chunk, x=chunk.x[..., : end + 1].contiguous()))
         return [(chunk, (chunk.y >= 0).sum((-2, -1)) / answers) for chunk in trimmed]
 
     def take_rows(self, rows):
         """The given rows (indices (..., b) into the row dimension, the second to last of pos)."""
-        return self.apply(
-            lambda t: torch.take_along_dim(
-                t, rows.view(rows.shape + (1,) * (t.dim() - rows.dim())), self.pos.dim() - 2
-            )
-        )
+        row_dim = self.pos.dim() - 2
+
+        def take(t):
+            # one trailing 1 per dimension t has after the rows, so the indices broadcast over them
+            index = rows.view(rows.shape + (1,) * (t.dim() - rows.dim()))
+            return torch.take_along_dim(t, index, row_dim)
+
+        return self.apply(take)
 
 
 # Rows are sorted by length and cut into this many chunks, each trimmed after its own last answer.
@@ -218,9 +228,8 @@ class FiniteTask(Task):
             getattr(self, "_train_on_device", None) is None
             or self._train_on_device.x.device != generator.device
         ):
-            self._train_on_device = self.train_set.to(
-                generator.device
-            )  # train_set stays on the CPU for evaluation
+            # a copy: train_set stays on the CPU for evaluation
+            self._train_on_device = self.train_set.to(generator.device)
         return self._train_on_device[
             torch.randint(
                 len(self.train_set), (batch_size,), generator=generator, device=generator.device
@@ -243,10 +252,13 @@ class ModularAddition(FiniteTask):
     p: int = 199
     epochs: int = 5000
     name = "modadd"
-    vocab_size = property(lambda self: self.p)
     n_positions = 5
     seq_len = 2
     batch_size = 4000
+
+    @property
+    def vocab_size(self):
+        return self.p
 
     def __post_init__(self):
         if self.p < 2:  # below 2 the 95/5 split leaves no test pair
@@ -280,13 +292,16 @@ class Needle(StreamTask):
     name = "needle"
     vocab_size = 256
     n_positions = 100
-    seq_len = property(lambda self: 2 * self.max_pairs + 1)
     MARKERS = 30  # the marker alphabet [128, 157]; queries are [158, 187]
-    distinct_inputs = property(  # k ordered distinct markers, k values, one of k queried
-        lambda self: sum(
-            math.perm(self.MARKERS, k) * 127**k * k for k in range(1, self.max_pairs + 1)
-        )
-    )
+
+    @property
+    def seq_len(self):
+        return 2 * self.max_pairs + 1
+
+    @property
+    def distinct_inputs(self):
+        # k ordered distinct markers, k values, one of k queried
+        return sum(math.perm(self.MARKERS, k) * 127**k * k for k in range(1, self.max_pairs + 1))
 
     def __post_init__(self):
         if not 1 <= self.max_pairs <= self.MARKERS:
@@ -295,19 +310,25 @@ class Needle(StreamTask):
     def generate(self, n, generator):
         device, K = generator.device, self.max_pairs
         k = 1 + torch.randint(K, (n,), generator=generator, device=device)
-        markers = (
-            128 + torch.rand(n, self.MARKERS, generator=generator, device=device).argsort(1)[:, :K]
-        )
+        # each row's first K of a random order of the alphabet: K distinct markers
+        order = torch.rand(n, self.MARKERS, generator=generator, device=device).argsort(1)
+        markers = 128 + order[:, :K]
         values = torch.randint(1, 128, (n, K), generator=generator, device=device)
-        x = F.pad(
-            torch.where(
-                torch.arange(2 * K, device=device) < 2 * k[:, None],
-                torch.stack([markers, values], 2).view(n, 2 * K),  # m1 c1 m2 c2 ...
-                0,
-            ),
-            (0, 1),  # + the query slot
-        )
-        rows, queried = torch.arange(n, device=device), uniform_below(k, generator)
+        queried = uniform_below(k, generator)
+        return self.encode(markers, values, k, queried)
+
+    def encode(self, markers, values, k, queried):
+        """The batch of n examples whose row i stores the pairs markers[i, j] values[i, j] for
+        j < k[i], then queries pair queried[i]: markers and values (n, max_pairs) tokens, k and
+        queried (n,). generate draws them; tests build the docstring's example with it."""
+        n, K = markers.shape
+        device = markers.device
+        pairs = torch.stack([markers, values], 2).view(n, 2 * K)  # m1 v1 m2 v2 ...
+        stored = torch.arange(2 * K, device=device) < 2 * k[:, None]
+        x = torch.where(stored, pairs, 0)
+        # + the query slot
+        x = F.pad(x, (0, 1))
+        rows = torch.arange(n, device=device)
         x[rows, 2 * k] = markers[rows, queried] + self.MARKERS
         return Batch(x, (2 * k)[:, None], values[rows, queried][:, None])
 
@@ -333,8 +354,14 @@ class Addition(StreamTask):
     name = "addition"
     vocab_size = 31
     n_positions = 40
-    seq_len = property(lambda self: 3 * self.digits + 3)
-    distinct_inputs = property(lambda self: (9 * 10 ** (self.digits - 1)) ** 2)
+
+    @property
+    def seq_len(self):
+        return 3 * self.digits + 3
+
+    @property
+    def distinct_inputs(self):
+        return (9 * 10 ** (self.digits - 1)) ** 2
 
     def __post_init__(self):
         if not 1 <= self.digits <= 17:
@@ -343,21 +370,20 @@ class Addition(StreamTask):
     def generate(self, n, generator):
         d, device = self.digits, generator.device
         lo, hi = 10 ** (d - 1), 10**d
-        a, b = (torch.randint(lo, hi, (n,), generator=generator, device=device) for _ in range(2))
+        a = torch.randint(lo, hi, (n,), generator=generator, device=device)
+        b = torch.randint(lo, hi, (n,), generator=generator, device=device)
         s = a + b
-        # (n, m): v's m lowest digits, least significant first
-        digits = lambda v, m: v[:, None] // 10 ** torch.arange(m, device=device) % 10
         sum_len = d + (s >= hi).long()  # d or d + 1 digits
         answer = torch.where(
             torch.arange(d + 2, device=device) < sum_len[:, None],
-            SUM_DIGIT0 + digits(s, d + 2),
+            SUM_DIGIT0 + lowest_digits(s, d + 2),
             ADD_PAD,
         )
         answer[torch.arange(n, device=device), sum_len] = SUM_END
-        col = lambda v: torch.full((n, 1), v, device=device)
-        seq = torch.cat(
-            [digits(a, d), col(PLUS), digits(b, d), col(EQUALS), answer], 1
-        )  # (n, 3d + 4)
+        plus = torch.full((n, 1), PLUS, device=device)
+        equals = torch.full((n, 1), EQUALS, device=device)
+        seq = torch.cat([lowest_digits(a, d), plus, lowest_digits(b, d), equals, answer], 1)
+        # seq is (n, 3d + 4); the input stops before its last token
         return Batch(
             seq[:, :-1],
             # each answer is predicted at the token before it
@@ -370,11 +396,24 @@ class Addition(StreamTask):
         return {**super().metrics(logits, batch), "exact_match": (~wrong.any(1)).float()}
 
 
+def lowest_digits(v, m):
+    """(n, m): each of v's (n,) m lowest decimal digits, least significant first."""
+    return v[:, None] // 10 ** torch.arange(m, device=v.device) % 10
+
+
 # ---------------------------------------------------------------------------
 # Parenthesis balancing (paper D.1.4)
 # ---------------------------------------------------------------------------
 
 OPEN, CLOSE, QUERY = 1, 2, 3
+# The answer after the '?' reuses the bracket tokens, as the authors' vocabulary does.
+BALANCED, UNBALANCED = CLOSE, OPEN
+# The bits of Parens' 2-bit mutation code (docs/protocol.md §4.4); a string gets each mutation whose
+# bit is set.
+# SWAP: a geometric number of swaps, each of two random positions p and q (skipped when p >= q).
+# FLIP: a geometric number of flips, doubled with probability 2/3; a flip turns one bracket round.
+SWAP = 1
+FLIP = 2
 
 
 @dataclass
@@ -392,10 +431,15 @@ class Parens(StreamTask):
     name = "parens"
     vocab_size = 4
     n_positions = 80
-    seq_len = property(lambda self: self.max_parens + 1)
-    distinct_inputs = property(
-        lambda self: 2 ** (self.max_parens + 1) - 2
-    )  # every string of 1 to max_parens brackets
+
+    @property
+    def seq_len(self):
+        return self.max_parens + 1
+
+    @property
+    def distinct_inputs(self):
+        # every string of 1 to max_parens brackets
+        return 2 ** (self.max_parens + 1) - 2
 
     def __post_init__(self):
         if self.max_parens < 2:
@@ -403,47 +447,64 @@ class Parens(StreamTask):
 
     def generate(self, n, generator):
         device, L = generator.device, self.max_parens
-        randint = lambda high, *shape: torch.randint(
-            high, shape, generator=generator, device=device
-        )
-        mutation = randint(4, n)
-        is_random = randint(3, n) == 0
-        mutation = torch.where(~is_random & randint(2, n).bool(), 0, mutation)
+
+        def randint(high, *shape):
+            return torch.randint(high, shape, generator=generator, device=device)
+
+        # The random draws come in the authors' order (reference_parens in tests/test_core.py).
+        mutation = randint(4, n)  # SWAP and FLIP bits, each set with probability 1/2
+        is_random = randint(3, n) == 0  # a third uniformly random strings, the rest balanced
+        # Half the balanced strings stay unmutated: about a third of all examples are balanced.
+        unmutated = ~is_random & randint(2, n).bool()
+        mutation = torch.where(unmutated, 0, mutation)
 
         pairs = 1 + randint(L // 2, n)
         length = torch.where(is_random, 1 + randint(L, n), 2 * pairs)
-        s = torch.where(
-            is_random[:, None], 1 + randint(2, n, L), balanced_strings(pairs, L, generator)
-        ) * (torch.arange(L, device=device) < length[:, None])
+        random_strings = 1 + randint(2, n, L)  # OPEN or CLOSE, each with probability 1/2
+        balanced_ones = balanced_strings(pairs, L, generator)
+        strings = torch.where(is_random[:, None], random_strings, balanced_ones)
+        # padding 0 after each string's length
+        strings = strings * (torch.arange(L, device=device) < length[:, None])
 
-        swaps = torch.where(mutation & 1 == 1, geometric_count(n, generator), 0)
+        swaps = torch.where((mutation & SWAP) == SWAP, geometric_count(n, generator), 0)
         rows = torch.arange(n, device=device)
         for j in range(int(swaps.max())):
-            p, q = uniform_below(length, generator), uniform_below(length, generator)
-            do = (swaps > j) & (p < q)
-            sp, sq = s[rows, p], s[rows, q]
-            s[rows, p], s[rows, q] = torch.where(do, sq, sp), torch.where(do, sp, sq)
+            p = uniform_below(length, generator)
+            q = uniform_below(length, generator)
+            # a row swaps in round j if it has more than j swaps, and as the authors' sampler only
+            # when p < q
+            swapped = (swaps > j) & (p < q)
+            at_p = strings[rows, p]
+            at_q = strings[rows, q]
+            strings[rows, p] = torch.where(swapped, at_q, at_p)
+            strings[rows, q] = torch.where(swapped, at_p, at_q)
 
-        flips = torch.where(mutation & 2 == 2, geometric_count(n, generator), 0) * torch.where(
-            randint(3, n) > 0, 2, 1
-        )
-        if most_flips := int(flips.max()):
-            # Flips at distinct indices commute and a double flip cancels, so only each index's
-            # parity matters.
-            at = uniform_below(length[:, None].expand(-1, most_flips), generator)
-            parity = (
-                torch.zeros(n, L, dtype=torch.long, device=device).scatter_add_(
-                    1, at, (torch.arange(at.size(1), device=device) < flips[:, None]).long()
-                )
-                % 2
-            )
-            s = torch.where(parity == 1, 3 - s, s)
+        flips = torch.where((mutation & FLIP) == FLIP, geometric_count(n, generator), 0)
+        doubled = randint(3, n) > 0  # probability 2/3
+        flips = flips * torch.where(doubled, 2, 1)
+        most_flips = int(flips.max())
+        if most_flips > 0:
+            # Every row draws most_flips positions and uses the first flips[row] of them.
+            flipped_at = uniform_below(length[:, None].expand(-1, most_flips), generator)
+            used = torch.arange(most_flips, device=device) < flips[:, None]  # (n, most_flips)
+            # Flipping a bracket twice restores it, and flips at different positions do not
+            # interact, so instead of flipping one by one we count the flips at each position and
+            # turn round the brackets that were hit an odd number of times.
+            hits = torch.zeros(n, L, dtype=torch.long, device=device)
+            hits.scatter_add_(1, flipped_at, used.long())  # hits[row, i]: flips at position i
+            odd = hits % 2 == 1
+            # OPEN = 1 and CLOSE = 2, so 3 - bracket turns it round.
+            strings = torch.where(odd, 3 - strings, strings)
 
-        depth = torch.where(s == OPEN, 1, torch.where(s == CLOSE, -1, 0)).cumsum(1)
+        # Balanced: the depth (+1 for each '(', -1 for each ')', 0 for padding), counted from the
+        # left, never drops below 0 and ends at 0.
+        step = (strings == OPEN).long() - (strings == CLOSE).long()
+        depth = step.cumsum(1)
         balanced = (depth.min(1).values >= 0) & (depth[:, -1] == 0)
-        x = F.pad(s, (0, 1))
+        x = F.pad(strings, (0, 1))
         x[rows, length] = QUERY
-        return Batch(x, length[:, None], torch.where(balanced, CLOSE, OPEN)[:, None])
+        answer = torch.where(balanced, BALANCED, UNBALANCED)
+        return Batch(x, length[:, None], answer[:, None])
 
 
 def geometric_count(n, generator):
@@ -463,9 +524,8 @@ def balanced_strings(pairs, width, generator):
     2 times.
     """
     device = pairs.device
-    out = torch.zeros(
-        len(pairs), width + 1, dtype=torch.long, device=device
-    )  # a split row writes to the extra column
+    # a split row writes to the extra column
+    out = torch.zeros(len(pairs), width + 1, dtype=torch.long, device=device)
     row, offset, t = torch.arange(len(pairs), device=device), torch.zeros_like(pairs), pairs
     while len(row):
         wrap = (t == 1) | (torch.randint(2, t.shape, generator=generator, device=device) == 1)
@@ -597,9 +657,8 @@ class Imitation(StreamTask):
         self.target.to(device)
         x = torch.randint(self.vocab_size, (n, self.seq_len), generator=generator, device=device)
         pos = torch.full((n, 1), self.seq_len - 1, device=device)
-        target = (
-            self.target(x, pos).float().log_softmax(-1)
-        )  # (n, 1, V); no graph: the target is frozen
+        # (n, 1, V); no graph: the target is frozen
+        target = self.target(x, pos).float().log_softmax(-1)
         return Batch(x, pos, target.argmax(-1), target)
 
     def loss(self, logits, batch):
@@ -644,7 +703,14 @@ class LanguageModeling(Task):
     lr, weight_decay = 6e-4, 0.1
     heads = 8
     eval_batch_size = 20  # the (B, context, vocab) logits dominate memory
-    n_positions = seq_len = property(lambda self: self.context)
+
+    @property
+    def n_positions(self):
+        return self.context
+
+    @property
+    def seq_len(self):
+        return self.context
 
     def __post_init__(self):
         if self.context < 2 or self.vocab < 257 or self.vocab > 2**16:
@@ -671,9 +737,9 @@ class LanguageModeling(Task):
         return math.ceil(self.epochs * len(self.train_tokens) / (batch_size * self.context))
 
     def windows(self, tokens, starts):
-        rows = torch.from_numpy(
-            tokens[starts[:, None] + np.arange(self.context + 1)].astype(np.int64)
-        )  # (B, C + 1)
+        # (B, C + 1): each window and the token after it
+        positions = starts[:, None] + np.arange(self.context + 1)
+        rows = torch.from_numpy(tokens[positions].astype(np.int64))
         return Batch(rows[:, :-1], torch.arange(self.context).expand(len(starts), -1), rows[:, 1:])
 
     def sample(self, batch_size, generator):
