@@ -22,12 +22,10 @@ import torch
 from errors import UsageError
 from files import load_checkpoint, read_json
 from model import (
-    GPT,
-    LSTM,
     TRAINING_MODE_HELP,
-    GPTConfig,
     apply_training_mode,
     mode_label,
+    new_model,
     parameter_group,
     trained_parameters,
 )
@@ -389,7 +387,9 @@ def build(cfg: TrainConfig):
     frozen per cfg.mode."""
     cfg, task = resolve(cfg)
     try:
-        model = new_model(cfg, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads)
+        model = new_model(
+            cfg.arch, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, cfg.pos
+        )
         return cfg, task, model, apply_training_mode(model, cfg.mode)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -400,20 +400,6 @@ def build_seeded(cfg: TrainConfig):
     holds only the weights that train, gets back the frozen ones this way)."""
     torch.manual_seed(cfg.seed)
     return build(cfg)
-
-
-def new_model(cfg: TrainConfig, vocab_size, n_positions, width, layers, heads):
-    """A freshly initialized model of cfg's architecture and positions at these sizes."""
-    shape = GPTConfig(
-        vocab_size,
-        n_positions,
-        width,
-        layers,
-        heads,
-        attention="linear" if cfg.arch == "linear" else "softmax",
-        pos=cfg.pos,
-    )
-    return LSTM(shape) if cfg.arch == "lstm" else GPT(shape)
 
 
 def saved_config(run_dir: str, required=False):
@@ -542,9 +528,8 @@ def default_lr(cfg: TrainConfig) -> float:
             # blocks), named by a copy of cfg's model on the meta device, which holds no memory:
             # names depend on the architecture and the layers, not on the sizes.
             with torch.device("meta"):
-                model = new_model(
-                    cfg, 2, 2, 2, TASKS[cfg.task].layers if cfg.layers is None else cfg.layers, 1
-                )
+                layers = TASKS[cfg.task].layers if cfg.layers is None else cfg.layers
+                model = new_model(cfg.arch, 2, 2, 2, layers, 1, cfg.pos)
             trained = trained_parameters(dict(model.named_parameters()), cfg.mode)
             if any(parameter_group(name) == "body" for name in trained):
                 return CPU_BLOCKS_LR[cfg.task]

@@ -299,6 +299,21 @@ class LSTM(nn.Module):
         return self.lm_head(h if pos is None else at(h, pos))  # (B, T or A, vocab)
 
 
+def new_model(arch, vocab_size, n_positions, width, layers, heads, positional="learned"):
+    """A freshly initialized model, drawn from torch's global RNG (a run seeds it first): the
+    paper's GPT (arch "gpt"), its linearized-attention baseline ("linear"), or the LSTM baseline
+    ("lstm")."""
+    attention = "softmax"
+    if arch == "linear":
+        attention = "linear"
+    shape = GPTConfig(
+        vocab_size, n_positions, width, layers, heads, attention=attention, positional=positional
+    )
+    if arch == "lstm":
+        return LSTM(shape)
+    return GPT(shape)
+
+
 # What each training mode of the paper trains (docs/protocol.md §2). Every parameter is an embedding
 # ("wte", "wpe"), the unembedding ("lm_head"), or part of the body (blocks and ln_f, or the LSTM's
 # recurrence), which only "full" trains.

@@ -19,10 +19,10 @@ from dataclasses import replace
 import torch
 
 from cli import parse_args, seed_configs
-from config import new_model, resolve
+from config import resolve
 from devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
 from errors import UsageError, usage_errors
-from model import apply_training_mode
+from model import apply_training_mode, new_model
 from rundir import Run, resumed_config, seed_state, write_seed_summary
 from tasks import Batch
 
@@ -39,7 +39,9 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     # why a checkpoint holds only the weights that train. The training mode (model.py) chooses them.
     torch.manual_seed(cfg.seed)
     try:
-        model = new_model(cfg, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads)
+        model = new_model(
+            cfg.arch, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, cfg.pos
+        )
         counts = apply_training_mode(model, cfg.mode)
     except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
         raise UsageError(str(e)) from None

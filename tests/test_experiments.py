@@ -256,7 +256,7 @@ def test_baselines_learn_parentheses_above_chance(tmp_path, arch):
 
 def test_sinusoidal_positions_are_fixed_and_uncounted():
     learned = GPT(GPTConfig(vocab_size=16, n_positions=12, n_embd=32))
-    fixed = GPT(GPTConfig(vocab_size=16, n_positions=12, n_embd=32, pos="sinusoidal"))
+    fixed = GPT(GPTConfig(vocab_size=16, n_positions=12, n_embd=32, positional="sinusoidal"))
     counts = apply_training_mode(fixed, "full")
     assert counts["trainable"] == apply_training_mode(learned, "full")["trainable"] - 12 * 32
     assert "wpe" not in dict(fixed.named_parameters())
