@@ -430,7 +430,7 @@ def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
         for prompt, text in zip(samples["prompts"], samples["continuations"])
     )
     tokens = analyzed(run, "--only", "attention")["attention"]["tokens"]
-    task = analyze.Run(str(run)).task
+    task = analyze.SavedRun(str(run)).task
     labels = analyze.token_labels(
         task, tokens
     )  # each token's text, spaces and newlines made visible
@@ -503,7 +503,7 @@ def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compa
     run = copied(runs, "parens", tmp_path)
     analyze.main(["--watch", str(run)])  # finished already: scores model.pt once and ends
     (record,) = [json.loads(line) for line in (run / "unseen.jsonl").read_text().splitlines()]
-    lengths = analyze.parens_lengths(analyze.Run(str(run)))
+    lengths = analyze.parens_lengths(analyze.SavedRun(str(run)))
     assert (
         record["step"] == 3
         and record["unseen"] == lengths["unseen"]["accuracy"]
@@ -669,7 +669,7 @@ def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
     assert result["variance"]["label"] == "needle Random w16, stopped at step 3"
     # the checkpoint's step-3 test loss: the blocks its seed draws, under the embeddings it trained
     step_3 = [r for r in analyze.read_metrics(run) if r["step"] == 3][0]
-    stopped = analyze.Run(str(run))
+    stopped = analyze.SavedRun(str(run))
     test = stopped.task.test_set()
     with torch.no_grad():
         loss = stopped.task.loss(stopped.model(test.x, test.pos), test).item()
