@@ -847,14 +847,17 @@ def run_records(run_dir: str, name: str) -> list:
 
 def dig(record, path: str):
     """The value at `path` in a record, as the documents show it (None where a key is missing): keys
-    joined by dots, where key=value keeps the items of a list whose key has that value; a list is
-    its count, an accuracy (a fraction) in %."""
+    joined by dots, where key=value keeps the items of a list whose key has that value and a number
+    picks a list's item (0 the first); a list is its count, an accuracy (a fraction) in %."""
     for part in path.split("."):
         key, keep, wanted = part.partition("=")
         if keep:
             record = [item for item in record if str(item.get(key)) == wanted]
         elif isinstance(record, dict):
             record = record.get(key)
+        elif isinstance(record, list) and key.isdigit() and int(key) < len(record):
+            # analysis.json:variance.pc_top10.0 is the first layer's
+            record = record[int(key)]
         else:
             record = None
     if isinstance(record, list):
@@ -870,8 +873,9 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
     (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
     step N on), to<N> (every one up to step N), FILE:PATH (dig's PATH in each run's FILE, e.g.
-    train_split.json:accuracy or analysis.json:lengths.unseen.test, or in each record of a .jsonl
-    log, which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
+    train_split.json:accuracy, analysis.json:lengths.unseen.test or
+    analysis.json:variance.pc_top10.0, a list's first item; or in each record of a .jsonl log,
+    which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
     FILE:PATH fraction in %, where dig does not); and at most one summary: range (min-max over
     the values, one number where they agree), gap (the median less the paper's number, signed),
     minutes (min-max of each run's training minutes), summed (their total), runs (how many
