@@ -16,6 +16,8 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -39,21 +41,25 @@ NEEDLE_EXAMPLE = [128, 1, 129, 2, 130, 3, 131, 4, 159]  # Figure 2's input: a 1 
 LM_PROMPTS = ["Once upon a time", "One day, a little girl named Lily", "Tom and his dog"]
 
 
-class Run:
-    """A loaded run: its directory, config, rebuilt task, model (CPU, eval mode) and its label; a
-    run stopped before model.pt (by a signal or a kill) is loaded at its checkpoint, whose last
-    test metrics stand for final.json."""
+class SavedRun:
+    """A run train.py saved, loaded for analysis: its directory, config, rebuilt task, model (CPU,
+    eval mode) and its label. A run stopped before model.pt (by a signal or a kill) is loaded at
+    its checkpoint, whose last test metrics stand for final.json."""
 
     def __init__(self, path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise UsageError(f"{path} is not a run directory (no config.json)")
-        self.path, checkpoint, stopped_at = path, os.path.join(path, "checkpoint.pt"), None
+        self.path = path
+        checkpoint = os.path.join(path, "checkpoint.pt")
+        stopped_at = None
         if os.path.isfile(checkpoint) and not os.path.isfile(os.path.join(path, "model.pt")):
             saved = load_checkpoint(checkpoint, ("model", "step", "metrics"))
             self.cfg, self.task, self.model, self.counts = build_seeded(saved_config(path))
-            # over the frozen blocks its seed drew
+            # the checkpoint holds the weights that train; they load over the frozen blocks its
+            # seed drew
             self.model.eval().load_state_dict(saved["model"], strict=False)
-            self.final, stopped_at = saved["metrics"], saved["step"]
+            self.final = saved["metrics"]
+            stopped_at = saved["step"]
         else:
             self.cfg, self.task, self.model, self.counts = load_run(path)
             # train.py writes model.pt, then final.json: a kill between the two
@@ -66,27 +72,30 @@ class Run:
         self.label = run_label(self.cfg, stopped_at)
         # the paper's model (Random, Normal) this run stands for: none for a 0-step or a stopped
         # run, whose numbers are never set beside the paper's trained ones
-        self.paper_model = (
-            model_name(self.cfg.mode) if self.cfg.steps and stopped_at is None else None
-        )
-        if not all(
-            t.isfinite().all() for t in self.model.state_dict().values() if t.is_floating_point()
-        ):
-            raise UsageError(
-                f"{path}/model.pt has NaN or infinite weights (the run diverged); there is nothing "
-                "to analyze"
-            )
+        if self.cfg.steps and stopped_at is None:
+            self.paper_model = model_name(self.cfg.mode)
+        else:
+            self.paper_model = None
+        for weights in self.model.state_dict().values():
+            if weights.is_floating_point() and not weights.isfinite().all():
+                raise UsageError(
+                    f"{path}/model.pt has NaN or infinite weights (the run diverged); there is "
+                    "nothing to analyze"
+                )
 
 
 def run_label(cfg, stopped_at=None) -> str:
     """How analysis.md and analysis.json name a run: task, the paper's model name (Random,
     Normal) or untrained for a 0-step run, which is no model of the paper's, and width; a run
     stopped early says where."""
-    return (
-        f"{cfg.task} "
-        f"{'untrained (0 steps)' if cfg.steps == 0 else model_name(cfg.mode)} "
-        f"w{cfg.width}" + (f", stopped at step {stopped_at}" if stopped_at is not None else "")
-    )
+    if cfg.steps == 0:
+        model = "untrained (0 steps)"
+    else:
+        model = model_name(cfg.mode)
+    label = f"{cfg.task} {model} w{cfg.width}"
+    if stopped_at is not None:
+        label += f", stopped at step {stopped_at}"
+    return label
 
 
 def last_answer_position(batch: tasks.Batch):
@@ -123,7 +132,7 @@ def top_k_variance_fractions(X, k=TOP_K):
     )
 
 
-def training_states(run: Run, examples: int) -> dict:
+def training_states(run: SavedRun, examples: int) -> dict:
     """{layer: (n, C) hidden states} after the embedding ("Emb") and each block ("L1", ...) on
     seeded training-distribution inputs, every position up to a row's last scored one
     (docs/protocol.md §6)."""
@@ -140,11 +149,15 @@ def training_states(run: Run, examples: int) -> dict:
     return {layer: states[name][keep] for layer, name in layers.items()}
 
 
-def explained_variance(run: Run, examples: int) -> dict:
+def explained_variance(run: SavedRun, examples: int) -> dict:
     """Tables 4, 5, 7: each layer's top_k_variance_fractions on the training_states
     (docs/protocol.md §6)."""
     states = training_states(run, examples)
     fractions = [top_k_variance_fractions(X) for X in states.values()]  # (pc, neuron) per layer
+    # the paper's tables are of 2-layer models
+    paper_variance = None
+    if run.cfg.layers == 2:
+        paper_variance = paper.VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width))
     return {
         "label": run.label,
         "layers": list(states),
@@ -152,24 +165,22 @@ def explained_variance(run: Run, examples: int) -> dict:
         "neuron_top10": [neuron for _, neuron in fractions],
         "vectors": len(states["Emb"]),
         "width": run.cfg.width,
-        "paper": paper.VARIANCE.get((run.cfg.task, run.paper_model, run.cfg.width))
-        if run.cfg.layers == 2
-        else None,
+        "paper": paper_variance,
     }
 
 
 def explained_variance_markdown(result):
     layers = result["layers"]
-    rows = [
-        [result["label"]] + [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]
-    ] + (
-        [
-            [f"the paper, same task, model and width (Table {4 if result['width'] != 512 else 7})"]
-            + [f"{v:.1f}%" for v in result["paper"]]
-        ]
-        if result.get("paper")
-        else []
-    )
+    ours = [f"{100 * v:.1f}%" for v in result["pc_top10"] + result["neuron_top10"]]
+    rows = [[result["label"]] + ours]
+    if result.get("paper"):
+        # the paper's width 512 is Table 7's
+        if result["width"] != 512:
+            table = 4
+        else:
+            table = 7
+        theirs = [f"{v:.1f}%" for v in result["paper"]]
+        rows.append([f"the paper, same task, model and width (Table {table})"] + theirs)
     lines = [
         f"Fraction of variance explained by the top {TOP_K} directions in the principal component "
         "basis (PC) "
@@ -201,9 +212,12 @@ def explained_variance_markdown(result):
 def projection_ks(width: int) -> list:
     """1, 2, 5, 10, 20, 50, ... below width, then width itself (every direction: nothing
     projected)."""
-    return [
-        k for e in range(len(str(width))) for k in (10**e, 2 * 10**e, 5 * 10**e) if k < width
-    ] + [width]
+    ks = []
+    for e in range(len(str(width))):
+        for k in (10**e, 2 * 10**e, 5 * 10**e):
+            if k < width:
+                ks.append(k)
+    return ks + [width]
 
 
 def logits_from(model, layer: int, x, pos):
@@ -216,7 +230,7 @@ def logits_from(model, layer: int, x, pos):
 
 
 @torch.no_grad()
-def projection(run: Run, examples: int) -> dict:
+def projection(run: SavedRun, examples: int) -> dict:
     """Test accuracy when one layer's hidden states h are replaced by m + P(h - m), m their mean
     and P the projection onto k directions: the top k principal components or the top k
     highest-variance neurons of the hidden states explained_variance reads, for each k of
@@ -250,14 +264,12 @@ def projection(run: Run, examples: int) -> dict:
             ("pc", torch.linalg.eigh(cov).eigenvectors.flip(1).float()),
             ("neuron", torch.eye(len(cov))[:, cov.diagonal().argsort().flip(0)]),
         ):
-            result[name].append(
-                [
-                    accuracy(
-                        logits_from(run.model, i, mean + (tested[i] - mean) @ V @ V.T, test.pos)
-                    )
-                    for V in (basis[:, :k] for k in ks)
-                ]
-            )
+            accuracies = []
+            for k in ks:
+                V = basis[:, :k]
+                projected = mean + (tested[i] - mean) @ V @ V.T
+                accuracies.append(accuracy(logits_from(run.model, i, projected, test.pos)))
+            result[name].append(accuracies)
     plt = pyplot()
     fig, axes = plt.subplots(
         1,
@@ -290,19 +302,18 @@ def projection(run: Run, examples: int) -> dict:
 
 
 def projection_markdown(result):
-    rows = [
-        [layer, name] + [f"{100 * a:.1f}" for a in accuracies]
-        for layer, pc, neuron in zip(result["layers"], result["pc"], result["neuron"])
-        for name, accuracies in (("PCs", pc), ("neurons", neuron))
-    ]
+    rows = []
+    for layer, pc, neuron in zip(result["layers"], result["pc"], result["neuron"]):
+        rows.append([layer, "PCs"] + [f"{100 * a:.1f}" for a in pc])
+        rows.append([layer, "neurons"] + [f"{100 * a:.1f}" for a in neuron])
     # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps all)
-    fewest = [
-        " / ".join(
-            str(next(k for k, a in zip(result["k"], accuracies) if a >= 0.9 * result["accuracy"]))
-            for accuracies in result[name]
-        )
-        for name in ("pc", "neuron")
-    ]
+    fewest = []
+    for name in ("pc", "neuron"):
+        per_layer = []
+        for accuracies in result[name]:
+            enough = [k for k, a in zip(result["k"], accuracies) if a >= 0.9 * result["accuracy"]]
+            per_layer.append(str(enough[0]))
+        fewest.append(" / ".join(per_layer))
     return "\n".join(
         [
             "Test accuracy (%) when the hidden states at one layer keep only their mean plus their "
@@ -367,7 +378,7 @@ def circle_score(x, y) -> float:
     return (power[1:].max() / power.sum()).item()
 
 
-def embedding_geometry(run: Run) -> dict:
+def embedding_geometry(run: SavedRun) -> dict:
     """Figure 3: PCA of the token embedding, drawn as PCs 1 vs 3 (the paper's panel) and 1 vs 2,
     tokens coloured on a cyclic map since values wrap mod p; with the circularity and circle scores
     of its first 4 components."""
@@ -383,11 +394,10 @@ def embedding_geometry(run: Run) -> dict:
     fig.colorbar(dots, ax=axes, label="token value")
     fig.suptitle(f"{run.label}: token embedding")
     save_figure(plt, fig, os.path.join(run.path, "embedding.png"))
-    scores = {
-        (i, j): circle_score(projections[:, i], projections[:, j])
-        for i in range(4)
-        for j in range(i + 1, 4)
-    }
+    scores = {}
+    for i in range(4):
+        for j in range(i + 1, 4):
+            scores[i, j] = circle_score(projections[:, i], projections[:, j])
     best = max(scores, key=scores.get)
     return {
         "variance_fractions": fractions[:4].tolist(),
@@ -397,8 +407,9 @@ def embedding_geometry(run: Run) -> dict:
             "pcs_1_3": scores[0, 2],
             "best": {"pcs": [best[0] + 1, best[1] + 1], "score": scores[best]},
         },
+        # (p, 4): Figure 3 redrawn without weights
         "projections": projections[:, :4].mul(1e4).round().div(1e4).tolist(),
-    }  # (p, 4): Figure 3 redrawn without weights
+    }
 
 
 def embedding_markdown(result):
@@ -420,9 +431,8 @@ def embedding_markdown(result):
 # ---------------------------------------------------------------------------
 
 
-NEEDLE_LETTERS = (
-    "abcdefghijklmnopqrstuvwxyzABCD"  # one per needle marker, as in Figure 2's "a 1 b 2 c 3 d 4 b"
-)
+# one per needle marker, as in Figure 2's "a 1 b 2 c 3 d 4 b"
+NEEDLE_LETTERS = "abcdefghijklmnopqrstuvwxyzABCD"
 # Needle: a marker shows as its letter, a query as its letter and "?"; addition: input and sum digit
 # tokens as the digit.
 NEEDLE_NAMES = {
@@ -450,17 +460,28 @@ ATTENTION_STEPS = {
 }
 
 
-def token_labels(task, tokens):
-    """What each token id stands for in its task, for the heatmap axes (_ is padding)."""
-    label = {
-        "parens": lambda t: "_()?"[t],
+def token_label(task, token: int) -> str:
+    """What a token id stands for in its task, for the heatmap axes (_ is padding)."""
+    if task.name == "parens":
+        return "_()?"[token]
+    if task.name == "memorize":
         # a pair's first key x is a token below 512, its second key y is token 512 + y
-        "memorize": lambda t: f"x{t}" if t < 512 else f"y{t - 512}",
-        "lm": lambda t: task.tokenizer.decode([t]).replace(" ", "␣").replace("\n", "↵"),
-        "needle": lambda t: NEEDLE_NAMES.get(t, str(t)),
-        "addition": lambda t: ADDITION_NAMES.get(t, str(t)),
-    }.get(task.name, str)  # modadd, imitate: a token is its number
-    return [label(t) for t in tokens]
+        if token < 512:
+            return f"x{token}"
+        return f"y{token - 512}"
+    if task.name == "lm":
+        return task.tokenizer.decode([token]).replace(" ", "␣").replace("\n", "↵")
+    if task.name == "needle":
+        return NEEDLE_NAMES.get(token, str(token))
+    if task.name == "addition":
+        return ADDITION_NAMES.get(token, str(token))
+    # modadd, imitate: a token is its number
+    return str(token)
+
+
+def token_labels(task, tokens) -> list:
+    """token_label of each token."""
+    return [token_label(task, token) for token in tokens]
 
 
 def needle_attention_scores(patterns, batch: tasks.Batch):
@@ -492,7 +513,7 @@ def addition_attention_scores(patterns, batch: tasks.Batch):
 ATTENTION_SCORES = {"needle": needle_attention_scores, "addition": addition_attention_scores}
 
 
-def default_attention_input(run: Run):
+def default_attention_input(run: SavedRun):
     """Figure 2's sequence for needle; otherwise the first test example up to its last scored
     position."""
     if run.cfg.task == "needle":
@@ -501,7 +522,7 @@ def default_attention_input(run: Run):
     return test.x[0, : int(last_answer_position(test)[0]) + 1].tolist()
 
 
-def head_scores(run: Run, names) -> dict:
+def head_scores(run: SavedRun, names) -> dict:
     """The task's ATTENTION_SCORES per layer and head, test-set means; "uniform": a head attending
     evenly to what it sees."""
     test, score = run.task.test_set(), ATTENTION_SCORES[run.cfg.task]
@@ -511,27 +532,30 @@ def head_scores(run: Run, names) -> dict:
     uniform = score(even.expand(1, len(test), 1, T, T), test)
     rows = max(1, CHUNK_TOKENS // T)
     # a chunk's patterns (L, B, nh, T, T) at a time, so a long test set fits in memory
-    scores = [
-        score(torch.stack(list(run_with_cache(run.model, chunk.x, names).values())), chunk)
-        for chunk in (test[start : start + rows] for start in range(0, len(test), rows))
-    ]
-    return {
-        **{key: torch.cat([part[key] for part in scores]).mean(0).tolist() for key in uniform},
-        "uniform": {key: value.mean().item() for key, value in uniform.items()},
-    }
+    scores = []
+    for start in range(0, len(test), rows):
+        chunk = test[start : start + rows]
+        patterns = torch.stack(list(run_with_cache(run.model, chunk.x, names).values()))
+        scores.append(score(patterns, chunk))
+    means = {}
+    for key in uniform:
+        means[key] = torch.cat([part[key] for part in scores]).mean(0).tolist()
+    means["uniform"] = {key: value.mean().item() for key, value in uniform.items()}
+    return means
 
 
-def attention_patterns(run: Run, input_tokens=None) -> dict:
+def attention_patterns(run: SavedRun, input_tokens=None) -> dict:
     """Heatmaps of every layer's and head's attention on one input and where its last position looks
     most; for needle and addition, also each head's ATTENTION_STEPS scores over the test set."""
     tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
     names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
-    patterns = torch.stack(list(run_with_cache(run.model, torch.tensor([tokens]), names).values()))[
-        :, 0
-    ]  # (L, nh, T, T)
+    cache = run_with_cache(run.model, torch.tensor([tokens]), names)
+    # (L, nh, T, T): the one input's patterns
+    patterns = torch.stack(list(cache.values()))[:, 0]
     labels = token_labels(run.task, tokens)
     plt = pyplot()
-    (n_layer, n_head), size = patterns.shape[:2], 1.8 + 0.22 * len(labels)  # size: inches per panel
+    n_layer, n_head = patterns.shape[:2]
+    size = 1.8 + 0.22 * len(labels)  # inches per panel
     fig, axes = plt.subplots(
         n_layer,
         n_head,
@@ -540,9 +564,8 @@ def attention_patterns(run: Run, input_tokens=None) -> dict:
         layout="constrained",
     )
     for layer in range(n_layer):
-        for head, ax in enumerate(
-            axes[layer]
-        ):  # row i of a panel: how position i spreads its attention over 0..i
+        # row i of a panel: how position i spreads its attention over 0..i
+        for head, ax in enumerate(axes[layer]):
             image = ax.imshow(patterns[layer, head].numpy(), cmap="Blues", vmin=0, vmax=1)
             ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=9)
             ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90)
@@ -591,9 +614,11 @@ def attention_markdown(result):
     steps = {name: what for name, what in ATTENTION_STEPS.items() if name in result}
     # a sentence per step: its strongest head, beside a head that spreads attention evenly
     for name, what in steps.items():
-        scores = [
-            (v, i + 1, h + 1) for i, heads in enumerate(result[name]) for h, v in enumerate(heads)
-        ]
+        scores = []
+        for i, heads in enumerate(result[name]):
+            for h, v in enumerate(heads):
+                scores.append((v, i + 1, h + 1))
+
         value, layer, head = max(scores)
         half = ", ".join(f"layer {i} head {h} ({v:.2f})" for v, i, h in scores if v >= 0.5)
         rows = [[i + 1] + [f"{v:.3f}" for v in heads] for i, heads in enumerate(result[name])]
@@ -637,9 +662,8 @@ def gradient_symmetricity(model, p, triples=100):
         )  # (n, 1, p)
     finally:
         hook.remove()
-    logits[:, 0].gather(
-        1, c[:, None]
-    ).sum().backward()  # rows are independent, so one backward gives every row's gradient
+    # rows are independent, so one backward gives every row's gradient
+    logits[:, 0].gather(1, c[:, None]).sum().backward()
     grad = embedded[0].grad  # (n, 2, C): position 0 is e_a, position 1 is e_b
     return torch.cosine_similarity(grad[:, 0], grad[:, 1], dim=1).mean().item()
 
@@ -658,9 +682,8 @@ def distance_irrelevance_from_logits(correct_logit):
 @torch.no_grad()
 def distance_irrelevance(model, p):
     """Distance irrelevance over all p^2 pairs; see distance_irrelevance_from_logits."""
-    x = torch.cartesian_prod(
-        torch.arange(p), torch.arange(p)
-    )  # (p^2, 2): the pairs (a, b), a major
+    # (p^2, 2): the pairs (a, b), a major
+    x = torch.cartesian_prod(torch.arange(p), torch.arange(p))
     logits = model(x, torch.ones(p * p, 1, dtype=torch.long))[:, 0]  # (p^2, p)
     return distance_irrelevance_from_logits(logits.gather(1, (x.sum(1) % p)[:, None]).view(p, p))
 
@@ -670,7 +693,7 @@ def distance_irrelevance(model, p):
 # ---------------------------------------------------------------------------
 
 
-def memorization(run: Run) -> dict:
+def memorization(run: SavedRun) -> dict:
     """Accuracy, memorized bits and bits per trainable parameter, by the task's own formula. The
     memorize task has no held-out split, so the run's final accuracy and loss are exact match and
     cross-entropy on the training set."""
@@ -701,7 +724,7 @@ def memorization_markdown(result):
     )
 
 
-def samples(run: Run) -> dict:
+def samples(run: SavedRun) -> dict:
     """Continuations of a few fixed prompts (up to 100 tokens, seed 0, temperature 0.8, top-k
     40)."""
     generator = torch.Generator().manual_seed(0)
@@ -718,9 +741,8 @@ def samples(run: Run) -> dict:
 # Parentheses: accuracy by string length
 # ---------------------------------------------------------------------------
 
-STREAM_SAMPLE = (
-    20_000  # training strings drawn to see which (length, answer) pairs training ever shows
-)
+# training strings drawn to see which (length, answer) pairs training ever shows
+STREAM_SAMPLE = 20_000
 # lengths listed one by one; longer ones are pooled (misses, if any, cluster at the short end)
 SHORT_LENGTHS = 12
 
@@ -732,7 +754,7 @@ def pooled(rows) -> dict:
 
 
 @torch.no_grad()
-def parens_lengths(run: Run) -> dict:
+def parens_lengths(run: SavedRun) -> dict:
     """Test accuracy per string length and answer, beside whether training shows that pair. The
     exclusion rule drops every training string that is also a test string, and a test set of this
     size holds every short balanced string, so at some lengths training never asks for the answer
@@ -743,9 +765,8 @@ def parens_lengths(run: Run) -> dict:
     predicted = logits[:, 0, [tasks.CLOSE, tasks.OPEN]].argmax(-1)  # 0: balanced, 1: unbalanced
     stream = task.sample(STREAM_SAMPLE, torch.Generator().manual_seed(0))
     trained = set(zip(stream.pos[:, 0].tolist(), stream.y[:, 0].tolist()))
-    test_pairs = list(
-        zip(test.pos[:, 0].tolist(), test.y[:, 0].tolist())
-    )  # (length, answer) of each test string
+    # (length, answer) of each test string
+    test_pairs = list(zip(test.pos[:, 0].tolist(), test.y[:, 0].tolist()))
     rows, unseen_strings = [], []
     for length in range(1, task.max_parens + 1):
         for answer, name in {tasks.CLOSE: "balanced", tasks.OPEN: "unbalanced"}.items():
@@ -760,19 +781,18 @@ def parens_lengths(run: Run) -> dict:
                         "in_training": (length, answer) in trained,
                     }
                 )
-            if (
-                picked and (length, answer) not in trained
-            ):  # each string and what the model answered
-                unseen_strings += [
-                    {
-                        "string": "".join(
-                            "()"[t - tasks.OPEN] for t in test.x[i, :length].tolist()
-                        ),
-                        "answer": name,
-                        "predicted": ("balanced", "unbalanced")[predicted[i]],
-                    }
-                    for i in picked
-                ]
+            # each string training never shows, and what the model answered
+            if picked and (length, answer) not in trained:
+                for i in picked:
+                    string = "".join("()"[t - tasks.OPEN] for t in test.x[i, :length].tolist())
+                    unseen_strings.append(
+                        {
+                            "string": string,
+                            "answer": name,
+                            "predicted": ("balanced", "unbalanced")[predicted[i]],
+                        }
+                    )
+
     return {
         "rows": rows,
         "accuracy": correct.mean().item(),
@@ -830,16 +850,19 @@ def parens_lengths_markdown(result):
 CURVE_LABELS = {"loss": "training loss (answer tokens)", "test_loss": "test loss (answer tokens)"}
 
 
-def training_curves(run: Run) -> dict:
+def training_curves(run: SavedRun) -> dict:
     """Training loss and every test metric against step, from metrics.jsonl."""
     log = read_metrics(run.path)
     if not log:
         return {"skipped": "metrics.jsonl is missing or empty"}
     plt = pyplot()
     fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key, ax in [("loss", loss_ax), ("test_loss", loss_ax)] + [
-        (k, metric_ax) for k in log[-1] if k.startswith("test_") and k != "test_loss"
-    ]:
+    # both losses on the left, every other test metric the log has on the right
+    curves = [("loss", loss_ax), ("test_loss", loss_ax)]
+    for key in log[-1]:
+        if key.startswith("test_") and key != "test_loss":
+            curves.append((key, metric_ax))
+    for key, ax in curves:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points), label=CURVE_LABELS.get(key, key.replace("_", " ")), marker=".")
@@ -863,25 +886,24 @@ def flat_from(log: list):
     peak = max((r["lr"] for r in log), default=0)
     if not peak:
         return None
-    step = next(
-        r
-        for i, r in enumerate(log)
-        if all(abs(s["test_accuracy"] - log[-1]["test_accuracy"]) < 0.005 for s in log[i:])
-    )
-    return step["step"], 100 * step["lr"] / peak
+    last = log[-1]["test_accuracy"]
+    for i, record in enumerate(log):
+        if all(abs(later["test_accuracy"] - last) < 0.005 for later in log[i:]):
+            return record["step"], 100 * record["lr"] / peak
 
 
 def training_curves_markdown(result):
     final = ", ".join(
         f"{k} {v:.4g}" for k, v in result["final"].items() if k != "step" and v is not None
     )
-    flat = (
-        " Test accuracy is flat from step {:,}, where the lr is {:.0f}% of its peak.".format(
-            *result["flat_from"]
+    flat = ""
+    if result.get("flat_from"):
+        step, lr_percent = result["flat_from"]
+        flat = (
+            f" Test accuracy is flat from step {step:,}, where the lr is {lr_percent:.0f}% of "
+            "its peak."
         )
-        if result.get("flat_from")
-        else ""
-    )
+
     return (
         f"At step {result['final']['step']}: {final}.{flat}\n\n![training "
         f"curves]({result['figure']})"
@@ -892,116 +914,202 @@ def training_curves_markdown(result):
 # Command line
 # ---------------------------------------------------------------------------
 
-# name -> (title, applies to this run?, compute(run, args) -> numbers, render(numbers) -> markdown);
-# the report's order.
+# Which runs an analysis applies to.
+
+
+def any_run(run) -> bool:
+    """Every run has a training log (a run without one is skipped with a note)."""
+    return True
+
+
+def is_transformer(run) -> bool:
+    """Attention and hidden states are read from the GPT's cache: the LSTM has neither."""
+    return isinstance(run.model, GPT)
+
+
+def is_projection_task(run) -> bool:
+    """The projection test scores a transformer on a test set with one answer a row."""
+    if not isinstance(run.model, GPT):
+        return False
+    return run.cfg.task in ("modadd", "needle", "addition", "parens")
+
+
+def is_modadd(run) -> bool:
+    return run.cfg.task == "modadd"
+
+
+def is_memorize(run) -> bool:
+    return run.cfg.task == "memorize"
+
+
+def is_parens(run) -> bool:
+    return run.cfg.task == "parens"
+
+
+def is_lm(run) -> bool:
+    return run.cfg.task == "lm"
+
+
+# What each analysis computes: compute(run, args) -> the numbers analysis.json keeps.
+
+
+def compute_curves(run, args) -> dict:
+    """Training curves: the training loss and every test metric against step, and where test
+    accuracy turns flat (Figure 8's test of convergence)."""
+    return training_curves(run)
+
+
+def compute_variance(run, args) -> dict:
+    """Explained variance, section 6 (Tables 4, 5, 7): the share of the hidden states' variance in
+    their top 10 principal components and top 10 neurons, per layer."""
+    return explained_variance(run, args.examples)
+
+
+def compute_projection(run, args) -> dict:
+    """Subspace selection tested causally (not in the paper): test accuracy with one layer's hidden
+    states projected onto their top k directions."""
+    return projection(run, args.examples)
+
+
+def compute_embedding(run, args) -> dict:
+    """Embedding geometry, section 4.2 (Figure 3): the modular-addition token embedding on its
+    principal components, and how circular it is."""
+    return embedding_geometry(run)
+
+
+def compute_clock_pizza(run, args) -> dict:
+    """Clock vs Pizza, section 4.2 (Zhong et al. 2023): gradient symmetricity and distance
+    irrelevance of a modular-addition model."""
+    return {
+        "gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
+        "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
+        "trained": run.paper_model is not None,
+    }
+
+
+def clock_pizza_markdown(result):
+    text = (
+        f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock "
+        f"~0.33); distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, "
+        "Pizza ~0.17)."
+    )
+    # the paper's numbers are a trained model's: an untrained or stopped run is not set beside them
+    if result.get("trained", True):
+        text += " The paper: 0.88 and 0.88 for a random 1024-wide model."
+    return text
+
+
+def compute_attention(run, args) -> dict:
+    """Attention patterns, section 4.2 (Figure 2 for needle): every head's pattern on one input, and
+    for needle and addition each head's score on the steps of the task's circuit."""
+    return attention_patterns(run, args.tokens)
+
+
+def compute_memorization(run, args) -> dict:
+    """Memorization capacity, section 5 (Table 3): bits memorized per trainable parameter."""
+    return memorization(run)
+
+
+def compute_lengths(run, args) -> dict:
+    """Parentheses accuracy by string length and answer (not in the paper): whether misses fall
+    where the test-set exclusion rule keeps strings out of training."""
+    return parens_lengths(run)
+
+
+def compute_samples(run, args) -> dict:
+    """Language-model samples, section 5 (Figure 5): continuations of a few fixed prompts."""
+    return samples(run)
+
+
+def samples_markdown(result):
+    paragraphs = []
+    for prompt, text in zip(result["prompts"], result["continuations"]):
+        paragraphs.append(f"**{prompt}** ... {text}")
+    return "\n\n".join(paragraphs)
+
+
+@dataclass
+class Analysis:
+    """One section of analysis.md, and its numbers in analysis.json."""
+
+    title: str
+    applies: Callable  # applies(run): whether the analysis means anything for this run
+    compute: Callable  # compute(run, args): the numbers
+    render: Callable  # render(numbers): the section's markdown
+
+
+# name -> its analysis, in the report's order
 ANALYSES = {
-    "curves": (
-        "Training curves",
-        lambda run: True,
-        lambda run, args: training_curves(run),
-        training_curves_markdown,
-    ),
-    "variance": (
+    "curves": Analysis("Training curves", any_run, compute_curves, training_curves_markdown),
+    "variance": Analysis(
         "Explained variance (Tables 4, 5, 7)",
-        lambda run: isinstance(run.model, GPT),
-        lambda run, args: explained_variance(run, args.examples),
+        is_transformer,
+        compute_variance,
         explained_variance_markdown,
     ),
-    "projection": (
+    "projection": Analysis(
         "Accuracy in the top k directions (subspace selection, causally)",
-        lambda run: (
-            isinstance(run.model, GPT)
-            and run.cfg.task in ("modadd", "needle", "addition", "parens")
-        ),
-        lambda run, args: projection(run, args.examples),
+        is_projection_task,
+        compute_projection,
         projection_markdown,
     ),
-    "embedding": (
-        "Embedding geometry (Figure 3)",
-        lambda run: run.cfg.task == "modadd",
-        lambda run, args: embedding_geometry(run),
-        embedding_markdown,
+    "embedding": Analysis(
+        "Embedding geometry (Figure 3)", is_modadd, compute_embedding, embedding_markdown
     ),
-    "clock_pizza": (
-        "Clock vs Pizza",
-        lambda run: run.cfg.task == "modadd",
-        lambda run, args: {
-            "gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
-            "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
-            "trained": run.paper_model is not None,
-        },
-        lambda result: (
-            f"Gradient symmetricity {result['gradient_symmetricity']:.3f} (Pizza ~0.99, Clock "
-            f"~0.33); distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, "
-            "Pizza ~0.17)."
-            + (
-                " The paper: 0.88 and 0.88 for a random 1024-wide model."
-                if result.get("trained", True)
-                else ""
-            )
-        ),
-    ),
-    "attention": (
+    "clock_pizza": Analysis("Clock vs Pizza", is_modadd, compute_clock_pizza, clock_pizza_markdown),
+    "attention": Analysis(
         "Attention patterns, and each head's scores (Figure 2 for needle)",
-        lambda run: isinstance(run.model, GPT),
-        lambda run, args: attention_patterns(run, args.tokens),
+        is_transformer,
+        compute_attention,
         attention_markdown,
     ),
-    "memorization": (
+    "memorization": Analysis(
         "Memorization capacity (Table 3)",
-        lambda run: run.cfg.task == "memorize",
-        lambda run, args: memorization(run),
+        is_memorize,
+        compute_memorization,
         memorization_markdown,
     ),
-    "lengths": (
+    "lengths": Analysis(
         "Accuracy by string length (parentheses)",
-        lambda run: run.cfg.task == "parens",
-        lambda run, args: parens_lengths(run),
+        is_parens,
+        compute_lengths,
         parens_lengths_markdown,
     ),
-    "samples": (
-        "Samples (Figure 5)",
-        lambda run: run.cfg.task == "lm",
-        lambda run, args: samples(run),
-        lambda result: "\n\n".join(
-            f"**{prompt}** ... {text}"
-            for prompt, text in zip(result["prompts"], result["continuations"])
-        ),
-    ),
+    "samples": Analysis("Samples (Figure 5)", is_lm, compute_samples, samples_markdown),
 }
 
 
-def markdown(run: Run, results: dict) -> str:
-    sections = [
-        f"## {title}\n\n"
-        + (
-            f"Skipped: {results[name]['skipped']}."
-            if "skipped" in results[name]
-            else render(results[name])
-        )
-        for name, (title, _, _, render) in ANALYSES.items()
-        if name in results
-    ]
+def markdown(run: SavedRun, results: dict) -> str:
+    sections = []
+    for name, analysis in ANALYSES.items():
+        if name not in results:
+            continue
+        if "skipped" in results[name]:
+            body = f"Skipped: {results[name]['skipped']}."
+        else:
+            body = analysis.render(results[name])
+        sections.append(f"## {analysis.title}\n\n{body}")
     return "\n\n".join([f"# Analysis of {run.label}", f"Run: `{run.path}`", *sections]) + "\n"
 
 
-def checked_results(run: Run, args) -> dict:
+def checked_results(run: SavedRun, args) -> dict:
     """UsageError, before anything is computed or written, for a request the run cannot meet; else
     the results to update: for --only, analysis.json of an earlier call ({} if none). It may come
     from another version of analyze.py or another program, so analysis.md must render from it before
     any figure is written."""
-    if args.only and not ANALYSES[args.only][1](run):
+    if args.only and not ANALYSES[args.only].applies(run):
         raise UsageError(
             f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model"
         )
     cfg = run.model.cfg
-    if args.tokens and (
-        not all(0 <= t < cfg.vocab_size for t in args.tokens) or len(args.tokens) > cfg.n_positions
-    ):
-        raise UsageError(
-            f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) for "
-            f"{run.path}"
-        )
+    if args.tokens:
+        too_many = len(args.tokens) > cfg.n_positions
+        unknown = [token for token in args.tokens if not 0 <= token < cfg.vocab_size]
+        if too_many or unknown:
+            raise UsageError(
+                f"--tokens must be at most {cfg.n_positions} token ids in [0, {cfg.vocab_size}) "
+                f"for {run.path}"
+            )
     # a corrupt log fails here, not after other analyses have written their files
     read_metrics(run.path)
     path = os.path.join(run.path, "analysis.json")
@@ -1024,17 +1132,19 @@ def checked_results(run: Run, args) -> dict:
     )
 
 
-def analyze(run: Run, results: dict, args):
+def analyze(run: SavedRun, results: dict, args):
     """Run the selected analyses on one loaded run, into results; write analysis.json, analysis.md
     and figures."""
     torch.manual_seed(0)
-    for name, (title, applies, compute, _) in ANALYSES.items():
-        if args.only in (None, name) and applies(run):
-            results[name] = compute(run, args)
-            print(
-                f"{run.path}: {title}"
-                + (f": skipped, {results[name]['skipped']}" if "skipped" in results[name] else "")
-            )
+    for name, analysis in ANALYSES.items():
+        if args.only not in (None, name) or not analysis.applies(run):
+            continue
+        results[name] = analysis.compute(run, args)
+        if "skipped" in results[name]:
+            print(f"{run.path}: {analysis.title}: skipped, {results[name]['skipped']}")
+        else:
+            print(f"{run.path}: {analysis.title}")
+
             if name == "variance":
                 print(explained_variance_markdown(results[name]))
     write_json(os.path.join(run.path, "analysis.json"), results)
@@ -1091,10 +1201,15 @@ def watch(run_dir):
                         f.write(json.dumps(record) + "\n")
             if finished:
                 return
-        now = [
-            os.path.getmtime(p) if os.path.exists(p) else None
-            for p in (os.path.join(d, "metrics.jsonl") for d in (run_dir, staged))
-        ]
+        # when each log (the run's, the staged one's) last changed
+        now = []
+        for directory in (run_dir, staged):
+            log = os.path.join(directory, "metrics.jsonl")
+            if os.path.exists(log):
+                now.append(os.path.getmtime(log))
+            else:
+                now.append(None)
+
         if now != files:
             files, changed = now, time.time()
         elif time.time() - changed > WATCH_IDLE_S and not (lock_held(run_dir) or lock_held(staged)):
@@ -1133,21 +1248,17 @@ def main(argv=None):
     }.items():
         parser.add_argument(flag, **options)
     args = parser.parse_args(argv)
-    for bad, message in [
-        (args.examples < 1, "--examples must be >= 1"),
-        (
-            args.watch and len(args.runs) > 1,
-            "--watch follows one run; start one analyze.py --watch per run",
-        ),
-    ]:
-        if bad:
-            parser.error(message)
+    if args.examples < 1:
+        parser.error("--examples must be >= 1")
+    if args.watch and len(args.runs) > 1:
+        parser.error("--watch follows one run; start one analyze.py --watch per run")
     with usage_errors("analyze.py"):
         if args.watch:
             return watch(args.runs[0])
-        runs = [Run(path) for path in args.runs]
+        runs = [SavedRun(path) for path in args.runs]
         # every run is checked before any is analyzed
-        for run, results in zip(runs, [checked_results(run, args) for run in runs]):
+        checked = [checked_results(run, args) for run in runs]
+        for run, results in zip(runs, checked):
             analyze(run, results, args)
             print(f"wrote {os.path.join(run.path, 'analysis.md')}")
 

@@ -24,13 +24,18 @@ from files import FINAL_KEYS, read_json, read_metrics
 from rundir import median_range
 from tasks import TASKS
 
-IGNORED = (
-    "out",
-    "overwrite",
-)  # where a run was written and whether it replaced another: not what it ran
-TASK_SIZES = {
-    f.name for task in TASKS.values() for f in fields(task)
-}  # p, max_pairs, ...: each task reads its own
+# where a run was written and whether it replaced another: not what it ran
+IGNORED = ("out", "overwrite")
+
+
+def task_sizes(task) -> set:
+    """The names of a task's own settings: p for modadd, max_pairs for needle, ..."""
+    return {f.name for f in fields(task)}
+
+
+# every task's sizes: each task reads its own
+TASK_SIZES = set().union(*(task_sizes(task) for task in TASKS.values()))
+
 SEED_SUFFIX = re.compile(r"-s\d+$")
 PANELS = (  # a panel for each logged curve any run has: key, title, y label, scale
     ("test_accuracy", "test accuracy", "% right", "linear"),
@@ -49,7 +54,9 @@ MARKERS = "os^vDx+*<>"
 
 
 @dataclass
-class Run:
+class RunRecords:
+    """What compare.py reads of one run directory: its settings, size and records."""
+
     path: str
     settings: dict  # every TrainConfig field but IGNORED and the other tasks' sizes
     trainable: int
@@ -57,19 +64,27 @@ class Run:
     log: list  # metrics.jsonl's records
 
 
-def load(path) -> Run:
+def load(path) -> RunRecords:
     cfg = saved_config(path, required=True)
-    own_sizes = {f.name for f in fields(TASKS[cfg.task])} if cfg.task in TASKS else TASK_SIZES
-    settings = {
-        k: v
-        for k, v in asdict(cfg).items()
-        if k not in IGNORED and (k not in TASK_SIZES or k in own_sizes)
-    }
-    final = (
-        read_json(final_path, optional=FINAL_KEYS)
-        if os.path.isfile(final_path := os.path.join(path, "final.json"))
-        else None
-    )  # None: still training, or killed
+    if cfg.task in TASKS:
+        own_sizes = task_sizes(TASKS[cfg.task])
+
+    else:
+        own_sizes = TASK_SIZES
+    settings = {}
+    for k, v in asdict(cfg).items():
+        if k in IGNORED:
+            continue
+        # another task's size is no setting of this run
+        if k in TASK_SIZES and k not in own_sizes:
+            continue
+        settings[k] = v
+    final_path = os.path.join(path, "final.json")
+    if os.path.isfile(final_path):
+        final = read_json(final_path, optional=FINAL_KEYS)
+    else:
+        # still training, or killed
+        final = None
     # analyze.py --watch's score of the unseen strings, where there is one, joins the evaluation
     # at its step
     unseen = {
@@ -77,7 +92,7 @@ def load(path) -> Run:
         for r in read_metrics(path, "unseen.jsonl")
         if "unseen" in r
     }
-    return Run(
+    return RunRecords(
         path,
         settings,
         read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable"),
@@ -90,14 +105,13 @@ def seed_groups(runs) -> list:
     """Lists of runs, one per table row: finished runs that differ only in their seed share one."""
     groups = {}
     for run in runs:
-        key = (
-            (
-                SEED_SUFFIX.sub("", run.path),
-                json.dumps({k: v for k, v in run.settings.items() if k != "seed"}),
-            )
-            if run.final
-            else run.path
-        )
+        if run.final:
+            # the directory without its -s<seed>, and every setting but the seed
+            settings = {k: v for k, v in run.settings.items() if k != "seed"}
+            key = (SEED_SUFFIX.sub("", run.path), json.dumps(settings))
+        else:
+            # an unfinished run has a row of its own
+            key = run.path
         groups.setdefault(key, []).append(run)
     return list(groups.values())
 
@@ -105,47 +119,47 @@ def seed_groups(runs) -> list:
 def results(run) -> dict:
     """Final test metrics and minutes of training; for an unfinished run, those of its last
     evaluation."""
-    # an unfinished run's last evaluation, its test_ metrics named as final.json names them
-    last = run.final or {
-        k.removeprefix("test_"): v
-        for k, v in (run.log[-1] if run.log else {}).items()
-        if k.startswith("test_") or k == "elapsed"
-    }
-    return {
-        **{
-            k: v
-            for k, v in last.items()
-            if k not in ("step", "elapsed") and type(v) in (int, float)
-        },
-        "minutes": last.get("elapsed", math.nan) / 60,
-    }
+    if run.final:
+        last = run.final
+    else:
+        # an unfinished run's last evaluation, its test_ metrics named as final.json names them
+        last = {}
+        if run.log:
+            for k, v in run.log[-1].items():
+                if k.startswith("test_") or k == "elapsed":
+                    last[k.removeprefix("test_")] = v
+    numbers = {}
+    for k, v in last.items():
+        if k not in ("step", "elapsed") and type(v) in (int, float):
+            numbers[k] = v
+    numbers["minutes"] = last.get("elapsed", math.nan) / 60
+    return numbers
 
 
 def row_name(group) -> str:
+    """A table row's name: its run directory's, for seeds without the seed."""
     run = group[0]
     name = os.path.basename(os.path.normpath(run.path))
-    return (
-        f"{SEED_SUFFIX.sub('', name)} ({len(group)} seeds)"
-        if len(group) > 1
-        else name
-        if run.final is not None
-        else f"{name} (unfinished, "
-        + (f"step {run.log[-1]['step']})" if run.log else "not yet evaluated)")
-    )
+    if len(group) > 1:
+        return f"{SEED_SUFFIX.sub('', name)} ({len(group)} seeds)"
+    if run.final is not None:
+        return name
+    if run.log:
+        return f"{name} (unfinished, step {run.log[-1]['step']})"
+    return f"{name} (unfinished, not yet evaluated)"
 
 
 def spread(values) -> str:
     """One run's value, or median [min, max] over a group's seeds."""
+    if not values:
+        return "-"
     # a diverged seed shows nan: an order statistic would hide it
-    return (
-        "-"
-        if not values
-        else "nan"
-        if any(math.isnan(v) for v in values)
-        else f"{values[0]:.4g}"
-        if len(values) == 1
-        else "{:.4g} [{:.4g}, {:.4g}]".format(*median_range(values))
-    )
+    if any(math.isnan(v) for v in values):
+        return "nan"
+    if len(values) == 1:
+        return f"{values[0]:.4g}"
+    median, low, high = median_range(values)
+    return f"{median:.4g} [{low:.4g}, {high:.4g}]"
 
 
 def table(groups) -> str:
@@ -153,40 +167,45 @@ def table(groups) -> str:
         {**group[0].settings, "seed": ",".join(str(run.settings["seed"]) for run in group)}
         for group in groups
     ]
-    # every setting any row has: a task's sizes are missing from other tasks' runs
-    differing = [
-        k
-        for k in dict.fromkeys(k for s in settings for k in s)
-        if len({json.dumps(s.get(k)) for s in settings}) > 1
-    ]
+    # every setting any row has, in order: a task's sizes are missing from other tasks' runs
+    names = {}
+    for s in settings:
+        names.update(dict.fromkeys(s))
+    differing = [k for k in names if len({json.dumps(s.get(k)) for s in settings}) > 1]
     scores = [[results(run) for run in group] for group in groups]
-    metrics = list(
-        dict.fromkeys(k for rows in scores for row in rows for k in row if k != "minutes")
-    ) + ["minutes"]
-    return "\n".join(
-        markdown_table(
-            ["run", *differing, "trainable", *metrics],
+    # every metric any run has, in order, then the minutes
+    metric_names = {}
+    for rows in scores:
+        for row in rows:
+            metric_names.update(dict.fromkeys(k for k in row if k != "minutes"))
+    metrics = list(metric_names) + ["minutes"]
+    table_rows = []
+    for group, setting, rows in zip(groups, settings, scores):
+        if group[0].trainable is not None:
+            trainable = f"{group[0].trainable:,}"
+        else:
+            trainable = "-"
+        table_rows.append(
             [
-                [
-                    cell(row_name(group)),
-                    *(cell(setting.get(k)) for k in differing),
-                    f"{group[0].trainable:,}" if group[0].trainable is not None else "-",
-                    *(spread([row[k] for row in rows if k in row]) for k in metrics),
-                ]
-                for group, setting, rows in zip(groups, settings, scores)
-            ],
+                cell(row_name(group)),
+                *(cell(setting.get(k)) for k in differing),
+                trainable,
+                *(spread([row[k] for row in rows if k in row]) for k in metrics),
+            ]
         )
-    )
+    return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], table_rows))
 
 
 def cell(value) -> str:
     """A name or a setting as one markdown table cell ("-" for none, a float in %g): a | or a line
     break in a mask or a path would end it."""
-    return " ".join(
-        (
-            "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-        ).splitlines()
-    ).replace("|", "\\|")
+    if value is None:
+        text = "-"
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    else:
+        text = str(value)
+    return " ".join(text.splitlines()).replace("|", "\\|")
 
 
 def plot(groups, path, figure_title=None, labels=None):
@@ -197,20 +216,27 @@ def plot(groups, path, figure_title=None, labels=None):
     labels = labels or [row_name(group) for group in groups]
     if len(labels) != len(groups):
         raise UsageError(f"--labels names {len(labels)} rows, the table has {len(groups)}")
-    logged = {
-        k for g in groups for run in g for r in run.log for k, v in r.items() if v is not None
-    }
-    panels = [panel for panel in PANELS if panel[0] in logged] or list(PANELS[:2])
+    # every key some run logged a value for
+    logged = set()
+    for group in groups:
+        for run in group:
+            for record in run.log:
+                logged.update(k for k, v in record.items() if v is not None)
+    panels = [panel for panel in PANELS if panel[0] in logged]
+    if not panels:
+        # nothing logged yet: the accuracy and loss panels, empty
+        panels = list(PANELS[:2])
     fig, axes = plt.subplots(
         1, len(panels), figsize=(5.5 * len(panels), 4.2), layout="constrained", squeeze=False
     )
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for i, group in enumerate(groups):
             color = None  # matplotlib's next colour for the row's line, the same for its dashed one
-            # addition's whole sums dashed beside its per-token accuracy
-            for curve_key, style in ((key, "-"), ("test_exact_match", "--"))[
-                : 2 if key == "test_accuracy" else 1
-            ]:
+            curves = [(key, "-")]
+            if key == "test_accuracy":
+                # addition's whole sums dashed beside its per-token accuracy
+                curves.append(("test_exact_match", "--"))
+            for curve_key, style in curves:
                 steps, ranges = median_curve(group, curve_key)
                 if steps:
                     (line,) = ax.plot(
@@ -232,22 +258,12 @@ def plot(groups, path, figure_title=None, labels=None):
                             color=color,
                             alpha=0.2,
                         )
-        ax.set(
-            title=title
-            + (
-                " (addition: per token; dashed: whole sums exact)"
-                if key == "test_accuracy" and "test_exact_match" in logged
-                else ""
-            ),
-            xlabel="step",
-            ylabel=y_label
-            + (
-                " (imitate: the student's top token is the target's)"
-                if key == "test_accuracy" and "test_kl" in logged
-                else ""
-            ),
-            yscale=scale,
-        )
+        if key == "test_accuracy" and "test_exact_match" in logged:
+            title += " (addition: per token; dashed: whole sums exact)"
+        if key == "test_accuracy" and "test_kl" in logged:
+            y_label += " (imitate: the student's top token is the target's)"
+        ax.set(title=title, xlabel="step", ylabel=y_label, yscale=scale)
+
         ax.title.set_fontsize(9)
         if key in PERCENT:
             ax.set_ylim(0, 102)  # the whole range: a truncated axis would exaggerate a gap
@@ -302,8 +318,13 @@ def main(argv=None):
         if not os.path.isdir(os.path.dirname(args.plot) or "."):
             raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
         # a run once, however its path is spelled: the first spelling of each
-        real = [os.path.realpath(path) for path in args.runs]
-        paths = [os.path.normpath(p) for i, p in enumerate(args.runs) if real.index(real[i]) == i]
+        paths = []
+        seen = set()
+        for path in args.runs:
+            if os.path.realpath(path) not in seen:
+                seen.add(os.path.realpath(path))
+                paths.append(os.path.normpath(path))
+
         groups = seed_groups([load(path) for path in paths])
         print(table(groups))
         plot(groups, args.plot, args.title, args.labels.split(",") if args.labels else None)

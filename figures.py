@@ -44,9 +44,8 @@ class Table:
     rows: list
     cols: list
     configs: dict
-    paper: dict = field(
-        default_factory=dict
-    )  # (row, col) -> the published number, where there is one
+    # (row, col) -> the published number, where there is one
+    paper: dict = field(default_factory=dict)
     note: str = ""
     # col, or (row, col) where rows read different numbers of the same runs, -> (run directory ->
     # its number or None): the explanation tables, read from analyses or logs
@@ -58,30 +57,40 @@ class Table:
         """The cell's metric (the table's unless named; accuracies in %) per finished seed, or its
         column's `read`."""
         if self.read:
-            return [
-                v
-                for cfg in cell
-                if run_state(cfg.out) == "finished"
-                and (v := self.read.get((row, col), self.read.get(col))(cfg.out)) is not None
-            ]
-        own = col if self.metric == "column" else self.metric
+            # a (row, col) reader where rows read differently, else the column's
+            reader = self.read.get((row, col), self.read.get(col))
+            values = []
+            for cfg in cell:
+                if run_state(cfg.out) != "finished":
+                    continue
+                value = reader(cfg.out)
+                if value is not None:
+                    values.append(value)
+            return values
+        if self.metric == "column":
+            own = col
+        else:
+            own = self.metric
         metric = metric or own
-        records = [
-            read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
-            for path in (
-                os.path.join(
-                    cfg.out, "train_split.json" if row.endswith("(train)") else "final.json"
-                )
-                for cfg in cell
-            )
-            if os.path.exists(path)
-        ]
-        # only a named extra metric may be missing (a record without exact_match draws no ring)
-        return [
-            record[metric] * (100 if metric in ("accuracy", "exact_match") else 1)
-            for record in records
-            if metric == own or metric in record
-        ]
+        # Table 2's "(train)" rows read the run scored on its training split
+        if row.endswith("(train)"):
+            name = "train_split.json"
+        else:
+            name = "final.json"
+        if metric in ("accuracy", "exact_match"):
+            scale = 100
+        else:
+            scale = 1
+        values = []
+        for cfg in cell:
+            path = os.path.join(cfg.out, name)
+            if not os.path.exists(path):
+                continue
+            record = read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
+            # only a named extra metric may be missing (a record without exact_match draws no ring)
+            if metric == own or metric in record:
+                values.append(record[metric] * scale)
+        return values
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -113,11 +122,8 @@ def pyplot():
 
 # drawn as lines over width (or k); the tables as seeds per column
 LINE_FIGURES = ("fig4", "fig6", "fig7", "projection")
-CURVE_TABLES = (
-    "table1",
-    "table2",
-    "table9",
-)  # the task tables, whose learning curves are drawn too
+# the task tables, whose learning curves are drawn too
+CURVE_TABLES = ("table1", "table2", "table9")
 COLORS = {
     "Random": "tab:red",
     "Normal": "tab:blue",  # and the projection table's lines:
@@ -126,17 +132,19 @@ COLORS = {
     "Untrained, top k PCs": "tab:gray",
     "Untrained, top k neurons": "tab:olive",
 }
+# Table 3's column -> its panel
 TABLE3_PANELS = {
     "bits_per_parameter": "bits per trainable parameter",
     "accuracy": "accuracy (%)",
-}  # column -> panel
+}
+# the explanation's tables: one unit per table
 READ_UNITS = {
     "table7": "% of variance in the top 10",
     "table4": "% of variance in the top 10",
     "table5": "% of variance in the top 10",
     "parens": "accuracy (%)",
     "projection": "test accuracy (%)",
-}  # the explanation's tables: one unit per table
+}
 METRIC_UNITS = {
     "accuracy": "accuracy (%)",
     "loss": "test loss (nats/token)",
@@ -153,42 +161,46 @@ def picture_cells(table, runs: dict) -> dict:
     for (row, col), cell in runs.items():
         if table.name in CURVE_TABLES and row == "addition":
             cells[row, "exact match", col] = table.seed_values(row, col, cell, "exact_match"), None
+        key = picture_key(table, row, col)
         # None: Table 3's raw bits: bits per parameter is the paper's comparison across model sizes
-        if (key := picture_key(table, row, col)) is not None:
+        if key is not None:
             cells[key] = table.seed_values(row, col, cell), table.paper.get((row, col))
     return cells
 
 
-# table name -> (row, col) -> (panel, line, x) for the tables not drawn a panel per row and a
-# column per x (Tables 1, 2, 9 and the explanation's)
-PICTURE_KEYS = {
-    "table3": lambda row, col: (TABLE3_PANELS[col], None, row) if col in TABLE3_PANELS else None,
-    "fig7": lambda row, col: (row, col.split()[0], int(col.split()[1])),  # "Random 16"
-    # "2 layers, width 64"
-    "fig4": lambda row, col: (col.split(", width ")[0], row, int(col.split()[-1])),
-    "fig6": lambda row, col: ("3-layer students", row, int(col.split()[1])),
-    # "Random L1 PCs": a panel per layer, a line per model and basis
-    "projection": lambda row, col: (
-        f"projected at {row.split()[1]}",
-        "{}, top k {}".format(*row.split()[::2]),
-        int(col.removeprefix("k=")),
-    ),
-}
-
-
 def picture_key(table, row: str, col: str):
     """Where cell (row, col) goes in the table's picture: (panel, line, x), or None for a column not
-    drawn. Tables 1, 2, 9: a panel per row, a column per x; Table 3: a panel per metric, a row per
-    x; Figures 4, 6, 7: lines over width."""
-    return PICTURE_KEYS.get(table.name, lambda row, col: (row, None, col))(row, col)
+    drawn. Tables 1, 2, 9 (and the explanation's): a panel per row, a column per x; Table 3: a
+    panel per metric, a row per x; Figures 4, 6, 7 and the projection table: lines over width (or
+    k)."""
+    if table.name == "table3":
+        if col not in TABLE3_PANELS:
+            return None
+        return TABLE3_PANELS[col], None, row
+    if table.name == "fig7":
+        # "Random 16"
+        model, width = col.split()
+        return row, model, int(width)
+    if table.name == "fig4":
+        # "2 layers, width 64"
+        return col.split(", width ")[0], row, int(col.split()[-1])
+    if table.name == "fig6":
+        return "3-layer students", row, int(col.split()[1])
+    if table.name == "projection":
+        # "Random L1 PCs": a panel per layer, a line per model and basis
+        model, layer, basis = row.split()
+        return f"projected at {layer}", f"{model}, top k {basis}", int(col.removeprefix("k="))
+    return row, None, col
 
 
 def y_label(table, panel: str) -> str:
     """The panel's y axis: the table's unit, or for Table 3 (a metric per column) the panel's
     own."""
-    return READ_UNITS.get(
-        table.name, panel if table.metric == "column" else METRIC_UNITS[table.metric]
-    )
+    if table.name in READ_UNITS:
+        return READ_UNITS[table.name]
+    if table.metric == "column":
+        return panel
+    return METRIC_UNITS[table.metric]
 
 
 def new_figure(panels: list, title: str):
@@ -272,14 +284,13 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
             if paper is not None:
                 ax.scatter([i], [paper], **PAPER_STYLE)
         ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
-        unit = y_label(
-            table, panel
-        )  # bits per parameter from zero: the paper's contrast is a ratio
-        ax.set(
-            xlim=(-0.6, len(xs) - 0.4),
-            ylim=(-5, 105) if unit == "accuracy (%)" else (0, None),
-            ylabel=unit,
-        )
+        unit = y_label(table, panel)
+        if unit == "accuracy (%)":
+            ylim = (-5, 105)
+        else:
+            # bits per parameter from zero: the paper's contrast is a ratio
+            ylim = (0, None)
+        ax.set(xlim=(-0.6, len(xs) - 0.4), ylim=ylim, ylabel=unit)
         ax.set_title(
             panel
             + (
@@ -491,10 +502,11 @@ def plot_convergence(table, runs: dict, title: str, path: str):
 def first_analysis(runs: list, name: str):
     """(the first seed's run with analyze.py result `name`, that result) among a cell's runs, or
     (None, None)."""
-    return next(
-        ((cfg, result) for cfg in runs if (result := read_analysis(cfg.out, name)) is not None),
-        (None, None),
-    )
+    for cfg in runs:
+        result = read_analysis(cfg.out, name)
+        if result is not None:
+            return cfg, result
+    return None, None
 
 
 def plot_heads(table, runs: dict, title: str, path: str):
@@ -579,13 +591,15 @@ def plot_samples(table, runs: dict, title: str, path: str):
     save_figure(plt, fig, path)
 
 
+# drawn as the paper draws them
 PAPER_FIGURES = {
     "fig2": plot_heads,
     "fig3": plot_circles,
     "fig5": plot_samples,
     "fig8": plot_convergence,
-}  # drawn as the paper draws them
-PICTURE_TITLES = {  # where a picture draws less than its table: what it does draw
+}
+# where a picture draws less than its table: what it does draw
+PICTURE_TITLES = {
     "fig2": "Figure 2: needle's strongest head per layer, its pattern on one input (the paper's); "
     "% = its mean over the test set",
     "fig3": "Figure 3: modadd's token embedding on principal components (Clock or Pizza: in the "
@@ -655,16 +669,15 @@ def cpu_note(cfgs, seeds: int) -> str:
 
 
 def number(value) -> str:
+    """A number as the tables and documents show it."""
     # counts (steps, bits) never show a decimal
-    return (
-        f"{value:,.0f}"
-        if isinstance(value, int) or abs(value) >= 1000
-        else f"{value:.1f}"
-        if abs(value) >= 10
-        else f"{value:.3g}"
-        if value
-        else "0"
-    )
+    if isinstance(value, int) or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if value:
+        return f"{value:.3g}"
+    return "0"
 
 
 def median_text(values: list) -> str:
@@ -683,18 +696,19 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
 
     def cell_text(row, col):
         values = table.seed_values(row, col, runs[row, col])
-        # a text cell shows the first seed's completion
-        return (
-            (
-                "not analysed"
-                if table.read and any(run_state(c.out) == "finished" for c in runs[row, col])
-                else "not run"
-            )
-            if not values
-            else values[0]
-            if isinstance(values[0], str)
-            else f"{median_text(values)} ({len(values)}/{seeds})"
-        ) + (f"; paper {number(table.paper[row, col])}" if (row, col) in table.paper else "")
+        if values and isinstance(values[0], str):
+            # a text cell shows the first seed's completion
+            text = values[0]
+        elif values:
+            text = f"{median_text(values)} ({len(values)}/{seeds})"
+        elif table.read and any(run_state(c.out) == "finished" for c in runs[row, col]):
+            # an explanation table's run finished, but its analysis is not there
+            text = "not analysed"
+        else:
+            text = "not run"
+        if (row, col) in table.paper:
+            text += f"; paper {number(table.paper[row, col])}"
+        return text
 
     cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
     finals = [
@@ -823,36 +837,34 @@ ACCURACIES = r"(test_)?(accuracy|exact_match)|(un)?seen"  # record keys of a fra
 def run_records(run_dir: str, name: str) -> list:
     """The records of a run's file `name`: each line of a .jsonl log, or a .json file's one object
     ([] where there is none)."""
+    if name.endswith(".jsonl"):
+        return read_metrics(run_dir, name)
     path = os.path.join(run_dir, name)
-    return (
-        read_metrics(run_dir, name)
-        if name.endswith(".jsonl")
-        else [read_json(path)]
-        if os.path.exists(path)
-        else []
-    )
+    if os.path.exists(path):
+        return [read_json(path)]
+    return []
 
 
 def dig(record, path: str):
     """The value at `path` in a record, as the documents show it (None where a key is missing): keys
-    joined by dots, where key=value keeps the items of a list whose key has that value; a list is
-    its count, an accuracy (a fraction) in %."""
+    joined by dots, where key=value keeps the items of a list whose key has that value and a number
+    picks a list's item (0 the first); a list is its count, an accuracy (a fraction) in %."""
     for part in path.split("."):
         key, keep, wanted = part.partition("=")
-        record = (
-            [item for item in record if str(item.get(key)) == wanted]
-            if keep
-            else record.get(key)
-            if isinstance(record, dict)
-            else None
-        )
-    return (
-        len(record)
-        if isinstance(record, list)
-        else record * 100
-        if record is not None and re.fullmatch(ACCURACIES, part)
-        else record
-    )
+        if keep:
+            record = [item for item in record if str(item.get(key)) == wanted]
+        elif isinstance(record, dict):
+            record = record.get(key)
+        elif isinstance(record, list) and key.isdigit() and int(key) < len(record):
+            # analysis.json:variance.pc_top10.0 is the first layer's
+            record = record[int(key)]
+        else:
+            record = None
+    if isinstance(record, list):
+        return len(record)
+    if record is not None and re.fullmatch(ACCURACIES, part):
+        return record * 100
+    return record
 
 
 def cited(claimed_cell, reference: str, where: str) -> str:
@@ -861,79 +873,96 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
     (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
     step N on), to<N> (every one up to step N), FILE:PATH (dig's PATH in each run's FILE, e.g.
-    train_split.json:accuracy or analysis.json:lengths.unseen.test, or in each record of a .jsonl
-    log, which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
+    train_split.json:accuracy, analysis.json:lengths.unseen.test or
+    analysis.json:variance.pc_top10.0, a list's first item; or in each record of a .jsonl log,
+    which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
     FILE:PATH fraction in %, where dig does not); and at most one summary: range (min-max over
     the values, one number where they agree), gap (the median less the paper's number, signed),
     minutes (min-max of each run's training minutes), summed (their total), runs (how many
     finished). Accuracies are in %. A row or col * takes every cell of the column or row (minutes,
     summed and runs only)."""
     parts = reference.split("/")
-    words = parts.pop().split() if parts[0] == "runs" or len(parts) == 4 else []
+    words = []
+    if parts[0] == "runs" or len(parts) == 4:
+        words = parts.pop().split()
     if parts[0] == "runs":
-        table, cell, row, col = (
-            Table("runs", "", "accuracy", [], [], {}),
-            [TrainConfig(out="/".join(parts))],
-            "",
-            "",
-        )
+        # one run directory, read as a table of its own
+        table = Table("runs", "", "accuracy", [], [], {})
+        cell = [TrainConfig(out="/".join(parts))]
+        row, col = "", ""
     elif len(parts) == 3:
-        (table, cell), (row, col) = claimed_cell(*parts, where), parts[1:]
+        table, cell = claimed_cell(*parts, where)
+        row, col = parts[1:]
     else:
         raise UsageError(
             f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words"
         )
     seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
-    when = next(
-        ((m[1], int(m[2])) for w in words if (m := re.fullmatch(r"(step|from|to)(\d+)", w))), None
-    )
     summary = [w for w in words if w in SUMMARIES]
-    source = next((w.split(":", 1) for w in words if ":" in w), None)
-    metric = next(
-        (
-            w
-            for w in words
-            if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", w) and w not in SUMMARIES
-        ),
-        None,
-    )
-    cell = list({cfg.out: cfg for cfg in cell if not seed or cfg.seed == seed[0]}.values())
+    # the first word of each other kind: step<N>, from<N> or to<N>; FILE:PATH; a metric's name
+    when = None
+    source = None
+    metric = None
+    for word in words:
+        evaluations = re.fullmatch(r"(step|from|to)(\d+)", word)
+        if evaluations and when is None:
+            when = evaluations[1], int(evaluations[2])
+        if ":" in word and source is None:
+            source = word.split(":", 1)
+        if metric is None and word not in SUMMARIES:
+            if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", word):
+                metric = word
+    if seed:
+        cell = [cfg for cfg in cell if cfg.seed == seed[0]]
+    # each run once (a cell may list it twice)
+    cell = list({cfg.out: cfg for cfg in cell}.values())
     if summary and summary[0] in ("minutes", "summed", "runs"):
-        minutes = [
-            read_json(
-                os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS
-            )["elapsed"]
-            / 60
-            for cfg in cell
-            if run_state(cfg.out) == "finished"
-        ]
+        minutes = []
+        for cfg in cell:
+            if run_state(cfg.out) != "finished":
+                continue
+            final_path = os.path.join(cfg.out, "final.json")
+            final = read_json(final_path, keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
+            minutes.append(final["elapsed"] / 60)
         if not minutes:
             return "(not run)"
+        if summary[0] == "runs":
+            return str(len(minutes))
+        if summary[0] == "summed":
+            return f"{sum(minutes):.0f}"
         low, high = f"{min(minutes):.1f}", f"{max(minutes):.1f}"
-        return {
-            "runs": str(len(minutes)),
-            "summed": f"{sum(minutes):.0f}",
-            "minutes": low if low == high else f"{low}-{high}",
-        }[summary[0]]
+        if low == high:
+            return low
+        return f"{low}-{high}"
     if "*" in (row, col):
         raise UsageError(
             f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or "
             "runs summarise"
         )
     if source or when:
-        name, path = source or ("metrics.jsonl", "test_" + (metric or table.metric))
-        values = [
-            value * (100 if "%" in words else 1)
-            for cfg in cell
-            for r in run_records(cfg.out, name)
-            if not when
-            or {
-                "step": r["step"] == when[1],
-                "from": r["step"] >= when[1],
-                "to": r["step"] <= when[1],
-            }[when[0]]
-            if (value := dig(r, path)) is not None
-        ]
+        if source:
+            name, path = source
+        else:
+            # the test metric at evaluations of the training log
+            name, path = "metrics.jsonl", "test_" + (metric or table.metric)
+        if "%" in words:
+            scale = 100
+        else:
+            scale = 1
+        values = []
+        for cfg in cell:
+            for record in run_records(cfg.out, name):
+                if when is not None:
+                    kind, step = when
+                    if kind == "step" and record["step"] != step:
+                        continue
+                    if kind == "from" and record["step"] < step:
+                        continue
+                    if kind == "to" and record["step"] > step:
+                        continue
+                value = dig(record, path)
+                if value is not None:
+                    values.append(value * scale)
     else:
         values = table.seed_values(row, col, cell, metric)
     if not values:
@@ -941,7 +970,11 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     if summary == ["gap"]:
         return f"{median_range(values)[0] - table.paper[row, col]:+.1f}"
     median, low, high = map(number, median_range(values))
-    return median if not summary else low if low == high else f"{low}-{high}"
+    if not summary:
+        return median
+    if low == high:
+        return low
+    return f"{low}-{high}"
 
 
 def claims(claimed_cell, results: str, scale: str) -> dict:
@@ -961,7 +994,10 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         optional={"paper": (str, int, float), "runs": [str]},
     )
 
-    def pasted_table(name: str) -> str:
+    def pasted_table(match) -> str:
+        """A results/ table RESULTS.md shows (PASTED_TABLE), between its markers, pasted anew from
+        its file."""
+        begin, name, end = match[1], match[2], match[3]
         table_path = os.path.join(results, f"{name}-{scale}.md")
         if not os.path.isfile(table_path):
             raise UsageError(
@@ -969,7 +1005,12 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
                 f"`python reproduce.py {name}`"
             )
         with open(table_path) as f:
-            return "".join(line for line in f if line.startswith("|"))
+            rows = "".join(line for line in f if line.startswith("|"))
+        return begin + rows + end
+
+    def verdict_citation(match) -> str:
+        """A {reference} in a claim's verdict (CELL_REFERENCE), read by cited()."""
+        return cited(claimed_cell, match[1], f"claims.json: a verdict cites {match[0]}")
 
     lines = [
         "| claim | paper | ours: median [min, max] over seeds | verdict |",
@@ -982,22 +1023,24 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             *cell,
             f"claims.json: claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}",
         )
-        values = table.seed_values(
-            *cell, [TrainConfig(out=out) for out in claim["runs"]] if "runs" in claim else runs
-        )
-        lines.append(
-            f"| {claim['claim']} | "
-            f"{number(table.paper[cell]) if cell in table.paper else claim['paper']} | "
-            f"{median_text(values) if values else 'not run'} | "
-            # the verdict with each {reference} read by cited()
-            + CELL_REFERENCE.sub(
-                lambda m: cited(claimed_cell, m[1], f"claims.json: a verdict cites {m[0]}"),
-                claim["verdict"],
-            )
-            + " |"
-        )
+        # a claim may name its own runs in place of the cell's
+        if "runs" in claim:
+            runs = [TrainConfig(out=out) for out in claim["runs"]]
+        values = table.seed_values(*cell, runs)
+        if cell in table.paper:
+            theirs = number(table.paper[cell])
+        else:
+            theirs = claim["paper"]
+        if values:
+            ours = median_text(values)
+        else:
+            ours = "not run"
+        verdict = CELL_REFERENCE.sub(verdict_citation, claim["verdict"])
+        lines.append(f"| {claim['claim']} | {theirs} | {ours} | {verdict} |")
     texts = {}
-    for path in (path for path in DOCUMENTS if os.path.isfile(path)):
+    for path in DOCUMENTS:
+        if not os.path.isfile(path):
+            continue
         with open(path) as f:
             text = f.read()
         if path == DOCUMENTS[0]:
@@ -1007,14 +1050,20 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
                     f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write "
                     "the table between"
                 )
-            text = PASTED_TABLE.sub(
-                lambda m: m[1] + pasted_table(m[2]) + m[3],
-                head + marker + "\n".join(lines) + "\n" + rest[rest.index("<!-- claims:end -->") :],
-            )
-        texts[path] = PROSE_CITATION.sub(
-            lambda m: (
-                f"<!--{{{m[1]}}}-->{cited(claimed_cell, m[1], f'{path} cites {{{m[1]}}}')}<!--/-->"
-            ),
-            text,
-        )
+            after = rest[rest.index("<!-- claims:end -->") :]
+            text = head + marker + "\n".join(lines) + "\n" + after
+            text = PASTED_TABLE.sub(pasted_table, text)
+        texts[path] = PROSE_CITATION.sub(prose_citations(claimed_cell, path), text)
     return texts
+
+
+def prose_citations(claimed_cell, path: str):
+    """The re.sub replacement for the numbers in prose of the document at path (PROSE_CITATION):
+    each <!--{reference}-->number<!--/--> with its number read anew by cited()."""
+
+    def prose_citation(match) -> str:
+        reference = match[1]
+        value = cited(claimed_cell, reference, f"{path} cites {{{reference}}}")
+        return f"<!--{{{reference}}}-->{value}<!--/-->"
+
+    return prose_citation

@@ -52,7 +52,9 @@ def check_same_config(cfg: TrainConfig):
     equal the cell's resolved ones, defaults filled in (one left to the scale counts too).
     UsageError naming the first that differs."""
     resolved = resolve(cfg)[0]
-    if changed := changed_settings(resolved, cfg.out):  # config.NOT_COMPUTED aside
+    # config.NOT_COMPUTED aside
+    changed = changed_settings(resolved, cfg.out)
+    if changed:
         name = changed[0]
         raise UsageError(
             f"{cfg.out} was trained with other settings ({name} "
@@ -65,29 +67,28 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
     """The unit of work of a sweep's pool: finish run k of n (fresh, or resumed from its checkpoint)
     and make the analyze.py analyses its table reads; returns (its final.json, its run_state before,
     seconds)."""
-    state, start = run_state(cfg.out), time.time()
+    state = run_state(cfg.out)
+    start = time.time()
     if state != "finished":
-        print(
-            f"run {k} of {n}: {cfg.out} ({'resuming' if state == 'resume' else 'starting'})",
-            flush=True,
-        )
+        if state == "resume":
+            print(f"run {k} of {n}: {cfg.out} (resuming)", flush=True)
+        else:
+            print(f"run {k} of {n}: {cfg.out} (starting)", flush=True)
         train.train(replace(cfg, overwrite=True), resume=state == "resume")
     split = os.path.join(cfg.out, "train_split.json")
-    if cfg.task == "modadd" and not os.path.exists(
-        split
-    ):  # Table 2's train accuracy: the run scored on its training split
+    # Table 2's train accuracy: the run scored on its training split
+    if cfg.task == "modadd" and not os.path.exists(split):
         saved, task, model, _ = load_run(cfg.out)
         write_json(
             split,
             train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype),
         )
-    for (
-        name
-    ) in analyses:  # now, while model.pt is here: git keeps a run's analysis.json, not its weights
-        if read_analysis(cfg.out, name) is None and os.path.exists(
-            os.path.join(cfg.out, "model.pt")
-        ):
+    # now, while model.pt is here: git keeps a run's analysis.json, not its weights
+    has_model = os.path.exists(os.path.join(cfg.out, "model.pt"))
+    for name in analyses:
+        if read_analysis(cfg.out, name) is None and has_model:
             analyze.main([cfg.out, "--only", name])
+
     return (
         read_json(
             os.path.join(cfg.out, "final.json"),
@@ -101,13 +102,22 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
 def run_cost(cfg: TrainConfig) -> float:
     """A run's training time relative to others': the longest start first, so --jobs workers finish
     together."""
-    return (
-        (10_000 if cfg.steps is None else cfg.steps)  # 0: an untrained run, nearly free
-        * (cfg.batch_size or 1000)
-        * (cfg.context if cfg.task == "lm" else build_task(cfg).seq_len)  # lm would read its corpus
-        * (cfg.width or 1024) ** 2
-        * (1.5 if cfg.mode == "full" else 1.0)
-    )  # a trained body's weight gradients
+    # no steps set: the task's default, taken as 10,000 (0 steps, an untrained run, is nearly free)
+    if cfg.steps is None:
+        steps = 10_000
+    else:
+        steps = cfg.steps
+    # lm's task would read its corpus
+    if cfg.task == "lm":
+        seq_len = cfg.context
+    else:
+        seq_len = build_task(cfg).seq_len
+    # a trained body's weight gradients
+    if cfg.mode == "full":
+        gradients = 1.5
+    else:
+        gradients = 1.0
+    return steps * (cfg.batch_size or 1000) * seq_len * (cfg.width or 1024) ** 2 * gradients
 
 
 def sweep(table, runs: dict, jobs: int) -> int:
@@ -120,7 +130,12 @@ def sweep(table, runs: dict, jobs: int) -> int:
     )
     for cfg in todo:
         check_same_config(cfg)
-    start, trained, cost_left, cost_done = time.time(), 0, sum(map(run_cost, todo)), 0.0
+    start = time.time()
+    trained = 0
+    # run_cost of the runs not yet done, and of those trained so far
+    cost_left = sum(map(run_cost, todo))
+    cost_done = 0.0
+
     with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
         results = (pool.map if pool else map)(
             train_one,
@@ -130,21 +145,22 @@ def sweep(table, runs: dict, jobs: int) -> int:
             [table.analyses] * len(todo),
         )
         for i, (cfg, (final, state, seconds)) in enumerate(zip(todo, results), 1):
-            done = (
-                "skipped, finished before"
-                if state == "finished"
-                else ("resumed" if state == "resume" else "trained")
-            )
+            if state == "finished":
+                done = "skipped, finished before"
+            elif state == "resume":
+                done = "resumed"
+            else:
+                done = "trained"
             metrics = ", ".join(
                 f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final
             )
             cost_left -= run_cost(cfg)
             cost_done += run_cost(cfg) * (state != "finished")
-            left = (
-                f", about {(time.time() - start) * cost_left / cost_done / 60:.0f} min left"
-                if cost_done and cost_left
-                else ""
-            )
+            # the time left, from the pace so far
+            left = ""
+            if cost_done and cost_left:
+                minutes = (time.time() - start) * cost_left / cost_done / 60
+                left = f", about {minutes:.0f} min left"
             print(
                 f"[{i}/{len(todo)}] {cfg.out}: {done}; {metrics} ({seconds:.0f}s, "
                 f"{time.time() - start:.0f}s so far{left})",
@@ -170,11 +186,10 @@ def visible_gpus() -> list:
     """This process's GPUs as CUDA_VISIBLE_DEVICES names them (a scheduler may have set it); []
     without one."""
     count = torch.cuda.device_count()
-    return (
-        names.split(",")
-        if (names := os.environ.get("CUDA_VISIBLE_DEVICES"))
-        else [str(i) for i in range(count)]
-    )[:count]
+    names = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if names:
+        return names.split(",")[:count]
+    return [str(i) for i in range(count)]
 
 
 def start_worker(started, gpus: list):
@@ -305,52 +320,48 @@ def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
     """(steps, tokens, model FLOPs, predicted GPU seconds, where the seconds come from) of cfg's run
     from its settings: a measured pace from speeds (measured_speeds) where a record has cfg's
     STEP_COST settings, else the assumed MFU. Nothing trains, no corpus is read."""
-    if (
-        cfg.task == "lm"
-    ):  # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
+    if cfg.task == "lm":
+        # the task class's defaults and TinyStories' assumed size: an instance would read the corpus
         lm = TASKS["lm"]
         batch_size = cfg.batch_size or lm.batch_size
         steps = cfg.steps or math.ceil(
             (cfg.epochs or lm.epochs) * TINYSTORIES_TOKENS / (batch_size * cfg.context)
         )
         cfg = with_paper_defaults(replace(cfg, steps=steps), lm)
-        lengths, answers, vocab = (
-            torch.full((batch_size,), cfg.context),
-            torch.arange(cfg.context).repeat(batch_size),
-            cfg.vocab,
-        )
+        lengths = torch.full((batch_size,), cfg.context)
+        answers = torch.arange(cfg.context).repeat(batch_size)
+        vocab = cfg.vocab
     else:
         cfg, task = resolve(cfg)
+        generator = torch.Generator().manual_seed(0)
         # generate, not sample: the stream's lengths without building the test set it excludes
         # (seconds for imitate)
-        batch = (task.generate if isinstance(task, StreamTask) else task.sample)(
-            cfg.batch_size, torch.Generator().manual_seed(0)
-        )
-        lengths, answers, vocab = batch.pos.amax(1) + 1, batch.pos[batch.y >= 0], task.vocab_size
+        if isinstance(task, StreamTask):
+            batch = task.generate(cfg.batch_size, generator)
+        else:
+            batch = task.sample(cfg.batch_size, generator)
+        lengths = batch.pos.amax(1) + 1
+        answers = batch.pos[batch.y >= 0]
+        vocab = task.vocab_size
     step = useful_flops(cfg, vocab, lengths, answers)
     measured = (speeds or {}).get(tuple(getattr(cfg, name) for name in STEP_COST))
-    seconds = RUN_START + (
-        cfg.steps / measured[0]
-        if measured
-        else max(step * cfg.steps / (ASSUMED_MFU * H100_PEAK), STEP_FLOOR * cfg.steps)
-    )
-    return (
-        cfg.steps,
-        lengths.sum().item() * cfg.steps,
-        step * cfg.steps,
-        seconds,
-        f"measured, {measured[0]:.1f} steps/s ({measured[1]})" if measured else "assumed",
-    )
+    if measured:
+        pace, record = measured
+        seconds = RUN_START + cfg.steps / pace
+        source = f"measured, {pace:.1f} steps/s ({record})"
+    else:
+        compute = step * cfg.steps / (ASSUMED_MFU * H100_PEAK)
+        seconds = RUN_START + max(compute, STEP_FLOOR * cfg.steps)
+        source = "assumed"
+    return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds, source
 
 
 def plan(tables: list, scale: str) -> str:
     """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost, and the
     GPU-hours of each and all."""
-    lines, estimates, speeds = (
-        [PLAN_NOTE],
-        {},
-        measured_speeds(),
-    )  # estimates: run directory -> (runs, *run_estimate)
+    lines = [PLAN_NOTE]
+    estimates = {}  # run directory -> (runs, *run_estimate)
+    speeds = measured_speeds()
     for table, runs in tables:
         rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row
         for (row, col), cell in runs.items():
@@ -365,13 +376,12 @@ def plan(tables: list, scale: str) -> str:
         ]
         for out, (cell, labels) in rows.items():
             # a run shared with an earlier table is estimated once
-            count, steps, tokens, flops, seconds, source = estimates[out] = estimates.get(out) or (
-                len(cell),
-                *run_estimate(cell[0], speeds),
-            )
-            owner = os.path.basename(os.path.dirname(out)).split("-")[
-                0
-            ]  # Figure 7 trains some of Table 1's cells
+            if out not in estimates:
+                estimates[out] = (len(cell), *run_estimate(cell[0], speeds))
+            count, steps, tokens, flops, seconds, source = estimates[out]
+            # Figure 7 trains some of Table 1's cells
+            owner = os.path.basename(os.path.dirname(out)).split("-")[0]
+
             lines.append(
                 f"| {' / '.join(labels)}"
                 + ("" if owner == table.name else f" ({owner}'s runs)")

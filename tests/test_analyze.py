@@ -82,12 +82,10 @@ def test_circle_score_is_one_for_a_circle_and_a_quarter_for_two_frequencies():
     projections, _ = analyze.principal_components(
         circle_embedding(p, frequencies=[3, 7], amplitudes=[2.0, 1.0])
     )
-    assert analyze.circle_score(projections[:, 0], projections[:, 1]) == pytest.approx(
-        1.0
-    )  # frequency 3's plane
-    assert analyze.circle_score(projections[:, 0], projections[:, 2]) == pytest.approx(
-        0.25
-    )  # a cosine of 3 and one of 7
+    # frequency 3's plane
+    assert analyze.circle_score(projections[:, 0], projections[:, 1]) == pytest.approx(1.0)
+    # a cosine of 3 and one of 7
+    assert analyze.circle_score(projections[:, 0], projections[:, 2]) == pytest.approx(0.25)
     noise = torch.randn(p, 2, dtype=torch.double, generator=torch.Generator().manual_seed(0))
     assert analyze.circle_score(*(noise - noise.mean(0)).T) < 0.25
 
@@ -249,9 +247,9 @@ def test_modadd_run_gets_every_modadd_analysis(runs):
     variance = result["variance"]
     assert variance["layers"] == ["Emb", "L1", "L2"]
     assert all(0 <= v <= 1 + 1e-9 for v in variance["pc_top10"] + variance["neuron_top10"])
-    assert all(
-        n <= pc + 1e-9 for n, pc in zip(variance["neuron_top10"], variance["pc_top10"])
-    )  # PCs are the best 10 directions
+    # PCs are the best 10 directions
+    for neuron, pc in zip(variance["neuron_top10"], variance["pc_top10"]):
+        assert neuron <= pc + 1e-9
     circle = result["embedding"]["circularity"]
     assert len(circle["components"]) == 4 and 0 <= circle["mean"] <= 1
     circles = result["embedding"]["circles"]
@@ -284,9 +282,8 @@ def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
     report = (runs / "needle" / "analysis.md").read_text()
     assert "is largest in layer" in report and "for attention spread evenly" in report
     assert "Input: `a 1 b 2 c 3 d 4 b?`" in report  # the tokens decoded, the query marked
-    assert (
-        f"At width 16 the top {analyze.TOP_K} directions are" in report
-    )  # a narrow model's fractions say little
+    # a narrow model's fractions say little
+    assert f"At width 16 the top {analyze.TOP_K} directions are" in report
     assert len(attention["patterns"]) == 2 and len(attention["patterns"][0][0]) == len(
         analyze.NEEDLE_EXAMPLE
     )
@@ -336,9 +333,8 @@ def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
 def test_parens_lengths_split_the_test_set_by_what_training_shows(runs):
     lengths = analyzed(runs / "parens", "--only", "lengths")["lengths"]
     rows = {(r["length"], r["answer"]): r for r in lengths["rows"]}
-    assert not rows[(2, "balanced")][
-        "in_training"
-    ]  # "()" is a test string, so the exclusion rule keeps it out of training
+    # "()" is a test string, so the exclusion rule keeps it out of training
+    assert not rows[(2, "balanced")]["in_training"]
     assert (
         sum(r["test"] for r in rows.values())
         == lengths["unseen"]["test"] + lengths["seen"]["test"]
@@ -430,10 +426,9 @@ def test_lm_run_gets_samples_that_continue_each_prompt(tmp_path):
         for prompt, text in zip(samples["prompts"], samples["continuations"])
     )
     tokens = analyzed(run, "--only", "attention")["attention"]["tokens"]
-    task = analyze.Run(str(run)).task
-    labels = analyze.token_labels(
-        task, tokens
-    )  # each token's text, spaces and newlines made visible
+    task = analyze.SavedRun(str(run)).task
+    # each token's text, spaces and newlines made visible
+    labels = analyze.token_labels(task, tokens)
     assert "".join(labels).replace("␣", " ").replace("↵", "\n") == task.tokenizer.decode(tokens)
 
 
@@ -503,7 +498,7 @@ def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compa
     run = copied(runs, "parens", tmp_path)
     analyze.main(["--watch", str(run)])  # finished already: scores model.pt once and ends
     (record,) = [json.loads(line) for line in (run / "unseen.jsonl").read_text().splitlines()]
-    lengths = analyze.parens_lengths(analyze.Run(str(run)))
+    lengths = analyze.parens_lengths(analyze.SavedRun(str(run)))
     assert (
         record["step"] == 3
         and record["unseen"] == lengths["unseen"]["accuracy"]
@@ -524,10 +519,9 @@ def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
         {"step": s, "lr": r, "test_accuracy": 0.1 * s / 1000 if s < 900 else 0.09}
         for s, r in zip(steps, lr)
     ]
-    assert analyze.flat_from(converged) == (
-        400,
-        pytest.approx(60.0),
-    )  # flat from step 400, its lr at 60% of the peak
+    # flat from step 400, its lr at 60% of the peak
+    assert analyze.flat_from(converged) == (400, pytest.approx(60.0))
+
     assert analyze.flat_from(stopped) == (900, pytest.approx(10.0))
     assert analyze.flat_from([{"step": 0, "lr": 1e-3}]) is None  # no accuracy logged: no verdict
 
@@ -669,7 +663,7 @@ def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
     assert result["variance"]["label"] == "needle Random w16, stopped at step 3"
     # the checkpoint's step-3 test loss: the blocks its seed draws, under the embeddings it trained
     step_3 = [r for r in analyze.read_metrics(run) if r["step"] == 3][0]
-    stopped = analyze.Run(str(run))
+    stopped = analyze.SavedRun(str(run))
     test = stopped.task.test_set()
     with torch.no_grad():
         loss = stopped.task.loss(stopped.model(test.x, test.pos), test).item()

@@ -69,9 +69,9 @@ def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys):
 
 
 def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, capsys):
-    shutil.copytree(
-        root / "needle-a-s1", tmp_path / "needle-a-s2"
-    )  # same name but for the seed, another lr: its own row
+    # same name but for the seed, another lr: its own row
+    shutil.copytree(root / "needle-a-s1", tmp_path / "needle-a-s2")
+
     config = json.loads((tmp_path / "needle-a-s2" / "config.json").read_text())
     (tmp_path / "needle-a-s2" / "config.json").write_text(json.dumps({**config, "lr": 0.5}))
     for seed in (0, 1):

@@ -2,6 +2,8 @@
 trains, its default directory is one that the experiment's analyze.py and compare.py calls read,
 analyze.py writes the analyses asked for, and compare.py puts the runs side by side."""
 
+import argparse
+import functools
 import json
 import os
 import re
@@ -13,26 +15,22 @@ import analyze
 import cli
 import compare
 import config
+import figures
+import reproduce
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOUR = os.path.join(ROOT, "docs", "tour.md")
-UNTRAINED, TRAINED = (
-    os.path.join(ROOT, "runs", "probes", name, "analysis.json")
-    for name in ("needle-frozen-w512-cpu-steps0-s0", "needle-frozen-w512-cpu-s0")
-)  # experiment 7's runs, committed
-TINY = [
-    "--steps",
-    "2",
-    "--eval-every",
-    "2",
-    "--test-size",
-    "20",
-    "--batch-size",
-    "8",
-    "--device",
-    "cpu",
-]  # 2 layers: experiment 6 trains block 1
+# experiment 7's runs, committed
+UNTRAINED = os.path.join(
+    ROOT, "runs", "probes", "needle-frozen-w512-cpu-steps0-s0", "analysis.json"
+)
+TRAINED = os.path.join(ROOT, "runs", "probes", "needle-frozen-w512-cpu-s0", "analysis.json")
+# 2 layers: experiment 6 trains block 1
+TINY = ["--steps", "2", "--eval-every", "2", "--test-size", "20", "--batch-size", "8"]
+TINY += ["--device", "cpu"]
+# a number the tour cites from the records: <!--{reference}-->number<!--/--> (figures.cited)
+CITATION = re.compile(r"<!--\{([^{}]+)\}-->(.*?)<!--/-->")
 
 
 def tiny(argv):
@@ -57,23 +55,26 @@ def experiments():
     return found
 
 
-def test_the_tour_has_nine_experiments_each_with_its_comparison():
-    assert [title[:2] for title, *_ in experiments()] == [
-        "1.",
-        "2.",
-        "3.",
-        "4.",
-        "5.",
-        "6.",
-        "7.",
-        "8.",
-        "9.",
-    ]
+def test_every_number_the_tour_cites_is_what_its_record_gives(monkeypatch):
+    """The tour's measured numbers are citations of the committed records (runs/probes, and the
+    cells of the cpu tables under runs/reproduce): each is the number its reference reads."""
+    monkeypatch.chdir(ROOT)
+    args = argparse.Namespace(scale="cpu", runs=os.path.join("runs", "reproduce"), seeds=3)
+    claimed_cell = functools.partial(reproduce.claimed_cell, args)
+    with open(TOUR) as f:
+        citations = CITATION.findall(f.read())
+    # experiments 1-6 and 9 from the tables and probes, 7 and 8 from experiment 7's analyses
+    assert len(citations) >= 60
+    for reference, shown in citations:
+        read = figures.cited(claimed_cell, reference, f"docs/tour.md cites {{{reference}}}")
+        assert shown == read, f"docs/tour.md shows {shown} for {{{reference}}}, the record {read}"
 
 
 def section(number: int) -> str:
-    """The text of the tour's experiment `number`, up to the next heading."""
-    return re.search(rf"\n## {number}\. .*?(?=\n## )", open(TOUR).read(), re.S)[0]
+    """The text of the tour's experiment `number`, up to the next heading, with each citation shown
+    as its number and the lines joined."""
+    text = re.search(rf"\n## {number}\. .*?(?=\n## )", open(TOUR).read(), re.S)[0]
+    return " ".join(CITATION.sub(r"\2", text).split())
 
 
 def test_the_why_experiments_analyze_what_they_train():
@@ -123,15 +124,14 @@ def test_each_experiment_runs_at_tiny_size_and_analyzes_and_compares_its_own_run
     compare.main(
         [str(tmp_path / run) for run in comparison] + ["--plot", str(tmp_path / "compare.png")]
     )
-    rows = [
-        line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")
-    ]  # the header and a row per run
+    # the header and a row per run
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert len(rows) == len(comparison) + 1 and os.path.exists(tmp_path / "compare.png")
 
 
 def test_the_needle_circuits_numbers_are_its_committed_analyses():
     # analyze.py's numbers are typed into the prose, so they are checked against the records here
-    text = " ".join(section(7).split())
+    text = section(7)
     for path in (UNTRAINED, TRAINED):
         results = json.load(open(path))
         attention = results["attention"]
@@ -153,9 +153,8 @@ def test_the_needle_circuits_numbers_are_its_committed_analyses():
         attention["value_to_marker"],
         attention["query_to_value"],
     )
-    assert (
-        f"{min(to_marker_1):.2f} to {max(to_marker_1):.2f} of a value's attention" in text
-    )  # each step in its layer
+    # each step in its layer
+    assert f"{min(to_marker_1):.2f} to {max(to_marker_1):.2f} of a value's attention" in text
     assert f"{min(to_value_2):.2f} to {max(to_value_2):.2f} of the query's attention" in text
     assert (
         f"put {max(to_marker_2):.2f} at most" in text
@@ -164,7 +163,8 @@ def test_the_needle_circuits_numbers_are_its_committed_analyses():
 
 
 def test_the_projection_numbers_are_its_committed_analyses():
-    text = " ".join(section(8).split())
+    # the table's cells are citations: each must cite the column's layer and the row's k
+    text = section(8)
     trained, untrained = (json.load(open(path))["projection"] for path in (TRAINED, UNTRAINED))
     for name, label, k in [
         ("pc", "PCs", 10),
