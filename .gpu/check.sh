@@ -39,7 +39,9 @@ for part in $parts; do
   case $part in
     suite)
       log "pytest"
-      timeout 300 python -m pytest -q -p no:logging -p no:cacheprovider >"$out/pytest.log" 2>&1
+      # -v names each test as it ends, so a failure is known even if the time runs out; -rf repeats
+      # the failures' messages at the end
+      timeout 300 python -m pytest -v -rf -p no:logging -p no:cacheprovider >"$out/pytest.log" 2>&1
       log "pytest exit $?: $(tail -1 "$out/pytest.log")"
       ;;
     bench)
