@@ -52,9 +52,8 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
     cfg, task, model, _ = config.build(cfg)
     batch = task.sample(64, torch.Generator().manual_seed(1))
 
-    def backward(
-        part, weight=1.0
-    ):  # the forward and backward of train.train_step (fp32: no autocast)
+    # the forward and backward of train.train_step (fp32: no autocast)
+    def backward(part, weight=1.0):
         loss = task.loss(model(part.x, part.pos), part) * weight
         loss.backward()
         return loss.detach()
@@ -91,9 +90,8 @@ def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
         ),
     ],
 )
-def test_batched_seeds_match_separate_runs(
-    tmp_path, capsys, device
-):  # on CUDA through the math attention kernel
+# on CUDA through the math attention kernel
+def test_batched_seeds_match_separate_runs(tmp_path, capsys, device):
     cfg = tiny(tmp_path, seeds=2, device=device, out=str(tmp_path / "batched"))
     batched = batched_seeds.train_batched(cfg)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
@@ -129,9 +127,8 @@ def test_batched_seeds_of_one_seed_is_a_one_line_error(capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--seeds must be >= 2" in err
 
 
-@pytest.mark.parametrize(
-    "task", ["addition", "parens"]
-)  # rows with unequal answer counts; length chunks
+# rows with unequal answer counts; length chunks
+@pytest.mark.parametrize("task", ["addition", "parens"])
 @pytest.mark.slow
 def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
     cfg = tiny(tmp_path, task=task, digits=3, steps=4, eval_every=2, batch_size=16)
@@ -242,7 +239,12 @@ def test_a_training_batch_waits_on_the_host_a_bounded_number_of_times(name, boun
     task.test_set()
     generator, draws = torch.Generator().manual_seed(0), []
     generate = task.generate
-    task.generate = lambda n, g: draws.append(n) or generate(n, g)
+
+    def counted_generate(n, g):
+        draws.append(n)
+        return generate(n, g)
+
+    task.generate = counted_generate
     for _ in range(5):
         draws.clear()
         with HostWaits() as counter:
@@ -336,7 +338,10 @@ def test_the_first_lines_step_time_skips_a_gpus_warm_up_steps(monkeypatch, cpu, 
     # timing that step announced "about 19.1 h". A CPU step that long is a real one: it stops there.
     durations, clock = iter([6.9, 0.8, 0.1, 0.1, 0.1]), [0.0]
     monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
-    step = lambda: clock.__setitem__(0, clock[0] + next(durations))
+
+    def step():
+        clock[0] += next(durations)
+
     assert rundir.typical_seconds(step, cpu) == pytest.approx(expected)
 
 
@@ -346,7 +351,14 @@ def test_a_cpu_run_keeps_the_faster_of_the_default_threads_and_one(monkeypatch):
     clock, before = [0.0], torch.get_num_threads()
     monkeypatch.setattr(rundir.time, "time", lambda: clock[0])
     monkeypatch.setattr(rundir, "THREADS", 2)
-    step = lambda: clock.__setitem__(0, clock[0] + (4.0 if torch.get_num_threads() == 2 else 0.6))
+
+    # two threads are slower here than one
+    def step():
+        if torch.get_num_threads() == 2:
+            clock[0] += 4.0
+        else:
+            clock[0] += 0.6
+
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         assert (
