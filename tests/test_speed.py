@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -127,6 +128,13 @@ def test_batched_seeds_of_one_seed_is_a_one_line_error(capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--seeds must be >= 2" in err
 
 
+def free_port() -> int:
+    """A TCP port no process listens on now: a fixed one fails while another suite holds it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 # rows with unequal answer counts; length chunks
 @pytest.mark.parametrize("task", ["addition", "parens"])
 @pytest.mark.slow
@@ -138,7 +146,7 @@ def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master_port=29561",
+        f"--master_port={free_port()}",
         os.path.join(ROOT, "train.py"),
         "--task",
         task,
