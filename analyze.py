@@ -28,7 +28,7 @@ import tasks
 from config import build_seeded, load_run, saved_config
 from errors import OneLineParser, UsageError, usage_errors
 from figures import markdown_table, pyplot, save_figure
-from files import FINAL_KEYS, load_checkpoint, read_json, read_metrics, write_atomic, write_json
+from files import FINAL_KEYS, load_checkpoint, read_json, read_metrics, write_json, write_text
 from model import GPT, at, model_name
 from rundir import hidden_sibling, lock_held
 
@@ -1148,9 +1148,7 @@ def analyze(run: SavedRun, results: dict, args):
             if name == "variance":
                 print(explained_variance_markdown(results[name]))
     write_json(os.path.join(run.path, "analysis.json"), results)
-    write_atomic(
-        os.path.join(run.path, "analysis.md"), lambda f: f.write(markdown(run, results).encode())
-    )
+    write_text(os.path.join(run.path, "analysis.md"), markdown(run, results))
 
 
 # --watch: seconds between looks at the run; how long a run no process holds may stay unchanged

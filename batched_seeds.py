@@ -40,9 +40,12 @@ from train import evaluate, lr_at, make_optimizer, set_lr
 
 def seed_model(base, params, i):
     """forward(x, pos) of seed i alone (its slice of the stacked params), for evaluation."""
-    return lambda x, pos: torch.func.functional_call(
-        base, {k: v[i] for k, v in params.items()}, (x, pos)
-    )
+
+    def forward(x, pos):
+        seed_params = {k: v[i] for k, v in params.items()}
+        return torch.func.functional_call(base, seed_params, (x, pos))
+
+    return forward
 
 
 def train_batched(cfg) -> list:
@@ -50,31 +53,32 @@ def train_batched(cfg) -> list:
     a slice of stacked weights (leading seed dimension); as train.train would, its init follows
     torch.manual_seed(seed) and its data a generator seeded with its seed. One AdamW over the stack
     is N independent AdamWs, AdamW being elementwise."""
-    for wrong, message in (
-        (
-            int(os.environ.get("WORLD_SIZE", 1)) > 1,
-            "batched seeds run in one process; use torchrun with train.py for single large runs",
-        ),
-        (cfg.seeds < 2, "--seeds must be >= 2 (train.py trains a single run)"),
-        (  # torch.func.vmap has no rule for the LSTM kernel
-            cfg.arch == "lstm",
-            "batched seeds cannot train the lstm; train.py --arch lstm --seeds N trains its seeds",
-        ),
-    ):
-        if wrong:
-            raise UsageError(message)
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise UsageError(
+            "batched seeds run in one process; use torchrun with train.py for single large runs"
+        )
+    if cfg.seeds < 2:
+        raise UsageError("--seeds must be >= 2 (train.py trains a single run)")
+    # torch.func.vmap has no rule for the LSTM kernel
+    if cfg.arch == "lstm":
+        raise UsageError(
+            "batched seeds cannot train the lstm; train.py --arch lstm --seeds N trains its seeds"
+        )
     device = pick_device(cfg.device)
     seeds, tasks, models, counts = zip(*map(build_seeded, seed_configs(cfg)))
-    cfg, task = seeds[0], tasks[0]  # settings filled in by build, shared by every seed
+    # settings filled in by build, shared by every seed
+    cfg = seeds[0]
+    task = tasks[0]
     # {name: (N, ...)}; frozen tensors stay without grad; Module.to moves each model in place
     params, _ = torch.func.stack_module_state([model.to(device) for model in models])
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
+
     # the seeds' forward(x, pos), base vmapped over the stacked params: (N, B, ...) -> (N, B, A, V)
-    stacked = compile_model(
-        lambda x, pos: torch.func.vmap(partial(torch.func.functional_call, base))(params, (x, pos)),
-        device,
-        cfg.compile,
-    )
+    def forward(x, pos):
+        seeds_forward = torch.func.vmap(partial(torch.func.functional_call, base))
+        return seeds_forward(params, (x, pos))
+
+    stacked = compile_model(forward, device, cfg.compile)
     # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op:
     # expected, not news.
     warnings.filterwarnings(
@@ -82,7 +86,9 @@ def train_batched(cfg) -> list:
         message="There is a performance drop because we have not yet implemented the batching rule",
     )
     optimizer = stacked_optimizer(base, params, cfg, device)
-    trainable = [p for group in optimizer.param_groups for p in group["params"]]
+    trainable = []
+    for group in optimizer.param_groups:
+        trainable.extend(group["params"])
     generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
     test = task.test_set()
     precision = autocast(device, cfg.dtype)
@@ -138,7 +144,11 @@ def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, pr
     vmapped over the leading seed dimension), summed for one backward (the seeds share no weights,
     so each gets its own gradient), then each seed's own clipping (clip_grad_norm_'s formula on its
     slice of the gradients)."""
-    seed_losses = torch.func.vmap(lambda logits, tensors: task.loss(logits, Batch(**tensors)))
+
+    def seed_loss(logits, tensors):
+        return task.loss(logits, Batch(**tensors))
+
+    seed_losses = torch.func.vmap(seed_loss)
     batch_loss = 0.0
     for chunk, weight in batch.length_chunks():
         tensors = {name: t for name, t in vars(chunk).items() if t is not None}

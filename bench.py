@@ -39,15 +39,21 @@ from train import make_optimizer, train_step
 def best_seconds(fn, calls, repeats, device):
     """Seconds per call of fn, the best of `repeats` timings of `calls` calls (the machine may be
     shared)."""
-    best, sync = float("inf"), torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    best = float("inf")
     for _ in range(repeats):
-        sync()
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        sync()
+        synchronize(device)
         best = min(best, (time.perf_counter() - start) / calls)
     return best
+
+
+def synchronize(device):
+    """Wait for the device's queued work: a CUDA call returns before its kernels finish."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def measured_peak(device, bf16):
@@ -57,8 +63,12 @@ def measured_peak(device, bf16):
         torch.randn(n, n, device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
         for _ in range(2)
     )
-    a @ b  # the first call sets up the library
-    return 2 * n**3 / best_seconds(lambda: a @ b, 3, 3, device)
+
+    def matmul():
+        a @ b
+
+    matmul()  # the first call sets up the library
+    return 2 * n**3 / best_seconds(matmul, 3, 3, device)
 
 
 def useful_flops(cfg, vocab, lengths, answer_pos):
@@ -75,36 +85,36 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
     attention products), and again for the weight gradient of every trainable weight (frozen weights
     get none). Embedding lookups and elementwise work are not counted.
     """
-    if (
-        cfg.arch == "lstm"
-    ):  # counted as fully trained, as in every table: forward, input and weight gradients
+    # counted as fully trained, as in every table: forward, input and weight gradients
+    if cfg.arch == "lstm":
         return 3 * (
             16 * cfg.width**2 * cfg.layers * lengths.sum().item()
             + 2 * cfg.width * vocab * answer_pos.numel()
         )
-    d, trains, early = (
-        cfg.width,
-        TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"}),
-        cfg.layers - 1,
-    )  # a mask: counted as full
-    tokens, answers = lengths.sum().item(), answer_pos.numel()
+    d = cfg.width
+    # a mask: counted as full
+    trains = TRAINING_MODES.get(cfg.mode, {"wte", "wpe", "lm_head", "body"})
+    early = cfg.layers - 1
+    tokens = lengths.sum().item()
+    answers = answer_pos.numel()
     weights = 24 * d * d * tokens * early + 4 * d * d * tokens + 20 * d * d * answers
     # the causal (query, key) pairs of every row in the early blocks, of every answer in the last
-    attention = (
-        4
-        * d
-        * ((lengths * (lengths + 1) // 2).sum().item() * early + (answer_pos + 1).sum().item())
-    )
+    early_pairs = (lengths * (lengths + 1) // 2).sum().item()
+    answer_pairs = (answer_pos + 1).sum().item()
+    attention = 4 * d * (early_pairs * early + answer_pairs)
     unembed = 2 * d * vocab * answers
-    below_blocks = bool(
-        trains & {"wte", "wpe"}
-    )  # anything trainable under the blocks needs input gradients
-    backward = (
-        (weights + attention) * below_blocks
-        + weights * ("body" in trains)
-        + unembed * ("lm_head" in trains)
-        + unembed * (below_blocks or "body" in trains)
-    )
+    # anything trainable under the blocks needs input gradients
+    below_blocks = bool(trains & {"wte", "wpe"})
+    trains_body = "body" in trains
+    backward = 0
+    if below_blocks:
+        backward += weights + attention
+    if trains_body:
+        backward += weights
+    if "lm_head" in trains:
+        backward += unembed
+    if below_blocks or trains_body:
+        backward += unembed
     return weights + attention + unembed + backward
 
 
@@ -133,49 +143,52 @@ def ours(cfg, task, model, device):
             autocast(device, cfg.dtype),
         )
 
-    return "ours", step, make_data, lambda batch: (batch.pos.amax(1) + 1, batch.pos[batch.y >= 0])
+    def rows(batch):
+        return batch.pos.amax(1) + 1, batch.pos[batch.y >= 0]
+
+    return "ours", step, make_data, rows
 
 
 def authors(cfg, task, model, device):
-    for bad, message in [
-        (cfg.task != "needle", "--pipeline authors is implemented for needle only"),
-        (cfg.mode not in ("frozen", "full"), "--pipeline authors times the frozen and full modes"),
-    ]:
-        if bad:
-            raise UsageError(message)
+    if cfg.task != "needle":
+        raise UsageError("--pipeline authors is implemented for needle only")
+    if cfg.mode not in ("frozen", "full"):
+        raise UsageError("--pipeline authors times the frozen and full modes")
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
-
-        model, label = (
-            GPT2LMHeadModel(
-                GPT2Config(
-                    vocab_size=task.vocab_size,
-                    n_positions=task.n_positions,
-                    n_embd=cfg.width,
-                    n_layer=cfg.layers,
-                    n_head=cfg.heads,
-                    resid_pdrop=0.0,
-                    embd_pdrop=0.0,
-                    attn_pdrop=0.0,
-                    bos_token_id=0,
-                    eos_token_id=0,
-                    tie_word_embeddings=False,
-                )
-            ).to(device),
-            "authors (HF GPT-2)",
-        )
-        for name, p in model.named_parameters():
-            p.requires_grad_(
-                cfg.mode == "full"
-                or name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")
-            )
-        forward = lambda x, labels: model(input_ids=x, labels=labels).loss
     except ImportError:
-        model, label = model.to(device), "authors (emulated: our GPT, transformers not installed)"
+        model = model.to(device)
+        label = "authors (emulated: our GPT, transformers not installed)"
+
         # full-sequence logits, loss masked afterwards, as HF computes it
-        forward = lambda x, labels: torch.nn.functional.cross_entropy(
-            model(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+        def forward(x, labels):
+            logits = model(x)[:, :-1]
+            return torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+            )
+
+    else:
+        shape = GPT2Config(
+            vocab_size=task.vocab_size,
+            n_positions=task.n_positions,
+            n_embd=cfg.width,
+            n_layer=cfg.layers,
+            n_head=cfg.heads,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+            tie_word_embeddings=False,
         )
+        model = GPT2LMHeadModel(shape).to(device)
+        label = "authors (HF GPT-2)"
+        embeddings = ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")
+        for name, p in model.named_parameters():
+            p.requires_grad_(cfg.mode == "full" or name in embeddings)
+
+        def forward(x, labels):
+            return model(input_ids=x, labels=labels).loss
 
     optimizer = make_optimizer(model.parameters(), cfg, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -185,39 +198,41 @@ def authors(cfg, task, model, device):
         for row, p in zip(task.test_set().x.tolist(), task.test_set().pos[:, 0].tolist())
     }
 
-    def make_data():  # one example at a time, the way a per-example Python generator builds them
+    # one example at a time, the way a per-example Python generator builds them
+    def make_data():
         inputs, labels = [], []
         while len(inputs) < cfg.batch_size:
             k = rng.randint(1, task.max_pairs)
             markers = rng.sample(range(128, 128 + Needle.MARKERS), k)
             values = [rng.randint(1, 127) for _ in range(k)]
             queried = rng.randrange(k)
-            tokens = [t for pair in zip(markers, values) for t in pair] + [
-                markers[queried] + Needle.MARKERS
-            ]
-            if tuple(tokens) not in test:  # padded to n_positions
-                inputs.append(
-                    (tokens + [values[queried]] + [0] * task.n_positions)[: task.n_positions]
-                )
-                labels.append(
-                    ([-100] * len(tokens) + [values[queried]] + [-100] * task.n_positions)[
-                        : task.n_positions
-                    ]
-                )
+            tokens = []
+            for marker, value in zip(markers, values):
+                tokens += [marker, value]
+            tokens.append(markers[queried] + Needle.MARKERS)
+            if tuple(tokens) in test:
+                continue
+            # padded to n_positions
+            answer = values[queried]
+            padded = tokens + [answer] + [0] * task.n_positions
+            inputs.append(padded[: task.n_positions])
+            padded_labels = [-100] * len(tokens) + [answer] + [-100] * task.n_positions
+            labels.append(padded_labels[: task.n_positions])
         return torch.tensor(inputs, device=device), torch.tensor(labels, device=device)
 
     def step():
         with autocast(device, cfg.dtype):
-            loss = forward(*make_data())  # make_data: (x, labels)
+            x, labels = make_data()
+            loss = forward(x, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def rows(data):
-        lengths = (
-            (data[1] != -100).int().argmax(1)
-        )  # data: (x, labels); the answer label sits just after the query
+        _, labels = data
+        # the answer label sits just after the query
+        lengths = (labels != -100).int().argmax(1)
         return lengths, lengths - 1
 
     return label, step, make_data, rows
@@ -227,7 +242,8 @@ def main(argv=None):
     parser = make_parser(
         __doc__.split("\n")[0], skip=("seeds", "out", "overwrite", "eval_every", "resume")
     )
-    own_flags = {  # bench.py's flags beside train.py's
+    # bench.py's flags beside train.py's
+    own_flags = {
         "pipeline": dict(
             choices=("ours", "authors"),
             default="ours",
@@ -248,50 +264,51 @@ def main(argv=None):
         parser.add_argument("--" + name.replace("_", "-"), **options)
     args = parser.parse_args(argv)
     with usage_errors("bench.py"):
-        cfg, _ = config_from_args(  # train.py's flags alone
-            argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own_flags})
-        )
-        for bad, message in [
-            (  # timings that measure nothing
-                args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0,
-                "--steps-timed and --repeats must be >= 1, --warmup-steps >= 0",
-            ),
-            (  # not finite or not > 0 (NaN fails every comparison)
-                args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"),
-                f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}",
-            ),
-        ]:
-            if bad:
-                raise UsageError(message)
+        # train.py's flags alone
+        train_flags = {k: v for k, v in vars(args).items() if k not in own_flags}
+        cfg, _ = config_from_args(argparse.Namespace(**train_flags))
+        # timings that measure nothing
+        if args.steps_timed < 1 or args.repeats < 1 or args.warmup_steps < 0:
+            raise UsageError("--steps-timed and --repeats must be >= 1, --warmup-steps >= 0")
+        # not finite or not > 0 (NaN fails every comparison)
+        if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
+            raise UsageError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
         device = pick_device(cfg.device)
         bf16 = uses_bf16(device, cfg.dtype)
         cfg, task, model, _ = build_seeded(replace(cfg, out="unused"))
-        label, step, make_data, rows = (authors if args.pipeline == "authors" else ours)(
-            cfg, task, model, device
-        )
+        if args.pipeline == "authors":
+            label, step, make_data, rows = authors(cfg, task, model, device)
+        else:
+            label, step, make_data, rows = ours(cfg, task, model, device)
 
-    with deterministic_kernels(
-        cfg.deterministic
-    ):  # what --deterministic costs is a figure worth timing
+    # what --deterministic costs is a figure worth timing
+    with deterministic_kernels(cfg.deterministic):
         for _ in range(args.warmup_steps):
             step()
-        seconds, data_seconds = (
-            best_seconds(fn, args.steps_timed, args.repeats, device) for fn in (step, make_data)
-        )  # a step, then its data alone
+        seconds = best_seconds(step, args.steps_timed, args.repeats, device)
+        # its data alone
+        data_seconds = best_seconds(make_data, args.steps_timed, args.repeats, device)
     lengths, answer_pos = rows(make_data())
     flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else measured_peak(device, bf16)
+    if args.peak_tflops:
+        peak = args.peak_tflops * 1e12
+        peak_text = f"{peak / 1e12:.3g}"
+    else:
+        peak = measured_peak(device, bf16)
+        peak_text = f"{peak / 1e12:.3g} (measured)"
+    config = f"{cfg.task} {cfg.mode} w{cfg.width} L{cfg.layers} b{cfg.batch_size}"
+    if cfg.deterministic:
+        config += " deterministic"
 
     figures = {
         "pipeline": label,
         "device": str(device),
         "dtype": "bf16" if bf16 else "fp32",
-        "config": f"{cfg.task} {cfg.mode} w{cfg.width} L{cfg.layers} b{cfg.batch_size}"
-        + " deterministic" * cfg.deterministic,
+        "config": config,
         "steps/s": f"{1 / seconds:.3g}",
         "tokens/s": f"{lengths.sum().item() / seconds:,.0f}",
         "TFLOP/s": f"{flops / seconds / 1e12:.3g}",
-        "peak TFLOP/s": f"{peak / 1e12:.3g}" + ("" if args.peak_tflops else " (measured)"),
+        "peak TFLOP/s": peak_text,
         "MFU": f"{flops / seconds / peak:.1%}",
         "data share": f"{data_seconds / seconds:.1%}",
     }

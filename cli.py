@@ -27,31 +27,33 @@ def make_parser(description="Train one model on one task.", skip=()):
     --resume. A flag not given is left out of the parsed namespace (TrainConfig supplies its
     default), so --resume can tell which were given."""
     parser = OneLineParser(description=description, argument_default=argparse.SUPPRESS)
-    for f in (f for f in fields(TrainConfig) if f.name not in skip and f.name != "scale"):
-        if (
-            f.type is bool and f.default is not False
-        ):  # True, or None = decided by the device: a flag to turn it off
+    for f in fields(TrainConfig):
+        # --scale is added below, with its choices
+        if f.name in skip or f.name == "scale":
+            continue
+        if f.type is not bool:
+            parser.add_argument(flag(f.name), dest=f.name, type=f.type, help=f.metadata["help"])
+            continue
+        # True, or None = decided by the device: a flag to turn it off
+        if f.default is not False:
             parser.add_argument(
                 "--no-" + f.name,
                 dest=f.name,
                 action="store_false",
                 help="do not " + f.metadata["help"],
             )
-        if f.type is not bool or f.default is not True:  # a bool: a flag that turns it on
+        # False or None: a flag that turns it on
+        if f.default is not True:
             parser.add_argument(
-                flag(f.name),
-                dest=f.name,
-                help=f.metadata["help"],
-                **({"action": "store_true"} if f.type is bool else {"type": f.type}),
+                flag(f.name), dest=f.name, action="store_true", help=f.metadata["help"]
             )
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument(
         "--scale",
         choices=("auto",) + SCALES,
-        help="whose defaults the settings not given take: paper, the "
-        "paper's protocol for the task (docs/protocol.md §3); cpu, the task's laptop variant (§8), "
-        "minutes on "
-        "one core; auto (default): paper on a CUDA GPU, cpu elsewhere",
+        help="whose defaults the settings not given take: paper, the paper's protocol for the "
+        "task (docs/protocol.md §3); cpu, the task's laptop variant (§8), minutes on one core; "
+        "auto (default): paper on a CUDA GPU, cpu elsewhere",
     )
     if "resume" not in skip:
         parser.add_argument(
@@ -75,10 +77,12 @@ def config_from_args(args):
                 f"{', '.join(map(flag, given))}"
             )
         return None, run_dir
-    scale = given.pop("scale", "auto")  # auto: paper on a CUDA GPU, else cpu
-    cpu = scale == "cpu" or (
-        scale == "auto" and pick_device(given.get("device", "auto")).type != "cuda"
-    )
+    scale = given.pop("scale", "auto")
+    if scale == "auto":
+        # paper on a CUDA GPU, else cpu
+        cpu = pick_device(given.get("device", "auto")).type != "cuda"
+    else:
+        cpu = scale == "cpu"
     if given.pop("frozen", False):
         if given.get("mode", "frozen") != "frozen":
             raise UsageError(
@@ -86,7 +90,10 @@ def config_from_args(args):
             )
         given["mode"] = "frozen"
     cfg = TrainConfig(**given)
-    return (replace(cpu_variant(cfg), **given) if cpu else replace(cfg, scale="paper")), None
+    if cpu:
+        # the flags given override the variant's settings
+        return replace(cpu_variant(cfg), **given), None
+    return replace(cfg, scale="paper"), None
 
 
 def parse_args(argv=None, description="Train one model on one task."):
@@ -100,12 +107,14 @@ def seed_configs(cfg) -> list:
         raise UsageError(f"--seeds must be between 1 and {MAX_SEEDS:,}")
     if cfg.seeds == 1:
         return [cfg]
-    return [
-        replace(
-            cfg, seed=s, seeds=1, out=cfg.out and f"{cfg.out}-s{s}"
-        )  # out None: named by with_paper_defaults
-        for s in range(cfg.seed, cfg.seed + cfg.seeds)
-    ]
+    configs = []
+    for seed in range(cfg.seed, cfg.seed + cfg.seeds):
+        # out None: named by with_paper_defaults
+        out = cfg.out
+        if cfg.out:
+            out = f"{cfg.out}-s{seed}"
+        configs.append(replace(cfg, seed=seed, seeds=1, out=out))
+    return configs
 
 
 def command_line(cfg) -> str:
@@ -115,6 +124,7 @@ def command_line(cfg) -> str:
         value = getattr(cfg, f.name)
         if f.type is bool and value != f.default:
             parts.append(flag(f.name) if value else f"--no-{f.name}")
-        elif value != f.default or f.name == "task":  # the task always, for the reader
+        # the task always, for the reader
+        elif value != f.default or f.name == "task":
             parts.append(f"{flag(f.name)} {value}")
     return " ".join(parts)

@@ -106,8 +106,7 @@ class TrainConfig:
         default=False,
         metadata={
             "help": "CUDA: deterministic kernels (float sums in a fixed order), so a seed's "
-            "weights, "
-            "resumed or not, come out equal bit for bit; without it they agree to rounding"
+            "weights, resumed or not, come out equal bit for bit; without it they agree to rounding"
         },
     )
     dtype: str = field(
@@ -170,7 +169,8 @@ class TrainConfig:
     vocab: int = field(default=10_000, metadata={"help": "lm: BPE vocabulary size"})
     context: int = field(default=512, metadata={"help": "lm: tokens per training window"})
 
-    def __post_init__(self):  # checked before anything is seeded with it
+    # checked before anything is seeded with it
+    def __post_init__(self):
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**64 - max(self.seeds, 1) + 1):
             raise UsageError(f"--seed must be an integer in [0, 2^64 - --seeds], got {self.seed}")
 
@@ -188,23 +188,30 @@ def config_from_dict(saved: dict) -> TrainConfig:
         raise ValueError(f"a run's config is a JSON object, not {type(saved).__name__}")
     saved = {RENAMED_KEYS.get(name, name): value for name, value in saved.items()}
     settings = {f.name: f for f in fields(TrainConfig)}
-    if unknown := sorted(set(saved) - set(settings) - IGNORED_KEYS):
+    unknown = sorted(set(saved) - set(settings) - IGNORED_KEYS)
+    if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r}")
     given = {name: value for name, value in saved.items() if name in settings}
     for name, value in given.items():
-        kind, nullable = settings[name].type, settings[name].default is None
-        if not (
-            value is None
-            and nullable
-            or type(value) is kind
-            or kind is float
-            and type(value) is int
-        ):
+        kind = settings[name].type
+        nullable = settings[name].default is None
+        if not is_setting_value(value, kind, nullable):
             raise ValueError(
                 f"{name} is {json.dumps(value)}, not "
                 f"{'null or ' if nullable else ''}{kind.__name__}"
             )
     return TrainConfig(**given)
+
+
+def is_setting_value(value, kind, nullable: bool) -> bool:
+    """Whether a saved value fits a setting of type kind: null only where the setting's default is
+    null (nullable), else a value of kind itself."""
+    if value is None:
+        return nullable
+    if type(value) is kind:
+        return True
+    # JSON has one kind of number: a float setting written as 1 (by hand, say) reads back an int
+    return kind is float and type(value) is int
 
 
 # ---------------------------------------------------------------------------
@@ -228,19 +235,20 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
         for name in ("batch_size", "weight_decay", "width", "layers", "heads")
         if getattr(cfg, name) is None
     }
-    # a copy, filled in further below: each rule reads the ones above it
-    given, cfg = cfg, replace(cfg, **filled)
-    # In this written order: each rule may read the settings filled in above it.
-    for name, rule in {
-        "lr": default_lr,
+    given = cfg
+    # a copy, filled in further below in this written order: each rule reads the ones above it
+    cfg = replace(cfg, **filled)
+    if cfg.lr is None:
+        cfg.lr = default_lr(cfg)
+    if cfg.steps is None:
         # epochs: passes at the batch size used
-        "steps": lambda cfg: task.steps_for(cfg.batch_size),
-        "warmup": lambda cfg: min(PAPER_WARMUP, cfg.steps // 10),
-        "eval_every": lambda cfg: max(1, min(cfg.steps, max(100, cfg.steps // 20))),
-        "out": lambda cfg: os.path.join("runs", run_name(given, cfg.width)),
-    }.items():
-        if getattr(cfg, name) is None:
-            setattr(cfg, name, rule(cfg))
+        cfg.steps = task.steps_for(cfg.batch_size)
+    if cfg.warmup is None:
+        cfg.warmup = min(PAPER_WARMUP, cfg.steps // 10)
+    if cfg.eval_every is None:
+        cfg.eval_every = max(1, min(cfg.steps, max(100, cfg.steps // 20)))
+    if cfg.out is None:
+        cfg.out = os.path.join("runs", run_name(given, cfg.width))
     return cfg
 
 
@@ -264,28 +272,41 @@ def run_name(given: TrainConfig, width: int) -> str:
     -s<seed>. Two runs that differ in any setting get different names; the scale is the one of the
     two that leaves fewer settings to list."""
     paper = TrainConfig(task=given.task, mode=given.mode, arch=given.arch)
-    differs = lambda reference: {
-        f.name: getattr(given, f.name)
-        for f in fields(TrainConfig)
-        if f.name not in NAME_SKIP and getattr(given, f.name) != getattr(reference, f.name)
-    }
-    scale, changed = min(
-        (("", differs(paper)), ("-cpu", differs(cpu_variant(paper)))), key=lambda pair: len(pair[1])
-    )
-    settings = "".join(
-        f"-{name.replace('_', '-')}{name_part(f'{v:g}' if type(v) is float else str(v))}"
-        for name, v in changed.items()
-    )
-    variant = "".join(
-        f"-{name_part(v)}" for v in (given.arch, given.pos) if v not in ("gpt", "learned")
-    )
-    name = (
-        f"{name_part(given.task)}{variant}-{name_part(mode_label(given.mode))}-w{width}{scale}"
-        f"{settings}"
-    )
+    changed_from_paper = settings_differing(given, paper)
+    changed_from_cpu = settings_differing(given, cpu_variant(paper))
+    # the paper's scale where both leave as many settings to list
+    if len(changed_from_cpu) < len(changed_from_paper):
+        scale, changed = "-cpu", changed_from_cpu
+    else:
+        scale, changed = "", changed_from_paper
+    settings = ""
+    for name, value in changed.items():
+        if type(value) is float:
+            text = f"{value:g}"
+        else:
+            text = str(value)
+        settings += f"-{name.replace('_', '-')}{name_part(text)}"
+    variant = ""
+    for value in (given.arch, given.pos):
+        if value not in ("gpt", "learned"):
+            variant += f"-{name_part(value)}"
+    mode = name_part(mode_label(given.mode))
+    name = f"{name_part(given.task)}{variant}-{mode}-w{width}{scale}{settings}"
     if len(name) > MAX_NAME:
         name = f"{name[: MAX_NAME - 12]}-{digest(name)}"
     return f"{name}-s{given.seed}"
+
+
+def settings_differing(given: TrainConfig, reference: TrainConfig) -> dict:
+    """The settings of given that a run's name lists (NAME_SKIP aside) and reference sets
+    otherwise: name -> given's value."""
+    differing = {}
+    for f in fields(TrainConfig):
+        if f.name in NAME_SKIP:
+            continue
+        if getattr(given, f.name) != getattr(reference, f.name):
+            differing[f.name] = getattr(given, f.name)
+    return differing
 
 
 # A file name has at most 255 bytes, a name's own with -s<seed> and .<name>.new around it.
@@ -296,7 +317,9 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9._+=-]*")
 def name_part(text: str) -> str:
     """A flag's value as part of a run's name: itself if short and of letters, digits and . _ + = -,
     else a short hash of it, so that no value (a mask holding / or .., a path) makes a path."""
-    return text if len(text) <= MAX_NAME_PART and SAFE_NAME.fullmatch(text) else digest(text)
+    if len(text) <= MAX_NAME_PART and SAFE_NAME.fullmatch(text):
+        return text
+    return digest(text)
 
 
 def digest(text: str) -> str:
@@ -309,51 +332,37 @@ def check_config(cfg: TrainConfig, task) -> None:
     # the optimizer's arithmetic: AdamW's first step divides the lr by 1 - beta1 = 0.1
     # (train.make_optimizer) in float32, where a larger lr is inf
     lr_max = torch.finfo(torch.float32).max * 0.1
+    if not 0 < cfg.lr < lr_max:
+        raise UsageError(f"--lr must be a number > 0 and below {lr_max:.3g}, got {cfg.lr}")
+    # clip <= 0 would flip or zero every gradient
+    if not (math.isfinite(cfg.clip) and cfg.clip > 0):
+        raise UsageError(f"--clip must be a finite number > 0, got {cfg.clip}")
+    # AdamW scales weights by 1 - lr * weight decay each step
+    if not 0 <= cfg.lr * cfg.weight_decay < 1:
+        raise UsageError(
+            "--weight-decay must be >= 0 with --lr x --weight-decay below 1, got "
+            f"{cfg.weight_decay}"
+        )
+    if cfg.dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
+    if cfg.arch not in ARCHS:
+        raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
+    if cfg.arch == "lstm" and cfg.pos != "learned":
+        raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
     # Weights, gradients and AdamW's two moments alone (16 bytes a parameter; activations not
     # counted) must fit this machine's memory: an error before the run starts instead of a failed
     # allocation.
     parameters = (
         12 * cfg.layers * cfg.width**2 + 2 * (task.vocab_size + task.n_positions) * cfg.width
     )
-    needed, available = 16 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for failed, message in (
-        (
-            not 0 < cfg.lr < lr_max,
-            f"--lr must be a number > 0 and below {lr_max:.3g}, got {cfg.lr}",
-        ),
-        # clip <= 0 would flip or zero every gradient
-        (
-            not (math.isfinite(cfg.clip) and cfg.clip > 0),
-            f"--clip must be a finite number > 0, got {cfg.clip}",
-        ),
-        # AdamW scales weights by 1 - lr * weight decay each step
-        (
-            not 0 <= cfg.lr * cfg.weight_decay < 1,
-            "--weight-decay must be >= 0 with --lr x --weight-decay below 1, got "
-            f"{cfg.weight_decay}",
-        ),
-        (
-            cfg.dtype not in DTYPES,
-            f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}",
-        ),
-        (
-            cfg.arch not in ARCHS,
-            f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}",
-        ),
-        (
-            cfg.arch == "lstm" and cfg.pos != "learned",
-            "the lstm has no positional embedding; --pos applies to gpt and linear",
-        ),
-        (
-            needed > available,
+    needed = 16 * parameters
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available:
+        raise UsageError(
             f"a width-{cfg.width}, {cfg.layers}-layer model needs about {needed / 2**30:,.0f} GiB "
-            "for its weights "
-            "and optimizer state (an estimate), more than this machine's "
-            f"{available / 2**30:,.0f} GiB",
-        ),
-    ):
-        if failed:
-            raise UsageError(message)
+            "for its weights and optimizer state (an estimate), more than this machine's "
+            f"{available / 2**30:,.0f} GiB"
+        )
     # sample() skips test rows, so a test set holding every input would leave it drawing forever.
     # Below that, the test draws repeat and leave at least 1/e of the inputs for training.
     if isinstance(task, StreamTask) and task.test_size >= task.distinct_inputs:
@@ -371,11 +380,13 @@ def check_config(cfg: TrainConfig, task) -> None:
 def resolve(cfg: TrainConfig):
     """(cfg with the paper's defaults filled in and checked, its task)."""
     task = build_task(cfg)
-    positive = ("batch_size", "eval_every", "width", "layers", "heads", "epochs", "test_size")
-    for name, least in [("steps", 0), ("warmup", 0)] + [(p, 1) for p in positive]:
-        if (
-            getattr(cfg, name) is not None and getattr(cfg, name) < least
-        ):  # checked before the defaults divide by them
+    # checked before the defaults divide by them
+    least_values = {"steps": 0, "warmup": 0}
+    for name in ("batch_size", "eval_every", "width", "layers", "heads", "epochs", "test_size"):
+        least_values[name] = 1
+    for name, least in least_values.items():
+        value = getattr(cfg, name)
+        if value is not None and value < least:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {least}")
     cfg = with_paper_defaults(cfg, task)
     check_config(cfg, task)
@@ -420,11 +431,15 @@ def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
     """The settings cfg sets that the run in run_dir (if any) was not trained with, NOT_COMPUTED
     aside."""
     saved = saved_config(run_dir)
-    return [
-        k
-        for k, v in asdict(cfg).items()
-        if saved and v is not None and k not in NOT_COMPUTED and getattr(saved, k) != v
-    ]
+    if saved is None:
+        return []
+    changed = []
+    for name, value in asdict(cfg).items():
+        if value is None or name in NOT_COMPUTED:
+            continue
+        if getattr(saved, name) != value:
+            changed.append(name)
+    return changed
 
 
 def load_run(run_dir):
@@ -453,7 +468,8 @@ def load_run(run_dir):
 # ---------------------------------------------------------------------------
 
 CPU_WIDTH = 512  # the cpu scale's wide model, standing in for the paper's 1024 (and 512 in Table 9)
-CPU_VARIANTS = {  # task -> TrainConfig settings
+# task -> TrainConfig settings
+CPU_VARIANTS = {
     "modadd": {
         "p": 97,
         "width": CPU_WIDTH,
@@ -527,12 +543,17 @@ def default_lr(cfg: TrainConfig) -> float:
             # A mode is judged by the parameters it resolves to, not its spelling ('*attn*' trains
             # blocks), named by a copy of cfg's model on the meta device, which holds no memory:
             # names depend on the architecture and the layers, not on the sizes.
+            layers = cfg.layers
+            if layers is None:
+                layers = TASKS[cfg.task].layers
             with torch.device("meta"):
-                layers = TASKS[cfg.task].layers if cfg.layers is None else cfg.layers
                 model = new_model(cfg.arch, 2, 2, 2, layers, 1, cfg.pos)
             trained = trained_parameters(dict(model.named_parameters()), cfg.mode)
             if any(parameter_group(name) == "body" for name in trained):
                 return CPU_BLOCKS_LR[cfg.task]
-        except ValueError as e:  # a mask naming no parameter, an unknown --pos: as build() says
+        # a mask naming no parameter, an unknown --pos: as build() says
+        except ValueError as e:
             raise UsageError(str(e)) from None
-    return CPU_VARIANTS[cfg.task].get("lr", TASKS[cfg.task].lr) if cpu else TASKS[cfg.task].lr
+    if cpu and "lr" in CPU_VARIANTS[cfg.task]:
+        return CPU_VARIANTS[cfg.task]["lr"]
+    return TASKS[cfg.task].lr

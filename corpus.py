@@ -18,7 +18,7 @@ import random
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from files import write_atomic
+from files import write_atomic, write_text
 
 END_OF_TEXT = "<|endoftext|>"  # TinyStories' story separator; one token between stories
 # Where the shipped corpus and its caches go (git-ignored): beside this file, one home whatever the
@@ -47,9 +47,8 @@ def read_stories(path: str):
     story = []
     with open(path, encoding="utf-8") as f:
         try:
-            for line in itertools.chain(
-                f, [END_OF_TEXT]
-            ):  # a separator after the last line ends the last story
+            # a separator after the last line ends the last story
+            for line in itertools.chain(f, [END_OF_TEXT]):
                 story.append(line)
                 if END_OF_TEXT in line:
                     *finished, rest = "".join(story).split(END_OF_TEXT)
@@ -69,9 +68,8 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
     cache = f"{os.path.splitext(train_path)[0]}.bpe{vocab}.json"
     if is_fresh(cache, train_path):
         return cache
-    if (
-        next(read_stories(train_path), None) is None
-    ):  # checked first, so that no tokenizer of nothing is cached
+    # checked first, so that no tokenizer of nothing is cached
+    if next(read_stories(train_path), None) is None:
         raise ValueError(f"{train_path} has no text to train a tokenizer on")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -85,7 +83,7 @@ def load_or_train_tokenizer(train_path: str, vocab: int) -> str:
             show_progress=False,
         ),
     )
-    write_atomic(cache, lambda f: f.write(tokenizer.to_str().encode()))
+    write_text(cache, tokenizer.to_str())
     return cache
 
 
@@ -101,7 +99,10 @@ def load_or_tokenize(path: str, tokenizer_path: str, vocab: int) -> np.ndarray:
 
         def write(f):
             stories = read_stories(path)
-            while chunk := list(itertools.islice(stories, 10_000)):
+            while True:
+                chunk = list(itertools.islice(stories, 10_000))
+                if not chunk:
+                    break
                 for encoding in tokenizer.encode_batch(chunk):
                     f.write(np.array(encoding.ids + [end], dtype=np.uint16).tobytes())
 
@@ -265,12 +266,8 @@ def write_story_corpus(directory: str, n_train: int = 5000, n_valid: int = 500) 
         return train_path
     os.makedirs(directory, exist_ok=True)
     rng = random.Random(0)
-    for split, n in (
-        ("valid", n_valid),
-        ("train", n_train),
-    ):  # train last: its presence marks the corpus complete
+    # train last: its presence marks the corpus complete
+    for split, n in (("valid", n_valid), ("train", n_train)):
         text = "".join(f"{story(rng)}\n{END_OF_TEXT}\n" for _ in range(n))
-        write_atomic(
-            os.path.join(directory, f"stories-{split}.txt"), lambda f: f.write(text.encode("utf-8"))
-        )
+        write_text(os.path.join(directory, f"stories-{split}.txt"), text)
     return train_path

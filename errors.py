@@ -25,7 +25,8 @@ def usage_errors(prog: str, interrupted: str = ""):
     """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2;
     Ctrl-C with `prog: interrupted` and what to do next (interrupted), exit code 130; a diverged
     run, exit code 3."""
-    if hasattr(sys.stdout, "reconfigure"):  # a name or mask the locale cannot encode prints escaped
+    # a name or mask the locale cannot encode prints escaped
+    if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
         yield
@@ -37,15 +38,15 @@ def usage_errors(prog: str, interrupted: str = ""):
         sys.exit(3)
     except UsageError as e:
         message = e
-    except (
-        OSError
-    ) as e:  # the file system refused: read-only, no permission, no space, a path through a file
-        message = f"{e.strerror or e}: {e.filename}" if e.filename else e
+    # the file system refused: read-only, no permission, no space, a path through a file
+    except OSError as e:
+        if e.filename:
+            message = f"{e.strerror or e}: {e.filename}"
+        else:
+            message = e
     except (MemoryError, RuntimeError) as e:
-        if not (
-            isinstance(e, (MemoryError, torch.OutOfMemoryError))
-            or "can't allocate memory" in str(e)
-        ):
+        out_of_memory = isinstance(e, (MemoryError, torch.OutOfMemoryError))
+        if not out_of_memory and "can't allocate memory" not in str(e):
             raise
         message = (
             f"out of memory ({str(e).splitlines()[0][:160]}); try a smaller --width, "

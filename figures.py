@@ -29,7 +29,15 @@ from config import (
     default_lr,
 )
 from errors import UsageError
-from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_atomic
+from files import (
+    FINAL_KEYS,
+    NUMBER,
+    read_analysis,
+    read_json,
+    read_metrics,
+    write_atomic,
+    write_text,
+)
 from rundir import median_range, run_state
 
 
@@ -810,7 +818,7 @@ def write_results(
     text = results_text(table, scale, runs, seeds, command, results, trained)
     os.makedirs(results, exist_ok=True)
     render_picture(table, scale, runs, base + ".png")
-    write_atomic(base + ".md", lambda f: f.write(text.encode()))
+    write_text(base + ".md", text)
     print(text + f"-> {base}.md, {base}.png", flush=True)
 
 

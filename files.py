@@ -26,9 +26,8 @@ def write_atomic(path, write):
         dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp"
     )
     try:
-        os.chmod(
-            temp, 0o666 & ~UMASK
-        )  # mkstemp makes it private (0600); results are for others to read too
+        # mkstemp makes it private (0600); results are for others to read too
+        os.chmod(temp, 0o666 & ~UMASK)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -43,16 +42,29 @@ def write_atomic(path, write):
         raise
 
 
+def write_text(path, text: str):
+    """Write text to path as UTF-8, whole or not at all (write_atomic)."""
+
+    def write(f):
+        f.write(text.encode("utf-8"))
+
+    write_atomic(path, write)
+
+
 def write_json(path, obj):
-    write_atomic(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
+    write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def save_torch(path, obj):
     """torch.save through write_atomic; a failed write (torch's zip writer raises RuntimeError, a
     full disk among its causes) is the OSError it is, so it reads as one line and leaves the old
     file."""
+
+    def write(f):
+        torch.save(obj, f)
+
     try:
-        write_atomic(path, lambda f: torch.save(obj, f))
+        write_atomic(path, write)
     except RuntimeError as e:
         raise OSError(
             errno.EIO, f"could not write ({str(e).splitlines()[0][:160]}; is the disk full?)", path
@@ -66,12 +78,14 @@ def load_checkpoint(path, keys=("model", "config")):
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
     try:
-        saved = torch.load(
-            path, map_location="cpu", weights_only=True
-        )  # tensors and plain data only: no code runs on load
+        # tensors and plain data only: no code runs on load
+        saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise UsageError(f"{path} does not load ({type(e).__name__})") from None
-    missing = [key for key in keys if not isinstance(saved, dict) or key not in saved]
+    if isinstance(saved, dict):
+        missing = [key for key in keys if key not in saved]
+    else:
+        missing = list(keys)
     if missing:
         raise UsageError(f"{path} is not a checkpoint of a run (it lacks {', '.join(missing)})")
     return saved
@@ -80,10 +94,8 @@ def load_checkpoint(path, keys=("model", "config")):
 NUMBER = (int, float)
 
 
-FINAL_KEYS = {
-    "step": int,
-    "elapsed": NUMBER,
-}  # what every final.json holds besides the task's metrics (checked where read)
+# what every final.json holds besides the task's metrics (checked where read)
+FINAL_KEYS = {"step": int, "elapsed": NUMBER}
 
 
 # deeper than any file runs write: nesting beyond it is damage (and would exhaust Python's
@@ -132,12 +144,23 @@ def parse_json(data: bytes, where: str, expect=dict, keys=None, optional=None):
         )
     if expect is not None and not is_json_type(record, expect):
         raise UsageError(f"{where} holds {JSON_NAMES[type(record)]}, not {json_type_name(expect)}")
-    for i, item in enumerate(record if isinstance(record, list) else [record]):
-        item_where = f"{where} item {i + 1}" if isinstance(record, list) else where
-        if (keys or optional) and not isinstance(item, dict):
+    required = keys or {}
+    optional = optional or {}
+    if not required and not optional:
+        return record
+    if isinstance(record, list):
+        items = record
+    else:
+        items = [record]
+    for i, item in enumerate(items):
+        if isinstance(record, list):
+            item_where = f"{where} item {i + 1}"
+        else:
+            item_where = where
+        if not isinstance(item, dict):
             raise UsageError(f"{item_where} is {JSON_NAMES[type(item)]}, not a JSON object")
-        for name, kind in [*(keys or {}).items(), *(optional or {}).items()]:
-            if name not in item and name in (keys or {}):
+        for name, kind in [*required.items(), *optional.items()]:
+            if name not in item and name in required:
                 raise UsageError(f"{item_where} lacks {name!r}")
             if name in item and not is_json_type(item[name], kind):
                 raise UsageError(
@@ -162,7 +185,10 @@ def is_json_type(value, kind) -> bool:
     if isinstance(kind, list):
         return isinstance(value, list) and all(is_json_type(item, kind[0]) for item in value)
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return type(value) in kinds or type(value) is int and float in kinds
+    if type(value) in kinds:
+        return True
+    # an integer is a float
+    return type(value) is int and float in kinds
 
 
 def json_type_name(kind) -> str:
@@ -193,9 +219,8 @@ def read_metrics(run_dir, name="metrics.jsonl"):
         try:
             record = parse_json(line, where, expect=None)
         except UsageError as e:
-            if i == len(lines) - 1 and str(e).startswith(
-                f"{where} is not JSON"
-            ):  # the last append, cut short
+            # the last append, cut short
+            if i == len(lines) - 1 and str(e).startswith(f"{where} is not JSON"):
                 break
             raise
         if not (isinstance(record, dict) and type(record.get("step")) is int):

@@ -5,7 +5,10 @@ Everything that sets our results beside the paper's reads them here: the line a 
 prints (rundir.result_line), the tables (reproduce.py) and the analyses (analyze.py).
 """
 
-from model import model_name
+# The paper's two models by the training mode that makes each (model.py's modes): Random, whose
+# blocks stay frozen at initialization, and Normal, where everything trains. model.model_name
+# names them the same way (a test checks the two agree).
+PAPER_MODELS = {"frozen": "Random", "full": "Normal"}
 
 # Table 1: test accuracy (%). Each column: what trains (model.py's modes), the architecture, and
 # the width, "wide" being 1024 (the scale's wide width at the cpu scale).
@@ -83,15 +86,19 @@ def test_number(task: str, mode: str, arch: str, width: int):
     None."""
     narrow = width == 16
     # Table 2's columns are all wide random transformers, so both tables read as Table 1's.
+    table2_columns = {col: (col_mode, "gpt", "wide") for col, col_mode in TABLE2_COLUMNS.items()}
     for table, columns, name in (
         (TABLE1, TABLE1_COLUMNS, "Table 1"),
-        (TABLE2, {col: (m, "gpt", "wide") for col, m in TABLE2_COLUMNS.items()}, "Table 2"),
+        (TABLE2, table2_columns, "Table 2"),
     ):
+        if task not in table:
+            continue
         for i, (col, (col_mode, col_arch, col_width)) in enumerate(columns.items()):
-            if (col_mode, col_arch, col_width == 16) == (mode, arch, narrow) and task in table:
+            if (col_mode, col_arch, col_width == 16) == (mode, arch, narrow):
                 return col.replace("wide", "1024").lower(), "accuracy", table[task][i], name
-    if task == "memorize" and arch == "gpt" and mode in ("frozen", "full") and not narrow:
-        return model_name(mode).lower(), "accuracy", TABLE3[model_name(mode), "accuracy"], "Table 3"
+    if task == "memorize" and arch == "gpt" and mode in PAPER_MODELS and not narrow:
+        model = PAPER_MODELS[mode]
+        return model.lower(), "accuracy", TABLE3[model, "accuracy"], "Table 3"
     if arch == "linear" and mode == "frozen" and not narrow and task in TABLE9:
         return "linearized random", "accuracy", TABLE9[task], "Table 9"
     return None

@@ -37,7 +37,7 @@ from files import (
     read_analysis,
     read_json,
     read_metrics,
-    write_atomic,
+    write_text,
 )
 from rundir import run_state
 from sweep import check_same_config, plan, print_commands, sweep
@@ -47,7 +47,9 @@ SEEDS = {"paper": 10, "cpu": 3}
 
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
     cfg = TrainConfig(task=task, **settings)
-    return replace(cfg, scale="paper") if scale == "paper" else cpu_variant(cfg)
+    if scale == "paper":
+        return replace(cfg, scale="paper")
+    return cpu_variant(cfg)
 
 
 # ---------------------------------------------------------------------------
@@ -63,14 +65,19 @@ WIDE = {"paper": 1024, "cpu": CPU_WIDTH}
 
 def table1(scale):
     wide = WIDE[scale]
-    cols = {
-        col.replace("wide", str(wide)): {
-            "mode": mode,
-            "arch": arch,
-            "width": wide if width == "wide" else width,
-        }
-        for col, (mode, arch, width) in paper.TABLE1_COLUMNS.items()
-    }
+    # the paper's columns, "wide" spelled as the scale's wide width: column -> settings
+    cols = {}
+    for col, (mode, arch, width) in paper.TABLE1_COLUMNS.items():
+        if width == "wide":
+            width = wide
+        cols[col.replace("wide", str(wide))] = {"mode": mode, "arch": arch, "width": width}
+    configs = {}
+    paper_numbers = {}
+    for row in TASK_ROWS:
+        for col, settings in cols.items():
+            configs[row, col] = task_config(row, scale, **settings)
+        for col, number in zip(cols, paper.TABLE1[row]):
+            paper_numbers[row, col] = number
     return Table(
         "table1",
         "Table 1: test accuracy (%) of random (frozen) and normal (fully trained) transformers and "
@@ -78,31 +85,30 @@ def table1(scale):
         "accuracy",
         TASK_ROWS,
         list(cols),
-        configs={
-            (row, col): task_config(row, scale, **settings)
-            for row in TASK_ROWS
-            for col, settings in cols.items()
-        },
-        paper={(row, col): v for row in TASK_ROWS for col, v in zip(cols, paper.TABLE1[row])},
+        configs=configs,
+        paper=paper_numbers,
     )
 
 
 def table2(scale):
     rows = ["modadd (train)"] + TASK_ROWS
+    configs = {}
+    paper_numbers = {}
+    for row in rows:
+        # "modadd (train)" is the modadd runs
+        task = row.split()[0]
+        for col, mode in paper.TABLE2_COLUMNS.items():
+            configs[row, col] = task_config(task, scale, mode=mode)
+        for col, number in zip(paper.TABLE2_COLUMNS, paper.TABLE2[row]):
+            paper_numbers[row, col] = number
     return Table(
         "table2",
         "Table 2: accuracy (%) of wide random transformers when only some embeddings train",
         "accuracy",
         rows,
         list(paper.TABLE2_COLUMNS),
-        configs={
-            (row, col): task_config(row.split()[0], scale, mode=mode)
-            for row in rows
-            for col, mode in paper.TABLE2_COLUMNS.items()
-        },
-        paper={
-            (row, col): v for row in rows for col, v in zip(paper.TABLE2_COLUMNS, paper.TABLE2[row])
-        },
+        configs=configs,
+        paper=paper_numbers,
         note="The modadd (train) row is the modadd runs scored on their training split "
         "(train_split.json).",
     )
@@ -110,26 +116,27 @@ def table2(scale):
 
 def table3(scale):
     cols = ["accuracy", "bits", "bits_per_parameter"]
+    # one run per row: every column of a row is the same config
+    configs = {}
+    for row in MODES:
+        for col in cols:
+            configs[row, col] = task_config("memorize", scale, mode=MODES[row])
+    note = "Columns are final.json keys; each row is one run per seed. "
+    if scale == "cpu":
+        note += (
+            "cpu scale: 128 x 128 keys (16,384 pairs, not 262,144), 100 epochs of batch 1,024 "
+            "(1,600 steps), far from either model's capacity: the rows compare what each stores in "
+            "the same steps."
+        )
     return Table(
         "table3",
         "Table 3: memorization at width 128",
         "column",
         ["Normal", "Random"],
         cols,
-        configs={
-            (row, col): task_config("memorize", scale, mode=MODES[row])
-            for row in MODES
-            for col in cols
-        },
+        configs=configs,
         paper=paper.TABLE3,
-        note="Columns are final.json keys; each row is one run per seed. "
-        + (
-            "cpu scale: 128 x 128 keys (16,384 pairs, not 262,144), 100 epochs of batch 1,024 "
-            "(1,600 steps), far from either model's capacity: the rows compare what each stores in "
-            "the same steps."
-            if scale == "cpu"
-            else ""
-        ),
+        note=note,
     )
 
 
@@ -138,6 +145,10 @@ def table9(scale):
     rows = ["needle", "addition", "parens"]
     # the verdict is the contrast, so both are trained
     cols = {"Softmax random": "gpt", "Linearized random": "linear"}
+    configs = {}
+    for row in rows:
+        for col, arch in cols.items():
+            configs[row, col] = task_config(row, scale, mode="frozen", arch=arch, width=width)
     return Table(
         "table9",
         "Table 9: test accuracy (%) of random transformers with linearized attention, beside "
@@ -145,11 +156,7 @@ def table9(scale):
         "accuracy",
         rows,
         list(cols),
-        configs={
-            (row, col): task_config(row, scale, mode="frozen", arch=arch, width=width)
-            for row in rows
-            for col, arch in cols.items()
-        },
+        configs=configs,
         paper={(row, "Linearized random"): v for row, v in paper.TABLE9.items()},
         note=f"Softmax random is the same model with softmax attention at width {width} (at cpu "
         "scale Table 1's random runs); the paper gives no number for it at width 512, and 100 on "
@@ -159,76 +166,77 @@ def table9(scale):
 
 def fig7(scale):
     rows = ["needle", "addition", "parens"]
-    cols = [
-        f"{kind} {w}"
-        for kind in ("Random", "Normal")
-        for w in {"paper": [16, 64, 128, 256, 512, 1024], "cpu": [16, 128, CPU_WIDTH]}[scale]
-    ]
+    widths = {"paper": [16, 64, 128, 256, 512, 1024], "cpu": [16, 128, CPU_WIDTH]}[scale]
+    # column -> (model, width)
+    cols = {}
+    for model in ("Random", "Normal"):
+        for width in widths:
+            cols[f"{model} {width}"] = model, width
+    configs = {}
+    for row in rows:
+        for col, (model, width) in cols.items():
+            configs[row, col] = task_config(row, scale, mode=MODES[model], width=width)
     return Table(
         "fig7",
         "Figure 7: test accuracy (%) across widths (the paper gives box plots, no numbers)",
         "accuracy",
         rows,
-        cols,
-        configs={
-            (row, col): task_config(
-                row, scale, mode=MODES[col.split()[0]], width=int(col.split()[1])
-            )
-            for row in rows
-            for col in cols
-        },
+        list(cols),
+        configs=configs,
     )
 
 
 def fig4(scale):
-    cols = [
-        f"{layers} layers, width {w}"
-        for layers in (2, 4)
-        for w in {"paper": [64, 128, 256, 512, 1024], "cpu": [32, 64, 128]}[scale]
-    ]
+    widths = {"paper": [64, 128, 256, 512, 1024], "cpu": [32, 64, 128]}[scale]
+    # column -> (layers, width)
+    cols = {}
+    for layers in (2, 4):
+        for width in widths:
+            cols[f"{layers} layers, width {width}"] = layers, width
+    configs = {}
+    for row, mode in MODES.items():
+        for col, (layers, width) in cols.items():
+            configs[row, col] = task_config("lm", scale, mode=mode, layers=layers, width=width)
+    note = (
+        "Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random "
+        "512-wide 2-layer ~2.64 (read off Figure 4). "
+    )
+    if scale == "cpu":
+        note += (
+            "cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in "
+            "absolute loss)."
+        )
+    else:
+        note += "Give the TinyStories train file with --data."
     return Table(
         "fig4",
         "Figure 4: language modeling loss across widths",
         "loss",
         list(MODES),
-        cols,
-        configs={
-            (row, col): task_config(
-                "lm", scale, mode=mode, layers=int(col[0]), width=int(col.split()[-1])
-            )
-            for row, mode in MODES.items()
-            for col in cols
-        },
+        list(cols),
+        configs=configs,
         paper=paper.FIG4,
-        note="Test cross-entropy (nats/token). Paper: full training reaches ~1.35, random "
-        "512-wide 2-layer ~2.64 (read off Figure 4). "
-        + (
-            "cpu scale: the shipped story corpus, not TinyStories (reduced, not comparable in "
-            "absolute loss)."
-            if scale == "cpu"
-            else "Give the TinyStories train file with --data."
-        ),
+        note=note,
     )
 
 
 def fig6(scale):
     # cpu: 8 and the paper's 12 -> 16 -> 32
-    cols = [
-        f"target {w}" for w in {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[scale]
-    ]
+    target_widths = {"paper": [4, 8, 12, 16, 32, 64, 128], "cpu": [8, 12, 16, 32]}[scale]
+    cols = [f"target {width}" for width in target_widths]
+    configs = {}
+    for row, mode in MODES.items():
+        for col, target_width in zip(cols, target_widths):
+            configs[row, col] = task_config(
+                "imitate", scale, mode=mode, layers=3, target_width=target_width
+            )
     return Table(
         "fig6",
         "Figure 6: circuit imitation test KL across target widths (lower is better)",
         "kl",
         list(MODES),
         cols,
-        configs={
-            (row, col): task_config(
-                "imitate", scale, mode=mode, layers=3, target_width=int(col.split()[1])
-            )
-            for row, mode in MODES.items()
-            for col in cols
-        },
+        configs=configs,
         note="Paper: random students degrade sharply from target width 12 -> 16 -> 32 (no exact "
         "numbers).",
     )
@@ -249,16 +257,21 @@ def analysis_reader(name: str, value, kind=NUMBER):
         if result is None:
             return None
         try:
-            read = value(no_booleans(result))
+            cell = value(no_booleans(result))
         except (LookupError, TypeError, ValueError, AttributeError):
-            read = None
-        if not (is_json_type(read, kind) and (kind is str or math.isfinite(read))):
+            cell = None
+        if kind is str:
+            fits = is_json_type(cell, str)
+            wanted = "text"
+        else:
+            fits = is_json_type(cell, kind) and math.isfinite(cell)
+            wanted = "finite number"
+        if not fits:
             raise UsageError(
                 f"{os.path.join(run_dir, 'analysis.json')}: its {name} result lacks "
-                f"the {'text' if kind is str else 'finite number'} a table reads "
-                "from it"
+                f"the {wanted} a table reads from it"
             )
-        return read
+        return cell
 
     return read
 
@@ -266,15 +279,13 @@ def analysis_reader(name: str, value, kind=NUMBER):
 def no_booleans(value):
     """value with every true and false made null, so that a reader's arithmetic fails on one
     (True * 100 is 100)."""
-    return (
-        {k: no_booleans(v) for k, v in value.items()}
-        if isinstance(value, dict)
-        else [no_booleans(v) for v in value]
-        if isinstance(value, list)
-        else None
-        if isinstance(value, bool)
-        else value
-    )
+    if isinstance(value, dict):
+        return {k: no_booleans(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_booleans(v) for v in value]
+    if isinstance(value, bool):
+        return None
+    return value
 
 
 def final_reader(key: str, scale=1):
@@ -291,17 +302,21 @@ def final_reader(key: str, scale=1):
 
 
 def read_table(
-    name: str, title: str, models: dict, cols: dict, paper: dict, note: str, analyses=()
+    name: str, title: str, models: dict, cols: dict, paper_numbers: dict, note: str, analyses=()
 ) -> Table:
     """A table with one run per row (models[row] its config) and a reader per column (cols[col])."""
+    configs = {}
+    for row, cfg in models.items():
+        for col in cols:
+            configs[row, col] = cfg
     return Table(
         name,
         title,
         "column",
         list(models),
         list(cols),
-        {(row, col): cfg for row, cfg in models.items() for col in cols},
-        paper,
+        configs,
+        paper_numbers,
         note,
         cols,
         analyses,
@@ -317,57 +332,68 @@ def untrained(models: dict) -> dict:
     """models with, after each Random row, its model at initialization: the same config trained for
     0 steps (random and normal are then the same model: the seed draws every weight, whatever would
     train)."""
-    return {
-        row: cfg
-        for model, model_cfg in models.items()
-        for row, cfg in (
-            [
-                (model, model_cfg),
-                (model.replace("Random", "Untrained"), replace(model_cfg, steps=0)),
-            ]
-            if "Random" in model
-            else [(model, model_cfg)]
-        )
-    }
+    rows = {}
+    for model, cfg in models.items():
+        rows[model] = cfg
+        if "Random" in model:
+            rows[model.replace("Random", "Untrained")] = replace(cfg, steps=0)
+    return rows
 
 
-def variance_table(name: str, title: str, models: dict, paper: dict, note: str, layers=2) -> Table:
+def variance_table(
+    name: str, title: str, models: dict, paper_numbers: dict, note: str, layers=2
+) -> Table:
     """Tables 4, 5 and 7: % of hidden-state variance in the top 10 PCs, then neurons, after the
-    embedding and each layer; each Random row followed by its untrained one."""
-    cols = {
-        f"{kind} {name}": analysis_reader(
-            "variance", lambda r, key=f"{kind.lower()}_top10", i=i: 100 * r[key][i]
-        )
-        for kind in ("PC", "Neuron")
-        for i, name in enumerate(["Emb"] + [f"L{n}" for n in range(1, layers + 1)])
-    }
+    embedding and each layer; each Random row followed by its untrained one. paper_numbers: row ->
+    the paper's numbers in the columns' order."""
+    layer_names = ["Emb"] + [f"L{n}" for n in range(1, layers + 1)]
+    cols = {}
+    for kind in ("PC", "Neuron"):
+        for i, layer in enumerate(layer_names):
+            share = variance_share(f"{kind.lower()}_top10", i)
+            cols[f"{kind} {layer}"] = analysis_reader("variance", share)
+    paper_cells = {}
+    for row, numbers in paper_numbers.items():
+        for col, number in zip(cols, numbers):
+            paper_cells[row, col] = number
     return read_table(
         name,
         title,
         untrained(models),
         cols,
-        {(row, col): v for row, values in paper.items() for col, v in zip(cols, values)},
+        paper_cells,
         note + " Untrained: the Random row's runs trained for 0 steps (`--steps 0`), "
         "the model at initialization.",
         ("variance",),
     )
 
 
+def variance_share(key: str, i: int):
+    """A reader of the variance analysis: % of the variance in its `key` list's i-th place (the
+    embedding's, then each layer's)."""
+
+    def share(variance):
+        return 100 * variance[key][i]
+
+    return share
+
+
 def table7(scale):
+    # Table 1's wide runs: at the cpu scale they are 512 wide, at the paper's a 512-wide copy
+    models = {}
+    paper_numbers = {}
+    for task in ("addition", "needle", "parens"):
+        for model, cfg in wide_models(scale, task, ("Normal", "Random")).items():
+            if scale != "cpu":
+                cfg = replace(cfg, width=512)
+            models[f"{task} {model}"] = cfg
+            paper_numbers[f"{task} {model}"] = paper.VARIANCE[task, model, 512]
     return variance_table(
         "table7",
         "Table 7: % of hidden-state variance in the top 10 principal components and the top 10 "
         "neurons, width 512",
-        {
-            f"{task} {model}": cfg if scale == "cpu" else replace(cfg, width=512)
-            for task in ("addition", "needle", "parens")
-            for model, cfg in wide_models(scale, task, ("Normal", "Random")).items()
-        },
-        {
-            f"{task} {model}": paper.VARIANCE[task, model, 512]
-            for task in ("addition", "needle", "parens")
-            for model in ("Normal", "Random")
-        },
+        models,
+        paper_numbers,
         "Table 1's runs at width 512, each analysed by "
         "`python analyze.py RUN --only variance` (docs/protocol.md §6: 1,000 inputs drawn from the "
         "training distribution with seed 0, every position up to the last answer).",
@@ -375,23 +401,24 @@ def table7(scale):
 
 
 def table4(scale):
-    models = {
-        f"modadd {model}": cfg
-        for model, cfg in wide_models(scale, "modadd", ("Normal", "Random")).items()
-    } | {
-        f"memorize {model}": table3(scale).configs[model, "accuracy"]
-        for model in ("Normal", "Random")
-    }
+    models = {}
+    for model, cfg in wide_models(scale, "modadd", ("Normal", "Random")).items():
+        models[f"modadd {model}"] = cfg
+    memorization = table3(scale)
+    for model in ("Normal", "Random"):
+        models[f"memorize {model}"] = memorization.configs[model, "accuracy"]
+    # the paper's modadd at width 1,024, its memorization at 128
+    paper_numbers = {}
+    for model in ("Normal", "Random"):
+        paper_numbers[f"modadd {model}"] = paper.VARIANCE["modadd", model, 1024]
+    for model in ("Normal", "Random"):
+        paper_numbers[f"memorize {model}"] = paper.VARIANCE["memorize", model, 128]
     return variance_table(
         "table4",
         f"Table 4: % of hidden-state variance in the top 10 principal components and the top "
         f"10 neurons, modadd at width {models['modadd Normal'].width}, memorization at 128",
         models,
-        {
-            f"{task} {model}": paper.VARIANCE[task, model, 128 if task == "memorize" else 1024]
-            for task in ("modadd", "memorize")
-            for model in ("Normal", "Random")
-        },
+        paper_numbers,
         "Table 1's modadd runs and Table 3's memorization runs, each analysed by `python "
         "analyze.py RUN --only variance`; the paper's modadd is at width 1,024.",
     )
@@ -402,46 +429,44 @@ def lm_models(scale) -> dict:
     (docs/protocol.md §8)."""
     # width after the variant, as `train.py --width 512 --scale cpu` sets it: the variant's lm width
     # is Figure 4's 128
-    return {
-        row: replace(task_config("lm", scale, mode=mode, layers=4), width=512)
-        for row, mode in MODES.items()
-    }
+    models = {}
+    for row, mode in MODES.items():
+        models[row] = replace(task_config("lm", scale, mode=mode, layers=4), width=512)
+    return models
 
 
 def table5(scale):
+    note = "Each run analysed by `python analyze.py RUN --only variance` (docs/protocol.md §6). "
+    if scale == "cpu":
+        note += "cpu scale: the shipped story corpus, context 128, one epoch, not TinyStories."
+    else:
+        note += "Give the TinyStories train file with --data."
     return variance_table(
         "table5",
         "Table 5: % of the language model's hidden-state variance in the top 10 principal "
         "components and the top 10 neurons, 4 layers of width 512",
         lm_models(scale),
         paper.TABLE5,
-        "Each run analysed by `python analyze.py RUN --only variance` (docs/protocol.md §6). "
-        + (
-            "cpu scale: the shipped story corpus, context 128, one epoch, not TinyStories."
-            if scale == "cpu"
-            else "Give the TinyStories train file with --data."
-        ),
+        note,
         layers=4,
     )
 
 
 def fig5(scale):
+    def completion(samples):
+        """The first sample on one line of the table: the prompt in italics, then what the model
+        wrote."""
+        prompt = samples["prompts"][0]
+        written = samples["continuations"][0].removeprefix(prompt)
+        return " ".join((f"*{prompt}*" + written).split()).replace("|", "/")
+
     return read_table(
         "fig5",
         "Figure 5: a story prompt continued by a random and a fully trained language model",
         lm_models(scale),
         {
             "test loss": final_reader("loss"),
-            # the prompt in italics, then what the model wrote, on one line of the table
-            "completion": analysis_reader(
-                "samples",
-                lambda r: " ".join(
-                    (
-                        f"*{r['prompts'][0]}*" + r["continuations"][0].removeprefix(r["prompts"][0])
-                    ).split()
-                ).replace("|", "/"),
-                str,
-            ),
+            "completion": analysis_reader("samples", completion, str),
         },
         {},
         "Table 5's runs; test loss in nats per token. Sampling (`python analyze.py RUN --only "
@@ -456,15 +481,24 @@ def projection(scale):
     states at one layer projected onto their top k principal components or neurons
     (analyze.projection)."""
     models = untrained({"Random": table7(scale).configs["addition Random", "PC Emb"]})
-    read = {
-        (f"{model} {layer} {name}", f"k={k}"): analysis_reader(
-            "projection", lambda r, key=key, i=i, k=k: 100 * r[key][i][r["k"].index(k)]
-        )
-        for model in models
-        for i, layer in enumerate(["Emb", "L1", "L2"])
-        for key, name in (("pc", "PCs"), ("neuron", "neurons"))
-        for k in projection_ks(models["Random"].width)
-    }
+
+    def accuracy(key, i, k):
+        """A reader of the projection analysis: test accuracy (%) with layer i's states projected
+        onto their top k `key`s (pc or neuron)."""
+
+        def read(projection):
+            return 100 * projection[key][i][projection["k"].index(k)]
+
+        return read
+
+    # (row, col) -> its reader
+    read = {}
+    for model in models:
+        for i, layer in enumerate(["Emb", "L1", "L2"]):
+            for key, name in (("pc", "PCs"), ("neuron", "neurons")):
+                for k in projection_ks(models["Random"].width):
+                    row = f"{model} {layer} {name}"
+                    read[row, f"k={k}"] = analysis_reader("projection", accuracy(key, i, k))
     return Table(
         "projection",
         "Addition's random transformer: test accuracy (%) with one layer's "
@@ -486,20 +520,27 @@ def projection(scale):
 
 
 def fig2(scale):
+    def strongest_head(key, layer):
+        """A reader of the attention analysis: the mean attention (%) of the layer's strongest head
+        in its `key` list."""
+
+        def read(attention):
+            return 100 * max(attention[key][layer])
+
+        return read
+
+    cols = {}
+    for key, name in (
+        ("value_to_marker", "value -> its marker"),
+        ("query_to_value", "query -> queried value"),
+    ):
+        for layer in (0, 1):
+            cols[f"L{layer + 1} {name}"] = analysis_reader("attention", strongest_head(key, layer))
     return read_table(
         "fig2",
         "Figure 2: mean attention (%) of needle's strongest head per layer over the test set",
         wide_models(scale, "needle"),
-        {
-            f"L{layer + 1} {name}": analysis_reader(
-                "attention", lambda r, key=key, layer=layer: 100 * max(r[key][layer])
-            )
-            for key, name in (
-                ("value_to_marker", "value -> its marker"),
-                ("query_to_value", "query -> queried value"),
-            )
-            for layer in (0, 1)
-        },
+        cols,
         {},
         "Per seed the strongest head of the layer; what a head attending evenly over the positions "
         "it sees would score is each run's analysis.json attention.uniform. The paper shows the "
@@ -512,23 +553,28 @@ def fig2(scale):
 def fig3(scale):
     """Figure 3 draws modadd's embedding on principal components 1 and 3; section 4.2 finds its
     random model a Clock."""
+
+    def circle_in_pcs_1_3(embedding):
+        return embedding["circles"]["pcs_1_3"]
+
+    def best_circle(embedding):
+        return embedding["circles"]["best"]["score"]
+
+    def gradient_symmetricity(clock_pizza):
+        return clock_pizza["gradient_symmetricity"]
+
+    def distance_irrelevance(clock_pizza):
+        return clock_pizza["distance_irrelevance"]
+
     return read_table(
         "fig3",
         "Figure 3 and section 4.2: modadd's circular embedding, and Clock or Pizza",
         wide_models(scale, "modadd"),
         {
-            "circle in PCs 1 and 3": analysis_reader(
-                "embedding", lambda r: r["circles"]["pcs_1_3"]
-            ),
-            "best circle in PCs 1-4": analysis_reader(
-                "embedding", lambda r: r["circles"]["best"]["score"]
-            ),
-            "gradient symmetricity": analysis_reader(
-                "clock_pizza", lambda r: r["gradient_symmetricity"]
-            ),
-            "distance irrelevance": analysis_reader(
-                "clock_pizza", lambda r: r["distance_irrelevance"]
-            ),
+            "circle in PCs 1 and 3": analysis_reader("embedding", circle_in_pcs_1_3),
+            "best circle in PCs 1-4": analysis_reader("embedding", best_circle),
+            "gradient symmetricity": analysis_reader("clock_pizza", gradient_symmetricity),
+            "distance irrelevance": analysis_reader("clock_pizza", distance_irrelevance),
         },
         {("Random", measure): value for measure, value in paper.CLOCK_PIZZA.items()},
         "Circle score of two principal components: the share of their (whitened) points' power in "
@@ -541,17 +587,21 @@ def fig3(scale):
 
 def parens(scale):
     wide = WIDE[scale]
-    cells = {  # row -> the table whose parens cell it is
-        row: table
-        for table, rows in (
-            (
-                table1(scale),
-                [f"Random {wide}", f"Normal {wide}", "Random 16", "Normal 16", f"LSTM {wide}"],
-            ),
-            (table2(scale), paper.TABLE2_COLUMNS),
-        )
-        for row in rows
-    }
+    # row -> the table whose parens cell it is: Table 1's columns, then Table 2's
+    cells = {}
+    first = table1(scale)
+    for row in [f"Random {wide}", f"Normal {wide}", "Random 16", "Normal 16", f"LSTM {wide}"]:
+        cells[row] = first
+    second = table2(scale)
+    for row in paper.TABLE2_COLUMNS:
+        cells[row] = second
+
+    def seen_accuracy(lengths):
+        return 100 * lengths["seen"]["accuracy"]
+
+    def unseen_accuracy(lengths):
+        return 100 * lengths["unseen"]["accuracy"]
+
     return read_table(
         "parens",
         "Parentheses: test accuracy (%) on the strings whose length and answer training shows, and "
@@ -559,12 +609,8 @@ def parens(scale):
         {row: table.configs["parens", row] for row, table in cells.items()},
         {
             "test accuracy": final_reader("accuracy", 100),
-            "strings training shows": analysis_reader(
-                "lengths", lambda r: 100 * r["seen"]["accuracy"]
-            ),
-            "strings it never shows": analysis_reader(
-                "lengths", lambda r: 100 * r["unseen"]["accuracy"]
-            ),
+            "strings training shows": analysis_reader("lengths", seen_accuracy),
+            "strings it never shows": analysis_reader("lengths", unseen_accuracy),
         },
         {(row, "test accuracy"): table.paper["parens", row] for row, table in cells.items()},
         "Table 1's and Table 2's parentheses runs, each analysed by `python analyze.py RUN --only "
@@ -575,11 +621,18 @@ def parens(scale):
 
 def fig8(scale):
     def flat(i):
-        return lambda run_dir: (
-            (flat_from(read_metrics(run_dir)) or (None, None))[i]
-            if run_state(run_dir) == "finished"
-            else None
-        )
+        """A reader of a finished run's metrics.jsonl: analyze.flat_from's i-th number, or None
+        (not finished, or never flat)."""
+
+        def read(run_dir):
+            if run_state(run_dir) != "finished":
+                return None
+            found = flat_from(read_metrics(run_dir))
+            if found is None:
+                return None
+            return found[i]
+
+        return read
 
     return read_table(
         "fig8",
@@ -637,29 +690,30 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     and 5 share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
     trains exactly a Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's
     tables), or for the projection table a Table 7 cell, shares its runs."""
-    # Table 7's runs, where not Table 1's, are the projection table's (at 0 steps; at paper scale
-    # all), and no other table's
-    owners = [
-        (owner, key, other)
-        for owner in (table1(scale), table2(scale), table3(scale), table5(scale), table7(scale))
-        for key, other in owner.configs.items()
-        if owner.name != "table7" or table.name == "projection"
-    ]
+    # (owner, its cell, the cell's config) of every cell whose runs another table may share
+    owners = []
+    for owner in (table1(scale), table2(scale), table3(scale), table5(scale), table7(scale)):
+        # Table 7's runs, where not Table 1's, are the projection table's (at 0 steps; at paper
+        # scale all), and no other table's
+        if owner.name == "table7" and table.name != "projection":
+            continue
+        for key, other in owner.configs.items():
+            owners.append((owner, key, other))
     runs = {}
     for (row, col), cfg in table.configs.items():
-        owner, (owner_row, owner_col) = next(
-            ((o, key) for o, key, other in owners if other == cfg and o.name != table.name),
-            (table, (row, col)),
-        )
+        # the first other table that trains this config owns its runs; else this table does
+        owner, owner_row, owner_col = table, row, col
+        for other_table, (other_row, other_col), other in owners:
+            if other == cfg and other_table.name != table.name:
+                owner, owner_row, owner_col = other_table, other_row, other_col
+                break
         # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names
         # its runs by row
-        out = os.path.join(
-            root,
-            f"{owner.name}-{scale}",
-            slug(owner_row)
-            if owner.metric == "column"
-            else slug(owner_row.split()[0]) + "-" + slug(owner_col),
-        )
+        if owner.metric == "column":
+            name = slug(owner_row)
+        else:
+            name = slug(owner_row.split()[0]) + "-" + slug(owner_col)
+        out = os.path.join(root, f"{owner.name}-{scale}", name)
         runs[row, col] = [replace(cfg, seed=s, out=f"{out}-s{s}") for s in range(seeds)]
     return runs
 
@@ -672,10 +726,10 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
 def table_runs(name: str, args):
     """(the table, its runs per cell) as the command line sets them."""
     table = TABLES[name](args.scale)
-    table.configs = {
-        k: replace(cfg, data=args.data) if args.data and cfg.task == "lm" else cfg
-        for k, cfg in table.configs.items()
-    }
+    if args.data:
+        for key, cfg in table.configs.items():
+            if cfg.task == "lm":
+                table.configs[key] = replace(cfg, data=args.data)
     return table, cell_runs(table, args.scale, args.runs, args.seeds)
 
 
@@ -701,12 +755,20 @@ def check_records(runs: dict):
     train_split.json and metrics.jsonl must hold finite numbers (null for a value not measured
     yet); an analysis made for another model (its variance names its model) is refused. A
     failure is a UsageError naming the file."""
-    for cfg in {cfg.out: cfg for cell in runs.values() for cfg in cell}.values():
+    # each run once: tables share runs
+    run_configs = {}
+    for cell in runs.values():
+        for cfg in cell:
+            run_configs[cfg.out] = cfg
+    for cfg in run_configs.values():
         check_same_config(cfg)
-        if (saved := saved_config(cfg.out)) is None:  # no config.json: no run yet, nothing to check
+        saved = saved_config(cfg.out)
+        # no config.json: no run yet, nothing to check
+        if saved is None:
             continue
         for name in ("final.json", "train_split.json"):
-            if os.path.exists(path := os.path.join(cfg.out, name)):
+            path = os.path.join(cfg.out, name)
+            if os.path.exists(path):
                 check_numbers(
                     {k: v for k, v in read_json(path).items() if k != "parameters"},
                     path,
@@ -729,7 +791,9 @@ def check_numbers(record: dict, where: str, nullable=True):
     """UsageError naming `where` for a value of record that is no finite number (or null, where
     nullable)."""
     for key, value in record.items():
-        if not (value is None and nullable or is_json_type(value, NUMBER) and math.isfinite(value)):
+        if value is None and nullable:
+            continue
+        if not (is_json_type(value, NUMBER) and math.isfinite(value)):
             raise UsageError(f"{where}: {key} is {value!r}, not a finite number")
 
 
@@ -737,45 +801,46 @@ def claimed_cell(args, name: str, row: str, col: str, where: str):
     """(the table, the cell's per-seed configs) that claims.json or a document names at `where`: a
     cell the scale trains, one where only the paper has a number (no configs: "not run"), or with
     row or col * every cell of that column or row; a UsageError if no such cell."""
-    table = TABLES[name](args.scale) if name in TABLES else None
-    cells = (
-        []
-        if table is None
-        else [key for key in table.configs if row in ("*", key[0]) and col in ("*", key[1])]
-    )
-    if table is None or not cells and (row, col) not in table.paper:
+    if name not in TABLES:
+        raise UsageError(f"{where}, which is no cell of a table")
+    table = TABLES[name](args.scale)
+    cells = []
+    for cell_row, cell_col in table.configs:
+        if row not in ("*", cell_row):
+            continue
+        if col not in ("*", cell_col):
+            continue
+        cells.append((cell_row, cell_col))
+    if not cells and (row, col) not in table.paper:
         raise UsageError(f"{where}, which is no cell of a table")
     runs = cell_runs(table, args.scale, args.runs, args.seeds)
-    return table, [cfg for key in cells for cfg in runs[key]]
+    configs = []
+    for key in cells:
+        configs.extend(runs[key])
+    return table, configs
 
 
 def check_args(args):
     """UsageError for flags that would fail only after hours of training."""
-    for wrong, message in (
-        (args.seeds < 1 or args.jobs < 1, "--seeds and --jobs must be >= 1"),
-        (
-            args.table == "claims" and (args.plan or args.print_commands or args.redraw),
-            "--plan, --print-commands and --redraw take a table or all, not claims",
-        ),
-        (
-            args.plan and args.scale != "paper",
-            "--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu "
-            "scale's costs)",
-        ),
-        *(
-            (
-                os.path.exists(path) and not os.path.isdir(path),
-                f"{flag} {path} is a file, not a directory",
+    if args.seeds < 1 or args.jobs < 1:
+        raise UsageError("--seeds and --jobs must be >= 1")
+    if args.table == "claims":
+        if args.plan or args.print_commands or args.redraw:
+            raise UsageError(
+                "--plan, --print-commands and --redraw take a table or all, not claims"
             )
-            for flag, path in (("--runs", args.runs), ("--results", args.results))
-        ),
-        (
-            args.data and args.table not in ("fig4", "table5", "fig5", "all"),
-            "--data applies to the language-modeling tables only: fig4, table5 and fig5",
-        ),
-    ):
-        if wrong:
-            raise UsageError(message)
+    if args.plan and args.scale != "paper":
+        raise UsageError(
+            "--plan predicts the paper scale's GPU time; add --scale paper (RESULTS.md has the cpu "
+            "scale's costs)"
+        )
+    for flag, path in (("--runs", args.runs), ("--results", args.results)):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise UsageError(f"{flag} {path} is a file, not a directory")
+    if args.data and args.table not in ("fig4", "table5", "fig5", "all"):
+        raise UsageError(
+            "--data applies to the language-modeling tables only: fig4, table5 and fig5"
+        )
     if args.data:
         try:
             validation_path(args.data)
@@ -841,29 +906,32 @@ def main(argv=None):
         "for xargs -P or a job array, each safe to rerun after a kill (trains nothing)",
     )
     args = parser.parse_args(argv)
-    command = "python reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if argv is None:
+        argv = sys.argv[1:]
+    command = "python reproduce.py " + " ".join(argv)
     with usage_errors(
         "reproduce.py", "; the same command continues from each run's last checkpoint"
     ):
-        args.seeds = SEEDS[args.scale] if args.seeds is None else args.seeds
+        if args.seeds is None:
+            args.seeds = SEEDS[args.scale]
         check_args(args)
-        names = list(TABLES) if args.table == "all" else [args.table]
+        if args.table == "all":
+            names = list(TABLES)
+        else:
+            names = [args.table]
         if args.table == "claims":
             for path, text in claims(partial(claimed_cell, args), args.results, args.scale).items():
-                write_atomic(path, lambda f, text=text: f.write(text.encode()))
+                write_text(path, text)
                 print(f"-> {path}")
         elif args.plan:
             print(plan([table_runs(name, args) for name in names], args.scale))
         elif args.print_commands:
-            print_commands(
-                [
-                    cfg
-                    for name in names
-                    for cell in table_runs(name, args)[1].values()
-                    for cfg in cell
-                ],
-                command,
-            )
+            cfgs = []
+            for name in names:
+                _, runs = table_runs(name, args)
+                for cell in runs.values():
+                    cfgs.extend(cell)
+            print_commands(cfgs, command)
         else:
             for name in names:
                 reproduce(name, args, command)

@@ -50,8 +50,8 @@ from files import (
     read_json,
     read_metrics,
     save_torch,
-    write_atomic,
     write_json,
+    write_text,
 )
 from model import model_name
 from paper import test_number
@@ -280,10 +280,7 @@ def finish_swap(out):
 def write_swap_mark(run_dir, out):
     """Write SWAP_MARK, out's name, into run_dir: a directory a swap of out stages, hides or
     deletes."""
-    write_atomic(
-        os.path.join(run_dir, SWAP_MARK),
-        lambda f: f.write(os.path.basename(os.path.abspath(out)).encode()),
-    )
+    write_text(os.path.join(run_dir, SWAP_MARK), os.path.basename(os.path.abspath(out)))
 
 
 def check_swapped(hidden, out) -> bool:
@@ -563,7 +560,7 @@ def roll_back(run_dir, step):
         kept = [
             json.dumps(record) + "\n" for record in read_metrics(run_dir) if record["step"] <= step
         ]
-        write_atomic(path, lambda f: f.write("".join(kept).encode()))
+        write_text(path, "".join(kept))
 
 
 def save_final(cfg, state_dict, model_cfg, metrics, final):

@@ -38,21 +38,17 @@ def generate(
     run_dir, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=0, device="auto"
 ) -> str:
     """sample_text from the finished lm run in run_dir."""
-    for bad, message in [
-        (not prompt, "--prompt must not be empty: the model needs at least one token to continue"),
-        (
-            not (math.isfinite(temperature) and temperature > 0),
-            f"--temperature must be a finite number > 0, got {temperature}",
-        ),
-        (
-            top_k < 1 or max_new_tokens < 0,
-            "generation needs --top-k >= 1 and --max-new-tokens >= 0",
-        ),
-        # torch's seeds
-        (not 0 <= seed < 2**64, f"--seed must be an integer in [0, 2^64), got {seed}"),
-    ]:
-        if bad:
-            raise UsageError(message)
+    if not prompt:
+        raise UsageError(
+            "--prompt must not be empty: the model needs at least one token to continue"
+        )
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise UsageError(f"--temperature must be a finite number > 0, got {temperature}")
+    if top_k < 1 or max_new_tokens < 0:
+        raise UsageError("generation needs --top-k >= 1 and --max-new-tokens >= 0")
+    # torch's seeds
+    if not 0 <= seed < 2**64:
+        raise UsageError(f"--seed must be an integer in [0, 2^64), got {seed}")
     cfg, task, model, _ = load_run(run_dir)
     if cfg.task != "lm":
         raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")

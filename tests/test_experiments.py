@@ -53,9 +53,8 @@ def test_memorization_bits_match_table_3(accuracy, bits, trainable, per_paramete
     capacity = memorization_capacity(accuracy, math.log(512), 512 * 512, 512, trainable)
     assert capacity["bits"] == bits
     assert round(capacity["bits_per_parameter"], 2) == per_parameter
-    assert capacity["loss_bits"] == pytest.approx(
-        0.0, abs=1e-6
-    )  # a uniform prediction stores nothing
+    # a uniform prediction stores nothing
+    assert capacity["loss_bits"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_memorization_trainable_counts_match_table_3():
@@ -122,9 +121,8 @@ def test_kl_of_the_target_against_itself_is_zero():
     scores = task.metrics(task.target(test.x, test.pos), test)
     assert scores["kl"].abs().max() < 1e-5
     assert scores["accuracy"].mean() == 1.0
-    assert (
-        task.loss(torch.zeros(50, 1, 512), test) > 1.0
-    )  # a uniform student is far from the target
+    # a uniform student is far from the target
+    assert task.loss(torch.zeros(50, 1, 512), test) > 1.0
 
 
 @pytest.mark.slow
@@ -205,9 +203,8 @@ def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
     sample.main(
         [cfg.out, "--prompt", "Once upon a time", "--max-new-tokens", "20", "--device", "cpu"]
     )
-    assert (
-        capsys.readouterr().out.strip() == text.strip()
-    )  # the command line samples the same text (seed 0)
+    # the command line samples the same text (seed 0)
+    assert capsys.readouterr().out.strip() == text.strip()
 
 
 # ---------------------------------------------------------------------------

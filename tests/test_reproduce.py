@@ -2,6 +2,7 @@
 rendering (no training but a few tiny runs), scheduler commands, the plan, GPU workers."""
 
 import argparse
+import ast
 import dataclasses
 import functools
 import json
@@ -17,6 +18,8 @@ import torch
 import cli
 import config
 import figures
+import model
+import paper
 import reproduce
 import sweep
 import tasks
@@ -42,9 +45,8 @@ def test_aggregate_gives_median_min_max_of_known_values(tmp_path):
     assert summary["metrics"]["accuracy"] == pytest.approx({"median": 0.6, "min": 0.1, "max": 0.9})
     assert summary["metrics"]["loss"] == {"median": 1.5, "min": 0.0, "max": 3.0}
     assert "parameters" not in summary["metrics"]  # not a number
-    assert (
-        aggregate(dirs[:3])["metrics"]["accuracy"]["median"] == 0.5
-    )  # odd count: the middle value
+    # odd count: the middle value
+    assert aggregate(dirs[:3])["metrics"]["accuracy"]["median"] == 0.5
 
 
 def test_seeds_flag_writes_the_aggregate_beside_the_seed_runs(tmp_path):
@@ -83,18 +85,19 @@ def test_seeds_flag_writes_the_aggregate_beside_the_seed_runs(tmp_path):
 def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeypatch):
     table = reproduce.table9("cpu")
     runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=2)
-    for (row, col), cell in runs.items():  # needle and addition finished; parens not
-        for cfg in cell if row != "parens" else []:
+    # needle and addition finished; parens not
+    for (row, col), cell in runs.items():
+        if row == "parens":
+            continue
+        for cfg in cell:
             write_final(cfg.out, accuracy=0.5, loss=1.0)
     trained = []
-    monkeypatch.setattr(
-        sweep.train,
-        "train",
-        lambda cfg, resume: (
-            trained.append((cfg.out, resume)),
-            write_final(cfg.out, accuracy=1.0, loss=0.0),
-        ),
-    )
+
+    def train(cfg, resume):
+        trained.append((cfg.out, resume))
+        write_final(cfg.out, accuracy=1.0, loss=0.0)
+
+    monkeypatch.setattr(sweep.train, "train", train)
     sweep.sweep(table, runs, jobs=1)
     parens = runs["parens", "Softmax random"] + runs["parens", "Linearized random"]
     assert sorted(trained) == sorted((cfg.out, False) for cfg in parens)
@@ -112,19 +115,17 @@ def test_a_sweep_starts_the_longest_runs_first(tmp_path, monkeypatch):
     def fake_train(cfg, resume):
         trained.append(cfg)
         write_final(cfg.out, accuracy=1.0, loss=0.0)
-        write_json(
-            os.path.join(cfg.out, "train_split.json"), {}
-        )  # modadd's, written after training
+        # modadd's, written after training
+        write_json(os.path.join(cfg.out, "train_split.json"), {})
 
     monkeypatch.setattr(sweep.train, "train", fake_train)
     sweep.sweep(table, runs, jobs=1)
     assert len(trained) == 20
-    assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12 and {
-        cfg.width for cfg in trained[12:]
-    } == {16}
-    assert (
-        trained[0].task == "parens" and trained[0].mode == "full"
-    )  # the longest sequences, every weight trained
+    assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12
+    assert {cfg.width for cfg in trained[12:]} == {16}
+    # the longest sequences, every weight trained
+    assert trained[0].task == "parens"
+    assert trained[0].mode == "full"
     costs = [sweep.run_cost(cfg) for cfg in trained]
     assert costs == sorted(costs, reverse=True)
 
@@ -156,11 +157,12 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     open(os.path.join(cfg.out, "checkpoint.pt"), "w").close()
     assert reproduce.run_state(cfg.out) == "resume"
     calls = []
-    monkeypatch.setattr(
-        sweep.train,
-        "train",
-        lambda c, resume: (calls.append(resume), write_final(c.out, accuracy=1.0)),
-    )
+
+    def train(cfg, resume):
+        calls.append(resume)
+        write_final(cfg.out, accuracy=1.0)
+
+    monkeypatch.setattr(sweep.train, "train", train)
     sweep.train_one(cfg)
     assert calls == [True]
     assert reproduce.run_state(cfg.out) == "finished"
@@ -187,14 +189,14 @@ def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path)
     }
     assert rows["needle"] == "25.0 [20.0, 30.0] (3/3); paper 17.7"
     assert rows["parens"] == "not run; paper 97.3"
-    assert (
-        "needle max_pairs 4" in text and "modadd" not in text
-    )  # the note names only this table's variants
+    # the note names only this table's variants
+    assert "needle max_pairs 4" in text
+    assert "modadd" not in text
     assert "3 runs, 3 min of training" in text
     commands = [line.split("`")[1] for line in text.splitlines() if line.startswith("- ")]
-    assert (
-        len(commands) == 6 and "table1-cpu/needle-random-512" in text
-    )  # softmax: Table 1's random runs
+    assert len(commands) == 6
+    # softmax: Table 1's random runs
+    assert "table1-cpu/needle-random-512" in text
 
 
 def test_cell_commands_parse_back_to_the_cells_configs():
@@ -287,10 +289,8 @@ def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
     assert cells["parens", None, "Random 16"] == ([], 87.3)  # not run yet
     write_final(runs["addition", "Random 16"][0].out, accuracy=0.3, exact_match=0.01)
     cells = figures.picture_cells(table, runs)
-    assert cells["addition", "exact match", "Random 16"] == (
-        pytest.approx([1.0]),
-        None,
-    )  # beside per-token accuracy
+    # beside per-token accuracy
+    assert cells["addition", "exact match", "Random 16"] == (pytest.approx([1.0]), None)
     fig7 = figures.picture_cells(
         reproduce.fig7("cpu"), reproduce.cell_runs(reproduce.fig7("cpu"), "cpu", str(tmp_path), 1)
     )
@@ -708,9 +708,9 @@ def test_printed_commands_finish_each_run_after_a_kill_and_the_plain_command_the
         )
         assert done.returncode == 0, done.stderr
         assert reproduce.run_state(cfg.out) == "finished"
-        assert ("step 1/3" in done.stdout) == (
-            cfg is new
-        ) and "step 3/3" in done.stdout  # the killed run went on from step 2
+        assert ("step 1/3" in done.stdout) == (cfg is new)
+        # the killed run went on from step 2
+        assert "step 3/3" in done.stdout
     for line in lines:  # a scheduler that runs a line again finds its run finished and leaves it
         again = subprocess.run(["bash", "-c", line], cwd=root, capture_output=True, text=True)
         assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
@@ -804,3 +804,13 @@ def test_variance_tables_gain_an_untrained_row_that_the_projection_table_shares(
     assert projection["Random L1 PCs", "k=10"] == table7["addition Random", "PC L1"]
     assert table7["addition Untrained", "PC L1"][0].out == "runs/table7-cpu/addition-untrained-s0"
     assert table7["addition Random", "PC L1"][0].out == "runs/table1-cpu/addition-random-512-s0"
+
+
+def test_paper_is_a_leaf_whose_model_names_are_model_pys():
+    # paper.py is data: it imports no module of the project, so anything may import it
+    with open(os.path.join(os.path.dirname(reproduce.__file__), "paper.py")) as f:
+        tree = ast.parse(f.read())
+    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert imports == []
+    for mode, name in paper.PAPER_MODELS.items():
+        assert model.model_name(mode) == name

@@ -1199,7 +1199,9 @@ def test_a_run_with_any_mask_writes_only_under_runs_and_its_seeds_beside_it(
 
 
 def test_the_default_name_of_a_safe_mask_is_as_before_and_an_unsafe_one_a_hash():
-    name = lambda mask: config.run_name(TrainConfig(task="parens", mode=mask), 16)
+    def name(mask):
+        return config.run_name(TrainConfig(task="parens", mode=mask), 16)
+
     assert (
         name("wte,h.0.*") == "parens-wte+h.0-w16-s0"
         and name("*attn*") == "parens-allattnall-w16-s0"

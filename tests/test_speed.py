@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -54,9 +55,8 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
     cfg, task, model, _ = config.build(cfg)
     batch = task.sample(64, torch.Generator().manual_seed(1))
 
-    def backward(
-        part, weight=1.0
-    ):  # the forward and backward of train.train_step (fp32: no autocast)
+    # the forward and backward of train.train_step (fp32: no autocast)
+    def backward(part, weight=1.0):
         loss = task.loss(model(part.x, part.pos), part) * weight
         loss.backward()
         return loss.detach()
@@ -93,9 +93,8 @@ def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
         ),
     ],
 )
-def test_batched_seeds_match_separate_runs(
-    tmp_path, capsys, device
-):  # on CUDA through the math attention kernel
+# on CUDA through the math attention kernel
+def test_batched_seeds_match_separate_runs(tmp_path, capsys, device):
     cfg = tiny(tmp_path, seeds=2, device=device, out=str(tmp_path / "batched"))
     batched = batched_seeds.train_batched(cfg)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
@@ -131,9 +130,15 @@ def test_batched_seeds_of_one_seed_is_a_one_line_error(capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--seeds must be >= 2" in err
 
 
-@pytest.mark.parametrize(
-    "task", ["addition", "parens"]
-)  # rows with unequal answer counts; length chunks
+def free_port() -> int:
+    """A TCP port no process listens on now: a fixed one fails while another suite holds it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# rows with unequal answer counts; length chunks
+@pytest.mark.parametrize("task", ["addition", "parens"])
 @pytest.mark.slow
 def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
     cfg = tiny(tmp_path, task=task, digits=3, steps=4, eval_every=2, batch_size=16)
@@ -143,7 +148,7 @@ def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master_port=29561",
+        f"--master_port={free_port()}",
         os.path.join(ROOT, "train.py"),
         "--task",
         task,
@@ -244,7 +249,12 @@ def test_a_training_batch_waits_on_the_host_a_bounded_number_of_times(name, boun
     task.test_set()
     generator, draws = torch.Generator().manual_seed(0), []
     generate = task.generate
-    task.generate = lambda n, g: draws.append(n) or generate(n, g)
+
+    def counted_generate(n, g):
+        draws.append(n)
+        return generate(n, g)
+
+    task.generate = counted_generate
     for _ in range(5):
         draws.clear()
         with HostWaits() as counter:
