@@ -22,15 +22,22 @@ from types import SimpleNamespace
 
 import torch
 
-import paper
 import sample
 import tasks
-from config import build_seeded, load_run, saved_config
-from errors import OneLineParser, UsageError, usage_errors
-from figures import markdown_table, pyplot, save_figure
-from files import FINAL_KEYS, load_checkpoint, read_json, read_metrics, write_json, write_text
+from machinery import paper
+from machinery.config import build_seeded, load_run, saved_config
+from machinery.errors import OneLineParser, UsageError, usage_errors
+from machinery.figures import markdown_table, pyplot, save_figure
+from machinery.files import (
+    FINAL_KEYS,
+    load_checkpoint,
+    read_json,
+    read_metrics,
+    write_json,
+    write_text,
+)
+from machinery.rundir import hidden_sibling, lock_held
 from model import GPT, at, model_name
-from rundir import hidden_sibling, lock_held
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 # hidden states per layer: many times the widest model, so the spectrum is well estimated

@@ -20,11 +20,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
-from cli import parse_args, seed_configs
-from config import build_seeded
-from devices import Ranks, autocast, choose_threads, compile_model, pick_device
-from errors import UsageError, usage_errors
-from rundir import (
+from machinery.cli import parse_args, seed_configs
+from machinery.config import build_seeded
+from machinery.devices import Ranks, autocast, choose_threads, compile_model, pick_device
+from machinery.errors import UsageError, usage_errors
+from machinery.rundir import (
     Run,
     first_line,
     log_eval,

@@ -26,11 +26,18 @@ from dataclasses import replace
 
 import torch
 
-from cli import config_from_args, make_parser
-from config import build_seeded
-from devices import Ranks, autocast, compile_model, deterministic_kernels, pick_device, uses_bf16
-from errors import UsageError, usage_errors
-from figures import markdown_table
+from machinery.cli import config_from_args, make_parser
+from machinery.config import build_seeded
+from machinery.devices import (
+    Ranks,
+    autocast,
+    compile_model,
+    deterministic_kernels,
+    pick_device,
+    uses_bf16,
+)
+from machinery.errors import UsageError, usage_errors
+from machinery.figures import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
 from train import make_optimizer, train_step

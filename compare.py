@@ -17,11 +17,11 @@ import re
 import sys
 from dataclasses import asdict, dataclass, fields
 
-from config import saved_config
-from errors import OneLineParser, UsageError, usage_errors
-from figures import markdown_table, pyplot, save_figure
-from files import FINAL_KEYS, read_json, read_metrics
-from rundir import median_range
+from machinery.config import saved_config
+from machinery.errors import OneLineParser, UsageError, usage_errors
+from machinery.figures import markdown_table, pyplot, save_figure
+from machinery.files import FINAL_KEYS, read_json, read_metrics
+from machinery.rundir import median_range
 from tasks import TASKS
 
 # where a run was written and whether it replaced another: not what it ran

@@ -24,13 +24,13 @@ from functools import partial
 
 import torch
 
-import paper
 from analyze import flat_from, projection_ks, run_label
-from config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
-from corpus import validation_path
-from errors import OneLineParser, UsageError, usage_errors
-from figures import Table, claims, write_results
-from files import (
+from machinery import paper
+from machinery.config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
+from machinery.corpus import validation_path
+from machinery.errors import OneLineParser, UsageError, usage_errors
+from machinery.figures import Table, claims, write_results
+from machinery.files import (
     FINAL_KEYS,
     NUMBER,
     is_json_type,
@@ -39,8 +39,8 @@ from files import (
     read_metrics,
     write_text,
 )
-from rundir import run_state
-from sweep import check_same_config, plan, print_commands, sweep
+from machinery.rundir import run_state
+from machinery.sweep import check_same_config, plan, print_commands, sweep
 
 SEEDS = {"paper": 10, "cpu": 3}
 

@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from config import load_run
-from devices import pick_device
-from errors import OneLineParser, UsageError, usage_errors
+from machinery.config import load_run
+from machinery.devices import pick_device
+from machinery.errors import OneLineParser, UsageError, usage_errors
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from corpus import (
+from machinery.corpus import (
     END_OF_TEXT,
     STORY_DIR,
     load_or_tokenize,

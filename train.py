@@ -18,12 +18,12 @@ from dataclasses import replace
 
 import torch
 
-from cli import parse_args, seed_configs
-from config import resolve
-from devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
-from errors import UsageError, usage_errors
+from machinery.cli import parse_args, seed_configs
+from machinery.config import resolve
+from machinery.devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
+from machinery.errors import UsageError, usage_errors
+from machinery.rundir import Run, resumed_config, seed_state, write_seed_summary
 from model import apply_training_mode, new_model
-from rundir import Run, resumed_config, seed_state, write_seed_summary
 from tasks import Batch
 
 

@@ -9,12 +9,11 @@ import torch
 
 import analyze
 import compare
-import config
-import corpus
 import tasks
 import train
-from config import TrainConfig
-from rundir import RunLock
+from machinery import config, corpus
+from machinery.config import TrainConfig
+from machinery.rundir import RunLock
 
 # ---------------------------------------------------------------------------
 # Known answers on constructed inputs

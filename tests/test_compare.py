@@ -9,7 +9,7 @@ import pytest
 
 import compare
 import train
-from config import TrainConfig
+from machinery.config import TrainConfig
 
 
 def tiny(out, **overrides):

@@ -10,11 +10,9 @@ import pytest
 import torch
 
 import analyze
-import cli
-import config
-import rundir
 import train
-from config import TrainConfig
+from machinery import cli, config, rundir
+from machinery.config import TrainConfig
 from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
 from tasks import ADD_PAD, CLOSE, EQUALS, OPEN, PLUS, QUERY, SUM_DIGIT0, SUM_END, make_task
 

@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-import config
 import sample
 import train
-from config import TrainConfig
-from corpus import write_story_corpus
+from machinery import config
+from machinery.config import TrainConfig
+from machinery.corpus import write_story_corpus
 from model import GPT, LSTM, GPTConfig, apply_training_mode
 from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity
 

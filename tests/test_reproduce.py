@@ -15,19 +15,15 @@ import subprocess
 import pytest
 import torch
 
-import cli
-import config
-import figures
 import model
-import paper
 import reproduce
-import sweep
 import tasks
 import train
-from config import TrainConfig
-from errors import UsageError
-from files import write_json
-from rundir import aggregate
+from machinery import cli, config, figures, paper, sweep
+from machinery.config import TrainConfig
+from machinery.errors import UsageError
+from machinery.files import write_json
+from machinery.rundir import aggregate
 
 
 def write_final(run_dir, **metrics):
@@ -808,7 +804,7 @@ def test_variance_tables_gain_an_untrained_row_that_the_projection_table_shares(
 
 def test_paper_is_a_leaf_whose_model_names_are_model_pys():
     # paper.py is data: it imports no module of the project, so anything may import it
-    with open(os.path.join(os.path.dirname(reproduce.__file__), "paper.py")) as f:
+    with open(paper.__file__) as f:
         tree = ast.parse(f.read())
     imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
     assert imports == []

@@ -18,19 +18,12 @@ from test_core import tiny
 import analyze
 import batched_seeds
 import bench
-import cli
 import compare
-import config
-import corpus
-import devices
-import errors
-import figures
-import files
 import reproduce
-import rundir
 import sample
 import train
-from config import TrainConfig
+from machinery import cli, config, corpus, devices, errors, figures, files, rundir
+from machinery.config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -880,8 +873,8 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_pa
 KILLER = """
 import io, os, signal, sys
 sys.path.insert(0, sys.argv[1])
-import files
-import rundir
+from machinery import files
+from machinery import rundir
 import train
 name, nth, where = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 write_atomic, writes = files.write_atomic, []
@@ -1386,8 +1379,8 @@ def test_the_step_timer_takes_the_largest_seed_and_output_the_locale_cannot_enco
 HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-import files
-import rundir
+from machinery import files
+from machinery import rundir
 lock = rundir.RunLock(sys.argv[2])
 print("locked", flush=True)
 time.sleep(60)
@@ -1489,8 +1482,8 @@ def test_ctrl_c_in_the_first_step_of_an_overwrite_leaves_the_old_run_byte_identi
 SWAPPER = """
 import os, shutil, signal, sys
 sys.path.insert(0, sys.argv[1])
-import files
-import rundir
+from machinery import files
+from machinery import rundir
 import train
 where, exchange, rename, rmtree = sys.argv[2], rundir.exchange, os.rename, shutil.rmtree
 
@@ -1791,7 +1784,8 @@ def test_a_run_directory_spelled_another_way_is_the_same_run(tmp_path):
 CORPUS_BUILDER = """
 import sys
 sys.path.insert(0, sys.argv[1])
-import corpus, numpy
+import numpy
+from machinery import corpus
 train = corpus.write_story_corpus(sys.argv[2], n_train=300, n_valid=30)
 tokenizer = corpus.load_or_train_tokenizer(train, 300)
 print(len(corpus.load_or_tokenize(train, tokenizer, 300)))

@@ -14,12 +14,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import batched_seeds
 import bench
-import config
-import devices
-import rundir
 import tasks
 import train
-from config import TrainConfig
+from machinery import config, devices, rundir
+from machinery.config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

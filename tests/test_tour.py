@@ -12,12 +12,10 @@ import shlex
 import pytest
 
 import analyze
-import cli
 import compare
-import config
-import figures
 import reproduce
 import train
+from machinery import cli, config, figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOUR = os.path.join(ROOT, "docs", "tour.md")

@@ -38,11 +38,18 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from cli import command_line
-from config import CPU_VARIANTS, NOT_COMPUTED, TrainConfig, changed_settings, resolve, saved_config
-from devices import THREADS, threads_chosen, uses_bf16
-from errors import Diverged, UsageError
-from files import (
+from machinery.cli import command_line
+from machinery.config import (
+    CPU_VARIANTS,
+    NOT_COMPUTED,
+    TrainConfig,
+    changed_settings,
+    resolve,
+    saved_config,
+)
+from machinery.devices import THREADS, threads_chosen, uses_bf16
+from machinery.errors import Diverged, UsageError
+from machinery.files import (
     FINAL_KEYS,
     NUMBER,
     is_json_type,
@@ -53,8 +60,8 @@ from files import (
     write_json,
     write_text,
 )
+from machinery.paper import test_number
 from model import model_name
-from paper import test_number
 
 # What train.py, reproduce.py and analyze.py write into a run directory (analyze.py's figures
 # are its *.png): --overwrite deletes a directory only if it holds nothing else.

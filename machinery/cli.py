@@ -9,9 +9,9 @@ TrainConfig, and the command that reproduces a config.
 import argparse
 from dataclasses import fields, replace
 
-from config import SCALES, TrainConfig, cpu_variant
-from devices import pick_device
-from errors import OneLineParser, UsageError
+from machinery.config import SCALES, TrainConfig, cpu_variant
+from machinery.devices import pick_device
+from machinery.errors import OneLineParser, UsageError
 
 MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
 

@@ -13,7 +13,7 @@ import tempfile
 
 import torch
 
-from errors import UsageError
+from machinery.errors import UsageError
 
 UMASK = os.umask(0o022)
 os.umask(UMASK)  # reading the process's umask means setting it: put it back at once

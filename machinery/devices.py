@@ -18,7 +18,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from errors import UsageError
+from machinery.errors import UsageError
 
 
 def pick_device(name: str) -> torch.device:

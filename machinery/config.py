@@ -1,6 +1,6 @@
 """A run's settings: the TrainConfig dataclass, the paper's defaults, checks, and the cpu scale.
 
-    from config import TrainConfig, build
+    from machinery.config import TrainConfig, build
     # the paper's settings filled in:
     cfg, task, model, counts = build(TrainConfig(task="needle", mode="frozen"))
 
@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
-from errors import UsageError
-from files import load_checkpoint, read_json
+from machinery.errors import UsageError
+from machinery.files import load_checkpoint, read_json
 from model import (
     TRAINING_MODE_HELP,
     apply_training_mode,

@@ -27,8 +27,8 @@ import torch
 import analyze
 import train
 from bench import useful_flops
-from cli import command_line
-from config import (
+from machinery.cli import command_line
+from machinery.config import (
     TrainConfig,
     build_task,
     changed_settings,
@@ -37,9 +37,9 @@ from config import (
     saved_config,
     with_paper_defaults,
 )
-from errors import UsageError
-from files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
-from rundir import run_state
+from machinery.errors import UsageError
+from machinery.files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
+from machinery.rundir import run_state
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The text behind the lm task: the shipped story corpus, BPE tokenizer training and token caches.
 
-    from corpus import write_story_corpus, load_or_train_tokenizer, load_or_tokenize
+    from machinery.corpus import write_story_corpus, load_or_train_tokenizer, load_or_tokenize
     train_path = write_story_corpus("data/stories")      # stories-train.txt, stories-valid.txt
     tokenizer_path = load_or_train_tokenizer(train_path, vocab=10_000)
     tokens = load_or_tokenize(train_path, tokenizer_path, vocab=10_000)  # uint16 memmap
@@ -18,12 +18,13 @@ import random
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from files import write_atomic, write_text
+from machinery.files import write_atomic, write_text
 
 END_OF_TEXT = "<|endoftext|>"  # TinyStories' story separator; one token between stories
-# Where the shipped corpus and its caches go (git-ignored): beside this file, one home whatever the
-# current directory, so that runs started from anywhere share it.
-STORY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stories")
+# Where the shipped corpus and its caches go (git-ignored): data/stories in the repository, one home
+# whatever the current directory, so that runs started from anywhere share it.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STORY_DIR = os.path.join(REPOSITORY, "data", "stories")
 
 
 def validation_path(train_path: str) -> str:

@@ -18,8 +18,8 @@ from datetime import date
 
 import torch
 
-from cli import command_line
-from config import (
+from machinery.cli import command_line
+from machinery.config import (
     CPU_BLOCKS_LR,
     CPU_BLOCKS_LR_MIN_WIDTH,
     CPU_VARIANTS,
@@ -28,8 +28,8 @@ from config import (
     TrainConfig,
     default_lr,
 )
-from errors import UsageError
-from files import (
+from machinery.errors import UsageError
+from machinery.files import (
     FINAL_KEYS,
     NUMBER,
     read_analysis,
@@ -38,7 +38,7 @@ from files import (
     write_atomic,
     write_text,
 )
-from rundir import median_range, run_state
+from machinery.rundir import median_range, run_state
 
 
 @dataclass

@@ -1,0 +1,16 @@
+"""The machinery behind the experiments, which a reader of the paper's method can skip.
+
+The four files at the top, model.py, tasks.py, train.py and analyze.py, are the paper. This
+package holds what keeps runs safe and turns them into the paper's tables:
+
+    config.py    a run's settings, the paper's defaults, their checks, the cpu scale
+    cli.py       train.py's flags
+    errors.py    one-line errors instead of tracebacks
+    devices.py   the device, bf16, torch.compile, threads, data parallelism
+    files.py     atomic writes; JSON read back with checks
+    rundir.py    a run directory: staging, the lock, checkpoints, logs, the lifecycle (Run)
+    sweep.py     training every run of a table, resumably, a worker per core or GPU
+    figures.py   the tables' markdown and pictures, RESULTS.md's claims and citations
+    paper.py     the paper's published numbers
+    corpus.py    TinyStories and its tokenizer, for the language-model task
+"""
