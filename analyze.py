@@ -27,7 +27,6 @@ import tasks
 from machinery import paper
 from machinery.config import build_seeded, load_run, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
-from machinery.figures import markdown_table, pyplot, save_figure
 from machinery.files import (
     FINAL_KEYS,
     load_checkpoint,
@@ -36,7 +35,9 @@ from machinery.files import (
     write_json,
     write_text,
 )
+from machinery.plots import pyplot, save_figure
 from machinery.rundir import hidden_sibling, lock_held
+from machinery.tables import markdown_table
 from model import GPT, at, model_name
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")

@@ -6,7 +6,7 @@ Serves the paper's many small trainings (section 4 reports medians over
 seeds): for small models, running N seeds as one stacked model replaces N
 launches of every operation by one. Each step is train.train_step's, with
 one loss and one clipping per seed (stacked_step), and the loop's operations
-are rundir.Run's (SeedRuns), so a seed trained here computes what train.train
+are lifecycle.Run's (SeedRuns), so a seed trained here computes what train.train
 computes for it, up to float rounding, and its directory holds the same files.
 """
 
@@ -24,16 +24,8 @@ from machinery.cli import parse_args, seed_configs
 from machinery.config import build_seeded
 from machinery.devices import Ranks, autocast, choose_threads, compile_model, pick_device
 from machinery.errors import UsageError, usage_errors
-from machinery.rundir import (
-    Run,
-    first_line,
-    log_eval,
-    replace_old_run,
-    run_record,
-    save_final,
-    start_or_resume,
-    write_seed_summary,
-)
+from machinery.lifecycle import Run, first_line, write_seed_summary
+from machinery.rundir import log_eval, replace_old_run, run_record, save_final, start_or_resume
 from tasks import Batch, join_batches
 from train import evaluate, lr_at, make_optimizer, set_lr
 
@@ -166,7 +158,7 @@ def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, pr
 
 
 class SeedRuns(Run):
-    """rundir.Run for the seeds' N run directories at once: staged and put in place together, one
+    """lifecycle.Run for the seeds' N run directories at once: staged and put in place together, one
     log line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
     def __init__(self, seeds, models, params, counts, device, threads):

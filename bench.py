@@ -37,7 +37,7 @@ from machinery.devices import (
     uses_bf16,
 )
 from machinery.errors import UsageError, usage_errors
-from machinery.figures import markdown_table
+from machinery.tables import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
 from train import make_optimizer, train_step

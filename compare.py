@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, fields
 
 from machinery.config import saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
-from machinery.figures import markdown_table, pyplot, save_figure
 from machinery.files import FINAL_KEYS, read_json, read_metrics
-from machinery.rundir import median_range
+from machinery.plots import pyplot, save_figure
+from machinery.tables import markdown_table, median_range
 from tasks import TASKS
 
 # where a run was written and whether it replaced another: not what it ran

@@ -12,7 +12,7 @@ TrainConfig trained for several seeds (sweep.py) into
 runs/reproduce/<table>-<scale>/<row>-<col>-s<seed>; a finished run is skipped and a checkpointed one
 resumes, so an interrupted sweep picks up where it stopped. Writes results/<table>-<scale>.md (our
 median [min, max] over seeds beside the paper's number, the protocol, each cell's train.py command)
-and a .png of the same numbers in the paper's form (figures.py); `claims` rewrites RESULTS.md's
+and a .png of the same numbers in the paper's form (tables.py); `claims` rewrites RESULTS.md's
 claims table from the runs.
 """
 
@@ -29,7 +29,6 @@ from machinery import paper
 from machinery.config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from machinery.corpus import validation_path
 from machinery.errors import OneLineParser, UsageError, usage_errors
-from machinery.figures import Table, claims, write_results
 from machinery.files import (
     FINAL_KEYS,
     NUMBER,
@@ -39,8 +38,10 @@ from machinery.files import (
     read_metrics,
     write_text,
 )
+from machinery.plots import render_picture
 from machinery.rundir import run_state
 from machinery.sweep import check_same_config, plan, print_commands, sweep
+from machinery.tables import Table, claims, results_text
 
 SEEDS = {"paper": 10, "cpu": 3}
 
@@ -846,6 +847,18 @@ def check_args(args):
             validation_path(args.data)
         except ValueError as e:
             raise UsageError(str(e)) from None
+
+
+def write_results(
+    table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int
+):
+    """results/<table>-<scale>.md and .png after a sweep that trained `trained` runs."""
+    base = os.path.join(results, f"{table.name}-{scale}")
+    text = results_text(table, scale, runs, seeds, command, results, trained)
+    os.makedirs(results, exist_ok=True)
+    render_picture(table, scale, runs, base + ".png")
+    write_text(base + ".md", text)
+    print(text + f"-> {base}.md, {base}.png", flush=True)
 
 
 def main(argv=None):

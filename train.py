@@ -10,7 +10,7 @@ chooses which parameters learn (model.py). The settings and their flags are in c
 
 Read train() first. It builds the model, then loops: evaluate when an evaluation is due, stop at
 the last step (or at Ctrl-C), else set the lr, draw a batch and take one step. Everything else a
-run needs (its directory, checkpoints, logs, the progress bar, signals) is rundir.Run's.
+run needs (its directory, checkpoints, logs, the progress bar, signals) is lifecycle.Run's.
 """
 
 import math
@@ -22,7 +22,7 @@ from machinery.cli import parse_args, seed_configs
 from machinery.config import resolve
 from machinery.devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
 from machinery.errors import UsageError, usage_errors
-from machinery.rundir import Run, resumed_config, seed_state, write_seed_summary
+from machinery.lifecycle import Run, resumed_config, seed_state, write_seed_summary
 from model import apply_training_mode, new_model
 from tasks import Batch
 

@@ -8,9 +8,11 @@ package holds what keeps runs safe and turns them into the paper's tables:
     errors.py    one-line errors instead of tracebacks
     devices.py   the device, bf16, torch.compile, threads, data parallelism
     files.py     atomic writes; JSON read back with checks
-    rundir.py    a run directory: staging, the lock, checkpoints, logs, the lifecycle (Run)
+    rundir.py    a run directory and its files: staging and the swap, the lock, checkpoints, logs
+    lifecycle.py a training run beside train.py's loop (Run), its first and last lines
     sweep.py     training every run of a table, resumably, a worker per core or GPU
-    figures.py   the tables' markdown and pictures, RESULTS.md's claims and citations
+    tables.py    the tables' markdown, seed medians, RESULTS.md's claims and citations
+    plots.py     the tables' and figures' pictures
     paper.py     the paper's published numbers
     corpus.py    TinyStories and its tokenizer, for the language-model task
 """

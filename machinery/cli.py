@@ -67,7 +67,7 @@ def make_parser(description="Train one model on one task.", skip=()):
 
 def config_from_args(args):
     """(TrainConfig, None) from parsed flags, or (None, DIR) for --resume DIR: the run there goes on
-    with its saved config (rundir.resumed_config reads it). Nothing on disk changes here."""
+    with its saved config (lifecycle.resumed_config reads it). Nothing on disk changes here."""
     given = vars(args)
     run_dir = given.pop("resume", None)
     if run_dir is not None:

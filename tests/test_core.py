@@ -11,7 +11,7 @@ import torch
 
 import analyze
 import train
-from machinery import cli, config, rundir
+from machinery import cli, config, lifecycle
 from machinery.config import TrainConfig
 from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
 from tasks import ADD_PAD, CLOSE, EQUALS, OPEN, PLUS, QUERY, SUM_DIGIT0, SUM_END, make_task
@@ -525,7 +525,7 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
     assert set(saved) == {"wte.weight", "wpe.weight", "lm_head.weight"}  # the seed redraws the rest
     assert not (tmp_path / "cut" / "final.json").exists()
     assert cli.parse_args(["--resume", str(tmp_path / "cut")]) == (None, str(tmp_path / "cut"))
-    resumed = train.train(rundir.resumed_config(str(tmp_path / "cut")), resume=True)
+    resumed = train.train(lifecycle.resumed_config(str(tmp_path / "cut")), resume=True)
     assert resumed == whole
     a = torch.load(tmp_path / "whole" / "model.pt")["model"]
     b = torch.load(tmp_path / "cut" / "model.pt")["model"]

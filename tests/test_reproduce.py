@@ -19,11 +19,11 @@ import model
 import reproduce
 import tasks
 import train
-from machinery import cli, config, figures, paper, sweep
+from machinery import cli, config, paper, plots, sweep, tables
 from machinery.config import TrainConfig
 from machinery.errors import UsageError
 from machinery.files import write_json
-from machinery.rundir import aggregate
+from machinery.tables import aggregate
 
 
 def write_final(run_dir, **metrics):
@@ -177,7 +177,7 @@ def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path)
     runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=3)
     for cfg, acc in zip(runs["needle", "Linearized random"], [0.2, 0.3, 0.25]):
         write_final(cfg.out, accuracy=acc, loss=1.0, elapsed=60.0)
-    text = figures.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU")
+    text = tables.render(table, "cpu", runs, 3, "python reproduce.py table9", "CPU")
     rows = {
         line.split("|")[1].strip(): line.split("|")[-2].strip()
         for line in text.splitlines()
@@ -199,7 +199,7 @@ def test_cell_commands_parse_back_to_the_cells_configs():
     for name, make in reproduce.TABLES.items():
         for scale in reproduce.SCALES:
             for cell in reproduce.cell_runs(make(scale), scale, "runs/reproduce", seeds=2).values():
-                cfg, resume = cli.parse_args(figures.train_command(cell[0], 2).split()[2:])
+                cfg, resume = cli.parse_args(tables.train_command(cell[0], 2).split()[2:])
                 assert not resume
                 assert cli.seed_configs(cfg) == cell, (name, scale)
 
@@ -280,21 +280,21 @@ def test_picture_cells_hold_each_seed_value_and_the_paper_number(tmp_path):
     runs = reproduce.cell_runs(table, "cpu", str(tmp_path), seeds=3)
     for cfg, acc in zip(runs["needle", "Random 16"], [0.2, 0.3, 0.25]):
         write_final(cfg.out, accuracy=acc)
-    cells = figures.picture_cells(table, runs)
+    cells = plots.picture_cells(table, runs)
     assert cells["needle", None, "Random 16"] == (pytest.approx([20.0, 30.0, 25.0]), 7.5)
     assert cells["parens", None, "Random 16"] == ([], 87.3)  # not run yet
     write_final(runs["addition", "Random 16"][0].out, accuracy=0.3, exact_match=0.01)
-    cells = figures.picture_cells(table, runs)
+    cells = plots.picture_cells(table, runs)
     # beside per-token accuracy
     assert cells["addition", "exact match", "Random 16"] == (pytest.approx([1.0]), None)
-    fig7 = figures.picture_cells(
+    fig7 = plots.picture_cells(
         reproduce.fig7("cpu"), reproduce.cell_runs(reproduce.fig7("cpu"), "cpu", str(tmp_path), 1)
     )
     assert {(line, x) for panel, line, x in fig7 if panel == "needle"} == {
         (k, w) for k in ("Random", "Normal") for w in (16, 128, 512)
     }
     assert fig7["needle", "Random", 16] == (pytest.approx([20.0]), None)  # Table 1's runs, shared
-    table3 = figures.picture_cells(
+    table3 = plots.picture_cells(
         reproduce.table3("cpu"),
         reproduce.cell_runs(reproduce.table3("cpu"), "cpu", str(tmp_path), 1),
     )
@@ -355,7 +355,7 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
         height, width, channels = plt.imread(png).shape
         assert height > 100 and width > 100 and channels in (3, 4)
         assert f"]({name}-cpu.png)" in (results / f"{name}-cpu.md").read_text()
-        if name in figures.CURVE_TABLES:
+        if name in tables.CURVE_TABLES:
             assert plt.imread(results / f"{name}-cpu-curves.png").shape[0] > 100
             assert f"]({name}-cpu-curves.png)" in (results / f"{name}-cpu.md").read_text()
 
@@ -390,13 +390,13 @@ def test_learning_curves_read_test_accuracy_per_step_past_a_torn_last_line(tmp_p
         '{"step": 50, "loss": 2.0}\n{"step": 100, "loss": 1.0, "test_accuracy": 0.5}\n'
         '{"step": 200, "loss": 0.5, "test_accuracy": 0.75}\n{"step": 25'
     )
-    assert figures.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
-    assert figures.accuracy_curve(str(tmp_path / "not-started")) == []
+    assert plots.accuracy_curve(str(tmp_path)) == [(100, 50.0), (200, 75.0)]
+    assert plots.accuracy_curve(str(tmp_path / "not-started")) == []
     (tmp_path / "metrics.jsonl").write_text(
         '{"step": 100, "test_accuracy": 0.5}\nnot json\n{"step": 200, "test_accuracy": 0.75}\n'
     )
     with pytest.raises(UsageError, match="line 2 is not JSON"):
-        figures.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
+        plots.accuracy_curve(str(tmp_path))  # only the last line can be torn by a kill
 
 
 @pytest.mark.slow
@@ -408,7 +408,7 @@ def test_five_seeds_draw_box_plots_and_paper_scale_lines(tmp_path):
         runs = reproduce.cell_runs(table, "paper", str(tmp_path), seeds=5)
         write_fake_runs(table, runs)
         path = tmp_path / f"{table.name}.png"
-        figures.render_picture(table, "paper", runs, str(path))
+        plots.render_picture(table, "paper", runs, str(path))
         assert plt.imread(path).shape[0] > 100
 
 
@@ -521,7 +521,7 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
     (run / "unseen.jsonl").write_text(json.dumps({"step": 100, "unseen": 0.25, "n_unseen": 3}))
 
     def cite(words):
-        return figures.cited(claimed, f"runs/probes/p-s0/{words}", "test")
+        return tables.cited(claimed, f"runs/probes/p-s0/{words}", "test")
 
     assert cite("analysis.json:lengths.unseen.test") == "3"
     assert cite("analysis.json:lengths.unseen.accuracy") == "50.0"  # an accuracy, in %
@@ -544,8 +544,8 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
         write_final(cfg.out, accuracy=accuracy, loss=1.0)
         write_json(os.path.join(cfg.out, "train_split.json"), {"accuracy": accuracy + 0.1})
     split = "table9/needle/Linearized random/{}train_split.json:accuracy"
-    assert figures.cited(claimed, split.format("") + " range", "test") == "30.0-60.0"
-    assert figures.cited(claimed, split.format("s1 "), "test") == "60.0"
+    assert tables.cited(claimed, split.format("") + " range", "test") == "30.0-60.0"
+    assert tables.cited(claimed, split.format("s1 "), "test") == "60.0"
     # in a document, a heading's citation too is drawn from the record, and anew when it changes
     os.makedirs("results")
     write_json("results/claims.json", [])
@@ -575,14 +575,14 @@ def test_the_committed_tables_and_documents_are_what_the_committed_records_draw(
 
     drawn = {
         path: text
-        for path, text in figures.claims(
+        for path, text in tables.claims(
             functools.partial(reproduce.claimed_cell, args), "results", "cpu"
         ).items()
     }
     for name, build in reproduce.TABLES.items():
         table = build("cpu")
         runs = reproduce.cell_runs(table, "cpu", args.runs, args.seeds)
-        drawn[f"results/{name}-cpu.md"] = figures.results_text(
+        drawn[f"results/{name}-cpu.md"] = tables.results_text(
             table, "cpu", runs, args.seeds, "redraw", "results", 0
         )
     for path, text in drawn.items():

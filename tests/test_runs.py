@@ -22,7 +22,7 @@ import compare
 import reproduce
 import sample
 import train
-from machinery import cli, config, corpus, devices, errors, figures, files, rundir
+from machinery import cli, config, corpus, devices, errors, files, lifecycle, rundir, tables
 from machinery.config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -751,7 +751,7 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(
             4,
             8,
         )  # a whole checkpoint, never a part
-    resumed = train.train(rundir.resumed_config(str(cut)), resume=True)
+    resumed = train.train(lifecycle.resumed_config(str(cut)), resume=True)
     assert resumed == whole and metric_steps(cut) == [4, 8]
     assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
     a, b = (
@@ -767,7 +767,7 @@ def test_resume_drops_a_metrics_line_cut_short(tmp_path):
     train.train(tiny(tmp_path), stop_after=4)
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "lo')
-    assert train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -777,8 +777,8 @@ def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     (tmp_path / "run").rename(tmp_path / "moved")
-    assert train.train(rundir.resumed_config(str(tmp_path / "copy")), resume=True) == whole
-    assert train.train(rundir.resumed_config(str(tmp_path / "moved")), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(tmp_path / "copy")), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(tmp_path / "moved")), resume=True) == whole
     assert not (tmp_path / "run").exists()  # the directory named in config.json is never recreated
     assert (tmp_path / "copy" / "final.json").exists() and (
         tmp_path / "moved" / "final.json"
@@ -792,7 +792,7 @@ def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
         ["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys
     )
     assert code == 2 and len(err.splitlines()) == 1 and "drop --steps, --lr, --frozen" in err
-    train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True)
+    train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     code, err = run_cli(["--resume", str(tmp_path / "run")], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "has finished" in err
@@ -863,7 +863,7 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_pa
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path), stop_after=4)
     os.remove(tmp_path / "run" / "checkpoint.pt")
-    assert train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
@@ -874,7 +874,7 @@ KILLER = """
 import io, os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from machinery import files
-from machinery import rundir
+from machinery import lifecycle, rundir
 import train
 name, nth, where = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 write_atomic, writes = files.write_atomic, []
@@ -959,7 +959,7 @@ def test_a_real_sigkill_during_a_write_resumes_to_the_uninterrupted_result(
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (cut / "final.json").exists()
-    assert train.train(rundir.resumed_config(str(cut)), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(cut)), resume=True) == whole
     assert not [f for f in os.listdir(cut) if f.endswith(".tmp")]  # the kill's temp file is cleared
     assert records(cut) == records(tmp_path / "whole")  # each step once, the same numbers
     a, b = (
@@ -1014,7 +1014,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
     )
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
     assert not (run / ".lock").exists()  # released and removed at exit
-    assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
     assert records(run) == records(
         tmp_path / "whole"
     )  # the step-8 loss averages steps 4-7, as uninterrupted
@@ -1022,7 +1022,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", mode="frozen")
-    line = rundir.first_line(
+    line = lifecycle.first_line(
         config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990
     )
     assert "about 25.8 h on this CPU" in line
@@ -1030,12 +1030,12 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
         "; the task's laptop variant shows its result in under an hour: "
         "python train.py --task needle --train frozen --scale cpu"
     )
-    hint = rundir.slow_run_hint(cfg, 9.3 * 9990)
+    hint = lifecycle.slow_run_hint(cfg, 9.3 * 9990)
     suggested, _ = cli.parse_args(hint.split("python train.py ")[1].split())
     assert (
         suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
     )
-    full = rundir.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
+    full = lifecycle.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
     suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
     assert (
         suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4
@@ -1101,11 +1101,11 @@ def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
     assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(
         task="parens", scale="paper"
     )
-    assert rundir.slow_run_hint(cfg, 0.1 * 9990) is None
+    assert lifecycle.slow_run_hint(cfg, 0.1 * 9990) is None
     assert (
-        rundir.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
+        lifecycle.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
     )  # no variant to suggest to the variant itself
-    assert "--task lm --scale cpu" in rundir.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
+    assert "--task lm --scale cpu" in lifecycle.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
@@ -1250,7 +1250,7 @@ def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resum
     assert not [
         name for name in os.listdir(tmp_path / "run") if name.endswith(".tmp") or name == ".lock"
     ]
-    assert train.train(rundir.resumed_config(str(tmp_path / "run")), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True) == whole
 
 
 @pytest.mark.parametrize("where", ["train_step", "evaluate"])
@@ -1380,7 +1380,7 @@ HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 from machinery import files
-from machinery import rundir
+from machinery import lifecycle, rundir
 lock = rundir.RunLock(sys.argv[2])
 print("locked", flush=True)
 time.sleep(60)
@@ -1408,7 +1408,7 @@ def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, cap
         holder.kill()
         holder.wait()
     assert train.train(
-        rundir.resumed_config(str(run)), resume=True
+        lifecycle.resumed_config(str(run)), resume=True
     )  # the lock dies with its process
 
 
@@ -1483,7 +1483,7 @@ SWAPPER = """
 import os, shutil, signal, sys
 sys.path.insert(0, sys.argv[1])
 from machinery import files
-from machinery import rundir
+from machinery import lifecycle, rundir
 import train
 where, exchange, rename, rmtree = sys.argv[2], rundir.exchange, os.rename, shutil.rmtree
 
@@ -1557,7 +1557,7 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
             train.train(cli.parse_args(TINY_ARGS + ["--out", str(run), "--overwrite"])[0]) == whole
         )
     else:  # the new run, or out missing: --resume completes the swap and the run
-        assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
+        assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
     assert sorted(os.listdir(tmp_path)) == ["run", "whole"]  # nothing hidden left beside it
     assert sorted(os.listdir(run)) == [
         "config.json",
@@ -1660,7 +1660,7 @@ def test_a_full_disk_during_torch_save_is_one_line_and_the_run_resumes(
         "metrics.jsonl",
     ]  # no temp file, no lock
     assert torch.load(run / "checkpoint.pt")["step"] == 4
-    assert train.train(rundir.resumed_config(str(run)), resume=True) == whole
+    assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
 
 
 def test_a_table_of_finished_runs_with_a_final_json_lacking_elapsed_is_one_usage_error(tmp_path):
@@ -1670,7 +1670,7 @@ def test_a_table_of_finished_runs_with_a_final_json_lacking_elapsed_is_one_usage
     os.makedirs(cell.out)
     (tmp_path / cell.out / "final.json").write_text('{"step": 8, "accuracy": 0.5}')
     with pytest.raises(errors.UsageError, match="final.json lacks 'elapsed'"):
-        figures.render(table, "cpu", runs, 1, "python reproduce.py table9", "CPU")
+        tables.render(table, "cpu", runs, 1, "python reproduce.py table9", "CPU")
 
 
 def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_path):
@@ -1765,7 +1765,7 @@ def test_resume_removes_only_its_own_temp_files(tmp_path):
     run = tmp_path / "run"
     (run / ".notes.tmp").write_text("mine")
     (run / ".checkpoint.pt.k3j2h1.tmp").write_bytes(b"half a checkpoint")
-    train.train(rundir.resumed_config(str(run)), resume=True)
+    train.train(lifecycle.resumed_config(str(run)), resume=True)
     assert (run / ".notes.tmp").read_text() == "mine" and not (
         run / ".checkpoint.pt.k3j2h1.tmp"
     ).exists()

@@ -15,7 +15,7 @@ import analyze
 import compare
 import reproduce
 import train
-from machinery import cli, config, figures
+from machinery import cli, config, tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOUR = os.path.join(ROOT, "docs", "tour.md")
@@ -27,7 +27,7 @@ TRAINED = os.path.join(ROOT, "runs", "probes", "needle-frozen-w512-cpu-s0", "ana
 # 2 layers: experiment 6 trains block 1
 TINY = ["--steps", "2", "--eval-every", "2", "--test-size", "20", "--batch-size", "8"]
 TINY += ["--device", "cpu"]
-# a number the tour cites from the records: <!--{reference}-->number<!--/--> (figures.cited)
+# a number the tour cites from the records: <!--{reference}-->number<!--/--> (tables.cited)
 CITATION = re.compile(r"<!--\{([^{}]+)\}-->(.*?)<!--/-->")
 
 
@@ -64,7 +64,7 @@ def test_every_number_the_tour_cites_is_what_its_record_gives(monkeypatch):
     # experiments 1-6 and 9 from the tables and probes, 7 and 8 from experiment 7's analyses
     assert len(citations) >= 60
     for reference, shown in citations:
-        read = figures.cited(claimed_cell, reference, f"docs/tour.md cites {{{reference}}}")
+        read = tables.cited(claimed_cell, reference, f"docs/tour.md cites {{{reference}}}")
         assert shown == read, f"docs/tour.md shows {shown} for {{{reference}}}, the record {read}"
 
 

@@ -1,0 +1,360 @@
+"""A training run's lifecycle beside train.py's loop: Run (its directory opened, logs, checkpoints,
+the stop and the final save, each one plain call), the first line (what trains and how long it will
+take here) and the last (the result beside the paper's), and what train.py does with each seed of
+a --seeds command."""
+
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+
+from tqdm import tqdm
+
+from machinery.cli import command_line
+from machinery.config import (
+    CPU_VARIANTS,
+    TrainConfig,
+    changed_settings,
+    resolve,
+    saved_config,
+)
+from machinery.devices import THREADS, threads_chosen
+from machinery.errors import Diverged
+from machinery.files import (
+    write_json,
+)
+from machinery.paper import test_number
+from machinery.rundir import (
+    StartPoint,
+    finish_swap,
+    log_eval,
+    remove_kill_leftovers,
+    replace_old_run,
+    run_record,
+    run_state,
+    save_checkpoint,
+    save_final,
+    start_or_resume,
+)
+from machinery.tables import aggregate
+from model import model_name
+
+
+def write_seed_summary(runs):
+    """aggregate() of finished seed runs, written to <out>-seeds.json beside them."""
+    path = runs[0].out.removesuffix(f"-s{runs[0].seed}") + "-seeds.json"
+    summary = aggregate([run.out for run in runs])
+    write_json(path, summary)
+    print(
+        f"{len(runs)} seeds -> {path}: "
+        + ", ".join(
+            f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]"
+            for k, v in summary["metrics"].items()
+            if k not in ("step", "elapsed")
+        )
+    )
+
+
+class Run:
+    """What a training loop needs besides the algorithm, each behind one plainly named call, so
+    that train.train() reads as the algorithm:
+
+        with Run(cfg, counts, device, ranks, threads) as run:   # signals caught, progress bar
+            start = run.open(resume, model, optimizer, generator)   # stage a new run or restore one
+            ...
+            run.log(step, lr, metrics)            # metrics.jsonl and the console
+            run.save_checkpoint(step, model, optimizer, generator)
+            run.step_taken(loss)                  # the bar; a new run takes its place after step 1
+            ...
+            run.save_stopped(...) or run.save_final(...)
+
+    On exit, however the run ends: the signals back as they were, and the run directory closed (a
+    new run that never took its place goes; the locks go with their files). Under torchrun the lead
+    rank (0) alone writes files and prints.
+    """
+
+    def __init__(self, cfg, counts, device, ranks, threads):
+        self.cfg, self.counts, self.device, self.ranks = cfg, counts, device, ranks
+        self.threads = (
+            threads  # config.json records them: float sums, so the last bits, follow them
+        )
+        self.start = StartPoint()
+        self.metrics, self.losses = {}, []
+        self.stop_requested = False
+        self.logged_elapsed = 0.0
+
+    def __enter__(self):
+        # the handlers the signals had before the run, given back on exit (request_stop: where
+        # signals are caught at all)
+        self.handlers = {}
+        if self.ranks.world == 1 and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self.handlers[sig] = signal.signal(sig, self.request_stop)
+        return self
+
+    def open(self, resume, model, optimizer, generator) -> "StartPoint":
+        """Stage a new run's directory, or restore a stopped one's model, optimizer and RNGs from
+        its checkpoint (start_or_resume); hold its lock. Returns where the loop starts."""
+        record = run_record(self.cfg, self.counts, self.device, self.threads)
+        self.start = start_or_resume(
+            self.cfg, resume, model, optimizer, generator, record, self.ranks.lead
+        )
+        self.metrics, self.losses = self.start.metrics, self.start.losses
+        # a resumed run carries its earlier time
+        self.began = time.time() - self.start.elapsed
+        self.lap_began = time.time()
+        self.bar = tqdm(
+            total=self.cfg.steps,
+            initial=self.start.step,
+            dynamic_ncols=True,
+            disable=None if self.ranks.lead else True,
+        )
+        return self.start
+
+    def first_line(self, seconds) -> str:
+        """What trains and how long it will take here (a step takes `seconds`), then the sizes."""
+        steps_left = self.cfg.steps - self.start.step
+        line = first_line(
+            self.cfg, self.counts, self.device, seconds, steps_left, threads=self.threads
+        )
+        return (
+            line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
+            f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"
+        )
+
+    def step_taken(self, loss):
+        """A training step done: its loss kept for the next log line, the bar moved on, and a new
+        run's staged directory put in its place after its first step."""
+        self.losses.append(loss)
+        self.bar.update()
+        if self.start.staged:
+            self.take_place()
+
+    def take_place(self):
+        """Put a staged new run where it belongs once a step has succeeded (or it has no step to
+        take), unless a stop came during that step: then the old run stays as it was."""
+        if self.start.staged and not self.stop_requested:
+            replace_old_run(self.cfg.out, self.start)
+
+    def log(self, step, lr, metrics):
+        """Evaluation `step`'s test metrics, and the lr the schedule gives it: a line in
+        metrics.jsonl and on the console, after checking that nothing diverged."""
+        self.take_place()
+        if self.start.staged:  # stopped in its first step: the run is dropped
+            return
+        # the mean training loss since the last evaluation, over every rank (a list for batched
+        # seeds); its .tolist() waits for every queued step, so the lap is true training time
+        loss = None
+        steps_per_s = None
+        if self.losses:
+            loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist()
+            steps_per_s = len(self.losses) / (time.time() - self.lap_began)
+        self.check_finite(step, loss, metrics)
+        self.logged_elapsed = self.elapsed()
+        self.write_eval(step, loss, lr, metrics, self.logged_elapsed, steps_per_s)
+        self.metrics, self.losses = metrics, []
+        # evaluation time does not count as training time for steps/s
+        self.lap_began = time.time()
+
+    def save_checkpoint(self, step, model, optimizer, generator):
+        """checkpoint.pt at the evaluation just logged: written after its metrics.jsonl line, so a
+        kill between the two leaves a line newer than the checkpoint, which resuming drops."""
+        if self.start.staged or not self.ranks.lead:
+            return
+        save_checkpoint(
+            self.cfg, step, model, optimizer, generator, self.logged_elapsed, self.metrics
+        )
+
+    def elapsed(self) -> float:
+        return time.time() - self.began
+
+    @staticmethod
+    def check_finite(step, loss, metrics):
+        """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot
+        hold it."""
+        bad = {}
+        for name, value in [("training loss", loss), *metrics.items()]:
+            if value is not None and not math.isfinite(value):
+                bad[name] = value
+        if bad:
+            raise Diverged(
+                f"training diverged by step {step} "
+                f"({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+                "the run stops at its last checkpoint; a lower --lr may help"
+            )
+
+    def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
+        """The evaluation's line in metrics.jsonl (and on the console where the bar does not show),
+        and its headline metrics beside the progress bar."""
+        if self.ranks.lead:
+            log_eval(self.cfg.out, step, self.cfg.steps, loss, lr, metrics, elapsed, steps_per_s)
+        # every headline metric (addition: exact sums beside per-token accuracy); the log line has
+        # them all
+        headline = {name: value for name, value in metrics.items() if name != "loss"}
+        self.bar.set_postfix(loss=loss, **headline, steps_per_s=steps_per_s)
+
+    def request_stop(self, signum, frame):
+        """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the
+        loop at the next step boundary, where a checkpoint resumes exactly, instead of mid-step; a
+        second signal acts at once. Caught only in the main thread of a single process:
+        data-parallel ranks would stop at different steps."""
+        self.stop_requested = True
+        self.restore_signals()
+        if signum == signal.SIGINT:
+            name = "Ctrl-C"
+        else:
+            name = signal.Signals(signum).name
+        tqdm.write(
+            f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to "
+            "stop now",
+            file=sys.stderr,
+        )
+
+    def restore_signals(self):
+        while self.handlers:
+            sig, handler_before = self.handlers.popitem()
+            signal.signal(sig, handler_before)
+
+    def save_stopped(self, step, model, optimizer, generator):
+        """A run stopped by a signal before its last step: a checkpoint to resume from (signals are
+        caught only in a single process, the lead). One stopped during its first step leaves its
+        directory as it was."""
+        if self.start.staged:
+            print(
+                f"interrupted before the first step; {self.cfg.out} is as it was", file=sys.stderr
+            )
+            return
+        save_checkpoint(
+            self.cfg, step, model, optimizer, generator, self.elapsed(), self.metrics, self.losses
+        )
+        print(
+            f"interrupted at step {step}; checkpoint saved, continue with: "
+            f"python train.py --resume {self.cfg.out}",
+            file=sys.stderr,
+        )
+
+    def save_final(self, step, model, summary):
+        """The finished run: model.pt, then final.json (the test metrics, and what the task's
+        summary adds to them), then its last line beside the paper's number."""
+        if not self.ranks.lead:
+            return
+        final = {
+            **self.metrics,
+            "step": step,
+            "elapsed": self.elapsed(),
+            "parameters": self.counts,
+            **summary(self.metrics, self.counts["trainable"]),
+        }
+        save_final(self.cfg, model.state_dict(), model.cfg, self.metrics, final)
+        print(result_line(self.cfg, self.metrics), flush=True)
+
+    def __exit__(self, error, *details):
+        if hasattr(self, "bar"):
+            self.bar.close()
+        self.restore_signals()
+        self.close()
+
+    def close(self):
+        self.start.close()
+
+
+def resumed_config(run_dir):
+    """The config of the interrupted run in run_dir, which --resume continues, after completing what
+    a kill left of a swap there (finish_swap)."""
+    finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completes first
+    return replace(saved_config(run_dir, required=True), out=run_dir)
+
+
+def seed_state(cfg, seeds: int) -> str:
+    """What train.py does with one of `seeds` seed runs: new (trains it; train() refuses another
+    run's directory), resume (it was stopped) or finished (skips it, and says so). So the same
+    --seeds command, run again, goes on with each seed."""
+    if seeds == 1 or cfg.overwrite:
+        return "new"
+    cfg = resolve(cfg)[0]  # its directory named
+    state = "new" if changed_settings(cfg, cfg.out) else run_state(cfg.out)
+    if state == "finished":
+        remove_kill_leftovers(cfg.out)  # what a kill after its final.json left
+        print(f"{cfg.out} finished before; skipped")
+    return state
+
+
+def model_words(cfg) -> str:
+    """The model a run trains, as its first and last lines name it: the LSTM, or the mode's model
+    (model.model_name), linearized where its attention is."""
+    if cfg.arch == "lstm":
+        return "LSTM"
+    return ("linearized " if cfg.arch == "linear" else "") + model_name(cfg.mode).lower()
+
+
+def result_line(cfg, metrics) -> str:
+    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has
+    one."""
+    scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(
+        cfg.scale, "its own settings"
+    )
+    what = f"{cfg.task}, {model_words(cfg)} {cfg.width} ({scale})"
+    # an untrained (0-step) run stands for no model of the paper's: they all train
+    published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width) if cfg.steps else None
+    if published is None or published[1] not in metrics:
+        return (
+            f"{what}: "
+            + ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items())
+            + "; the paper has no comparable number"
+        )
+    name, metric, value, table = published
+    return (
+        f"{what}: {100 * metrics[metric]:.3g}% test {metric}; the paper's {name}: {value:g} "
+        f"({table})"
+    )
+
+
+def slow_run_hint(cfg, seconds):
+    """For a CPU run of over an hour that is not its task's laptop variant: the command that runs
+    the variant; else None."""
+    if seconds <= 3600 or all(
+        getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")
+    ):
+        return None
+    return (
+        "the task's laptop variant shows its result in under an hour: "
+        f"{command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch))} --scale cpu"
+    )
+
+
+def thread_text(threads) -> str:
+    """How many threads a CPU run uses, and whether choose_threads (devices.py) chose them."""
+    return f", {threads} thread{'s' * (threads > 1)}" + (
+        f" (faster here than {THREADS + 1 - threads})"  # choose_threads chose them
+        if threads_chosen()
+        else ""
+    )
+
+
+def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1) -> str:
+    """What the run trains, by whose protocol, and how long it will take on this machine."""
+    model = f"the {model_words(cfg)}" + ("" if cfg.arch == "lstm" else " transformer")
+    protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
+        cfg.scale, "its saved settings"
+    )
+    minutes = seconds * steps_left / 60
+    if minutes < 1:
+        took = f"{60 * minutes:.0f} s"
+    elif minutes < 90:
+        took = f"{minutes:.0f} min"
+    else:
+        took = f"{minutes / 60:.1f} h"
+    hint = None
+    if cfg.scale == "cpu":
+        hint = "--scale paper insists on the paper's protocol"
+    elif device.type == "cpu":
+        hint = slow_run_hint(cfg, seconds * steps_left)
+    return (
+        f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
+        f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
+        f"{steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
+        f"({timed}, {seconds:.2g} s{thread_text(threads) if device.type == 'cpu' else ''})"
+        + (f"; {hint}" if hint else "")
+    )

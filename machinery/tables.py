@@ -1,0 +1,559 @@
+"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and reproduce.py's
+pictures and markdown.
+
+    python reproduce.py table1 --scale cpu   # results/table1-cpu.png (plot_seeds), -curves.png
+    python compare.py runs/a runs/b          # draws runs/compare.png
+
+reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and
+RESULTS.md's claims table read their numbers through the same Table.seed_values. Nothing here
+trains.
+"""
+
+import os
+import platform
+import re
+import statistics
+from dataclasses import dataclass, field, replace
+from datetime import date
+
+import torch
+
+from machinery.cli import command_line
+from machinery.config import (
+    CPU_BLOCKS_LR,
+    CPU_BLOCKS_LR_MIN_WIDTH,
+    CPU_VARIANTS,
+    CPU_WIDTH,
+    LSTM_LR,
+    TrainConfig,
+    default_lr,
+)
+from machinery.errors import UsageError
+from machinery.files import (
+    FINAL_KEYS,
+    NUMBER,
+    is_json_type,
+    read_json,
+    read_metrics,
+)
+from machinery.rundir import run_state
+
+# the tables whose pictures include training curves (results/NAME-SCALE-curves.png)
+CURVE_TABLES = ("table1", "table2", "table9")
+
+
+@dataclass
+class Table:
+    """One table or figure: configs[(row, col)] is a cell's TrainConfig (seed and out not yet
+    set)."""
+
+    name: str
+    title: str
+    metric: str  # the final.json key shown; accuracy is shown in %
+    rows: list
+    cols: list
+    configs: dict
+    # (row, col) -> the published number, where there is one
+    paper: dict = field(default_factory=dict)
+    note: str = ""
+    # col, or (row, col) where rows read different numbers of the same runs, -> (run directory ->
+    # its number or None): the explanation tables, read from analyses or logs
+    read: dict = None
+    # the analyze.py analyses their runs need, made by the sweep as each run finishes
+    analyses: tuple = ()
+
+    def seed_values(self, row: str, col: str, cell: list, metric=None) -> list:
+        """The cell's metric (the table's unless named; accuracies in %) per finished seed, or its
+        column's `read`."""
+        if self.read:
+            # a (row, col) reader where rows read differently, else the column's
+            reader = self.read.get((row, col), self.read.get(col))
+            values = []
+            for cfg in cell:
+                if run_state(cfg.out) != "finished":
+                    continue
+                value = reader(cfg.out)
+                if value is not None:
+                    values.append(value)
+            return values
+        if self.metric == "column":
+            own = col
+        else:
+            own = self.metric
+        metric = metric or own
+        # Table 2's "(train)" rows read the run scored on its training split
+        if row.endswith("(train)"):
+            name = "train_split.json"
+        else:
+            name = "final.json"
+        if metric in ("accuracy", "exact_match"):
+            scale = 100
+        else:
+            scale = 1
+        values = []
+        for cfg in cell:
+            path = os.path.join(cfg.out, name)
+            if not os.path.exists(path):
+                continue
+            record = read_json(path, keys={own: NUMBER}, optional={**FINAL_KEYS, metric: NUMBER})
+            # only a named extra metric may be missing (a record without exact_match draws no ring)
+            if metric == own or metric in record:
+                values.append(record[metric] * scale)
+        return values
+
+
+def markdown_table(header, rows) -> list:
+    """A markdown table's lines: the header cells, the rule under them, then a line per row of
+    cells."""
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
+    return lines[:1] + ["|---" * len(header) + "|"] + lines[1:]
+
+
+# ---------------------------------------------------------------------------
+# reproduce.py's pictures
+# ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# reproduce.py's markdown: results/<table>-<scale>.md
+# ---------------------------------------------------------------------------
+
+
+def cpu_note(cfgs, seeds: int) -> str:
+    """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md
+    §8)."""
+    full = dict.fromkeys(
+        cfg.task
+        for cfg in cfgs
+        if cfg.mode == "full" and (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task)
+    )
+    parts = [
+        f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width "
+        f"{CPU_WIDTH}",
+        *(
+            f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items())
+            for task in dict.fromkeys(cfg.task for cfg in cfgs)
+        ),
+        (
+            f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
+            + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full)
+        )
+        if full
+        else None,
+        f"the lstm keeps lr {LSTM_LR:g}" if any(cfg.arch == "lstm" for cfg in cfgs) else None,
+    ]
+    return "; ".join(part for part in parts if part) + "."
+
+
+def number(value) -> str:
+    """A number as the tables and documents show it."""
+    # counts (steps, bits) never show a decimal
+    if isinstance(value, int) or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if value:
+        return f"{value:.3g}"
+    return "0"
+
+
+def median_text(values: list) -> str:
+    """Seeds' values as every table shows them: median [min, max]."""
+    return "{} [{}, {}]".format(*map(number, median_range(values)))
+
+
+def train_command(cfg, seeds: int) -> str:
+    """The train.py command that trains this cell's seeds into the same run directories."""
+    return command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
+
+
+def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
+    """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and
+    how it was made."""
+
+    def cell_text(row, col):
+        values = table.seed_values(row, col, runs[row, col])
+        if values and isinstance(values[0], str):
+            # a text cell shows the first seed's completion
+            text = values[0]
+        elif values:
+            text = f"{median_text(values)} ({len(values)}/{seeds})"
+        elif table.read and any(run_state(c.out) == "finished" for c in runs[row, col]):
+            # an explanation table's run finished, but its analysis is not there
+            text = "not analysed"
+        else:
+            text = "not run"
+        if (row, col) in table.paper:
+            text += f"; paper {number(table.paper[row, col])}"
+        return text
+
+    cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
+    finals = [
+        read_json(
+            os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS
+        )
+        for cfg in cfgs
+        if run_state(cfg.out) == "finished"
+    ]
+    commands = {}  # command -> the first cell it trains
+    for (row, col), cell in runs.items():
+        commands.setdefault(train_command(cell[0], seeds), f"{row}, {col}")
+    return "\n".join(
+        [
+            f"# {table.title}",
+            "",
+            f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
+            f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over "
+            "runs.",
+            f"Command: `{command}`",
+            "",
+            *([cpu_note(cfgs, seeds), ""] if scale == "cpu" else []),
+            *([table.note, ""] if table.note else []),
+            "Each cell: our median [min, max] over seeds (seeds finished), then the paper's "
+            "number where it gives one.",
+            "",
+            "| | " + " | ".join(table.cols) + " |",
+            "|---" * (len(table.cols) + 1) + "|",
+            *(
+                f"| {row} | " + " | ".join(cell_text(row, col) for col in table.cols) + " |"
+                for row in table.rows
+            ),
+            "",
+            f"![{table.title}]({table.name}-{scale}.png)",
+            *(
+                [
+                    "",
+                    f"![{table.title.split(':')[0]}: test accuracy during training]"
+                    f"({table.name}-{scale}-curves.png)",
+                ]
+                if table.name in CURVE_TABLES
+                else []
+            ),
+            "",
+            "## Commands",
+            "",
+            "One `train.py` call per cell trains its seeds into the same directories "
+            "(and writes `<out>-seeds.json`, the cell's median, min and max):",
+            "",
+            *(f"- {where}: `{cmd}`" for cmd, where in commands.items()),
+            "",  # the file ends with a line break
+        ]
+    )
+
+
+def results_text(
+    table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int
+) -> str:
+    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw
+    (trained 0, the .md there) keeps the date, machine and command that trained the runs; the run
+    count and minutes are always the records'."""
+    path = os.path.join(results, f"{table.name}-{scale}.md")
+    lines = render(
+        table,
+        scale,
+        runs,
+        seeds,
+        command,
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+    ).split("\n")
+    if trained or not os.path.exists(path):
+        lines.insert(
+            4,
+            f"{date.today().isoformat()}: this command trained {trained} runs and "
+            "found the others finished.",
+        )
+    else:
+        with open(path) as f:
+            old = f.read().split("\n")
+        # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
+        # the line of the sweep that trained them
+        lines[2:4] = [
+            old[2].partition(";")[0] + ";" + lines[2].partition(";")[2],
+            old[3],
+            *(line for line in old[4:5] if "this command trained" in line),
+            f"{date.today().isoformat()}: redrawn from the finished runs by "
+            f"`{command}`; nothing trained.",
+        ]
+    return "\n".join(lines)
+
+
+# The seeds of a cell: how every table reports a cell of several runs
+
+
+def aggregate(run_dirs) -> dict:
+    """Median, min and max over runs of each numeric metric in their final.json; names the runs."""
+    paths = [os.path.join(run_dir, "final.json") for run_dir in run_dirs]
+    first = read_json(paths[0], optional=FINAL_KEYS)
+    names = {k: NUMBER for k, v in first.items() if is_json_type(v, NUMBER)}
+    finals = [first] + [read_json(path, keys=names) for path in paths[1:]]
+    return {
+        "runs": list(run_dirs),
+        "metrics": {
+            name: dict(
+                zip(("median", "min", "max"), median_range([final[name] for final in finals]))
+            )
+            for name in names
+        },
+    }
+
+
+def median_range(values) -> tuple:
+    """(median, min, max) of seeds' values: how every table reports a cell of several seeds."""
+    return statistics.median(values), min(values), max(values)
+
+
+# ---------------------------------------------------------------------------
+# RESULTS.md: the claims table, and the results/ tables it shows
+# ---------------------------------------------------------------------------
+
+# {table/row/col[/words]} or {runs/.../NAME/words}: see cited
+CELL_REFERENCE = re.compile(r"\{([^{}]+)\}")
+# a number in prose, rendered after its reference
+PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")
+# a results/ table shown in RESULTS.md
+PASTED_TABLE = re.compile(r"(<!-- table (\w+) -->\n).*?(<!-- table end -->)", re.S)
+DOCUMENTS = (
+    "RESULTS.md",
+    "README.md",
+    os.path.join("docs", "protocol.md"),
+    os.path.join("docs", "tour.md"),
+)
+SUMMARIES = ("range", "gap", "minutes", "summed", "runs")
+ACCURACIES = r"(test_)?(accuracy|exact_match)|(un)?seen"  # record keys of a fraction right: in %
+
+
+def run_records(run_dir: str, name: str) -> list:
+    """The records of a run's file `name`: each line of a .jsonl log, or a .json file's one object
+    ([] where there is none)."""
+    if name.endswith(".jsonl"):
+        return read_metrics(run_dir, name)
+    path = os.path.join(run_dir, name)
+    if os.path.exists(path):
+        return [read_json(path)]
+    return []
+
+
+def dig(record, path: str):
+    """The value at `path` in a record, as the documents show it (None where a key is missing): keys
+    joined by dots, where key=value keeps the items of a list whose key has that value and a number
+    picks a list's item (0 the first); a list is its count, an accuracy (a fraction) in %."""
+    for part in path.split("."):
+        key, keep, wanted = part.partition("=")
+        if keep:
+            record = [item for item in record if str(item.get(key)) == wanted]
+        elif isinstance(record, dict):
+            record = record.get(key)
+        elif isinstance(record, list) and key.isdigit() and int(key) < len(record):
+            # analysis.json:variance.pc_top10.0 is the first layer's
+            record = record[int(key)]
+        else:
+            record = None
+    if isinstance(record, list):
+        return len(record)
+    if record is not None and re.fullmatch(ACCURACIES, part):
+        return record * 100
+    return record
+
+
+def cited(claimed_cell, reference: str, where: str) -> str:
+    """The number that `reference` stands for, read from the records. table/row/col: the cell's
+    median; table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json
+    metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
+    (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
+    step N on), to<N> (every one up to step N), FILE:PATH (dig's PATH in each run's FILE, e.g.
+    train_split.json:accuracy, analysis.json:lengths.unseen.test or
+    analysis.json:variance.pc_top10.0, a list's first item; or in each record of a .jsonl log,
+    which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
+    FILE:PATH fraction in %, where dig does not); and at most one summary: range (min-max over
+    the values, one number where they agree), gap (the median less the paper's number, signed),
+    minutes (min-max of each run's training minutes), summed (their total), runs (how many
+    finished). Accuracies are in %. A row or col * takes every cell of the column or row (minutes,
+    summed and runs only)."""
+    parts = reference.split("/")
+    words = []
+    if parts[0] == "runs" or len(parts) == 4:
+        words = parts.pop().split()
+    if parts[0] == "runs":
+        # one run directory, read as a table of its own
+        table = Table("runs", "", "accuracy", [], [], {})
+        cell = [TrainConfig(out="/".join(parts))]
+        row, col = "", ""
+    elif len(parts) == 3:
+        table, cell = claimed_cell(*parts, where)
+        row, col = parts[1:]
+    else:
+        raise UsageError(
+            f"{where}: {{{reference}}} is neither table/row/col[/words] nor runs/.../NAME/words"
+        )
+    seed = [int(w[1:]) for w in words if re.fullmatch(r"s\d+", w)]
+    summary = [w for w in words if w in SUMMARIES]
+    # the first word of each other kind: step<N>, from<N> or to<N>; FILE:PATH; a metric's name
+    when = None
+    source = None
+    metric = None
+    for word in words:
+        evaluations = re.fullmatch(r"(step|from|to)(\d+)", word)
+        if evaluations and when is None:
+            when = evaluations[1], int(evaluations[2])
+        if ":" in word and source is None:
+            source = word.split(":", 1)
+        if metric is None and word not in SUMMARIES:
+            if not re.fullmatch(r"s\d+|(step|from|to)\d+|%|.*:.*", word):
+                metric = word
+    if seed:
+        cell = [cfg for cfg in cell if cfg.seed == seed[0]]
+    # each run once (a cell may list it twice)
+    cell = list({cfg.out: cfg for cfg in cell}.values())
+    if summary and summary[0] in ("minutes", "summed", "runs"):
+        minutes = []
+        for cfg in cell:
+            if run_state(cfg.out) != "finished":
+                continue
+            final_path = os.path.join(cfg.out, "final.json")
+            final = read_json(final_path, keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
+            minutes.append(final["elapsed"] / 60)
+        if not minutes:
+            return "(not run)"
+        if summary[0] == "runs":
+            return str(len(minutes))
+        if summary[0] == "summed":
+            return f"{sum(minutes):.0f}"
+        low, high = f"{min(minutes):.1f}", f"{max(minutes):.1f}"
+        if low == high:
+            return low
+        return f"{low}-{high}"
+    if "*" in (row, col):
+        raise UsageError(
+            f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or "
+            "runs summarise"
+        )
+    if source or when:
+        if source:
+            name, path = source
+        else:
+            # the test metric at evaluations of the training log
+            name, path = "metrics.jsonl", "test_" + (metric or table.metric)
+        if "%" in words:
+            scale = 100
+        else:
+            scale = 1
+        values = []
+        for cfg in cell:
+            for record in run_records(cfg.out, name):
+                if when is not None:
+                    kind, step = when
+                    if kind == "step" and record["step"] != step:
+                        continue
+                    if kind == "from" and record["step"] < step:
+                        continue
+                    if kind == "to" and record["step"] > step:
+                        continue
+                value = dig(record, path)
+                if value is not None:
+                    values.append(value * scale)
+    else:
+        values = table.seed_values(row, col, cell, metric)
+    if not values:
+        return "(not run)"
+    if summary == ["gap"]:
+        return f"{median_range(values)[0] - table.paper[row, col]:+.1f}"
+    median, low, high = map(number, median_range(values))
+    if not summary:
+        return median
+    if low == high:
+        return low
+    return f"{low}-{high}"
+
+
+def claims(claimed_cell, results: str, scale: str) -> dict:
+    """{path: text} of RESULTS.md, README.md and docs/ (those there) rendered anew from the records,
+    so that no number is typed by hand: RESULTS.md's opening table, per claim of results/claims.json
+    the paper's number and ours, from the cell's runs or the runs it names, with each {reference} in
+    a verdict read by cited(); the results/ tables RESULTS.md shows, pasted anew; and each number in
+    prose written as <!--{reference}-->number<!--/-->, rendered anew. claimed_cell(name, row, col,
+    where): (the table, the cell's seeds' configs; every cell's for a row or col *)."""
+    listing = os.path.join(results, "claims.json")
+    if not os.path.isfile(listing):
+        raise UsageError(f"no {listing}: the claims to tabulate")
+    listed = read_json(
+        listing,
+        expect=list,
+        keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
+        optional={"paper": (str, int, float), "runs": [str]},
+    )
+
+    def pasted_table(match) -> str:
+        """A results/ table RESULTS.md shows (PASTED_TABLE), between its markers, pasted anew from
+        its file."""
+        begin, name, end = match[1], match[2], match[3]
+        table_path = os.path.join(results, f"{name}-{scale}.md")
+        if not os.path.isfile(table_path):
+            raise UsageError(
+                f"RESULTS.md shows the table of {table_path}, which does not exist: draw it with "
+                f"`python reproduce.py {name}`"
+            )
+        with open(table_path) as f:
+            rows = "".join(line for line in f if line.startswith("|"))
+        return begin + rows + end
+
+    def verdict_citation(match) -> str:
+        """A {reference} in a claim's verdict (CELL_REFERENCE), read by cited()."""
+        return cited(claimed_cell, match[1], f"claims.json: a verdict cites {match[0]}")
+
+    lines = [
+        "| claim | paper | ours: median [min, max] over seeds | verdict |",
+        "|---|---|---|---|",
+    ]
+    for claim in listed:
+        cell = claim["row"], claim["col"]
+        table, runs = claimed_cell(
+            claim["table"],
+            *cell,
+            f"claims.json: claim {claim['claim']!r} names {claim['table']}/{'/'.join(cell)}",
+        )
+        # a claim may name its own runs in place of the cell's
+        if "runs" in claim:
+            runs = [TrainConfig(out=out) for out in claim["runs"]]
+        values = table.seed_values(*cell, runs)
+        if cell in table.paper:
+            theirs = number(table.paper[cell])
+        else:
+            theirs = claim["paper"]
+        if values:
+            ours = median_text(values)
+        else:
+            ours = "not run"
+        verdict = CELL_REFERENCE.sub(verdict_citation, claim["verdict"])
+        lines.append(f"| {claim['claim']} | {theirs} | {ours} | {verdict} |")
+    texts = {}
+    for path in DOCUMENTS:
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            text = f.read()
+        if path == DOCUMENTS[0]:
+            head, marker, rest = text.partition("<!-- claims:begin -->\n")
+            if not marker or "<!-- claims:end -->" not in rest:
+                raise UsageError(
+                    f"{path} has no <!-- claims:begin --> and <!-- claims:end --> lines to write "
+                    "the table between"
+                )
+            after = rest[rest.index("<!-- claims:end -->") :]
+            text = head + marker + "\n".join(lines) + "\n" + after
+            text = PASTED_TABLE.sub(pasted_table, text)
+        texts[path] = PROSE_CITATION.sub(prose_citations(claimed_cell, path), text)
+    return texts
+
+
+def prose_citations(claimed_cell, path: str):
+    """The re.sub replacement for the numbers in prose of the document at path (PROSE_CITATION):
+    each <!--{reference}-->number<!--/--> with its number read anew by cited()."""
+
+    def prose_citation(match) -> str:
+        reference = match[1]
+        value = cited(claimed_cell, reference, f"{path} cites {{{reference}}}")
+        return f"<!--{{{reference}}}-->{value}<!--/-->"
+
+    return prose_citation
