@@ -25,7 +25,7 @@ import torch
 import sample
 import tasks
 from machinery import paper
-from machinery.config import build_seeded, load_run, saved_config
+from machinery.config import build_seeded, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import (
     FINAL_KEYS,
@@ -36,7 +36,7 @@ from machinery.files import (
     write_text,
 )
 from machinery.plots import pyplot, save_figure
-from machinery.rundir import hidden_sibling, lock_held
+from machinery.rundir import hidden_sibling, load_run, lock_held
 from machinery.tables import markdown_table
 from model import GPT, at, model_name
 

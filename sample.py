@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from machinery.config import load_run
 from machinery.devices import pick_device
 from machinery.errors import OneLineParser, UsageError, usage_errors
+from machinery.rundir import load_run
 
 
 @torch.no_grad()

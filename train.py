@@ -162,6 +162,7 @@ def main(argv=None):
                 write_seed_summary([resolve(run)[0] for run in seeds])
         finally:
             Ranks.close()
+    Ranks.exit_after_torchrun()
 
 
 if __name__ == "__main__":

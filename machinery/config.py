@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import torch
 
 from machinery.errors import UsageError
-from machinery.files import load_checkpoint, read_json
+from machinery.files import read_json
 from model import (
     TRAINING_MODE_HELP,
     apply_training_mode,
@@ -440,27 +440,6 @@ def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
         if getattr(saved, name) != value:
             changed.append(name)
     return changed
-
-
-def load_run(run_dir):
-    """(cfg, task, model, counts) of the finished run in run_dir: its trained weights, on CPU, in
-    eval mode."""
-    path = os.path.join(run_dir, "model.pt")
-    if not os.path.isfile(path):
-        raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
-    saved = load_checkpoint(path)
-    try:
-        cfg = config_from_dict(saved["config"])
-    except ValueError as e:
-        raise UsageError(f"{path} holds no valid config ({e})") from None
-    cfg, task, model, counts = build(cfg)
-    try:
-        model.load_state_dict(saved["model"])
-    except RuntimeError as e:
-        raise UsageError(
-            f"{path} does not load into a {cfg.task} model ({type(e).__name__})"
-        ) from None
-    return cfg, task, model.eval(), counts
 
 
 # ---------------------------------------------------------------------------

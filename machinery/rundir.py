@@ -32,9 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from machinery.config import (
-    NOT_COMPUTED,
-)
+from machinery.config import NOT_COMPUTED, build, config_from_dict
 from machinery.devices import uses_bf16
 from machinery.errors import UsageError
 from machinery.files import (
@@ -592,3 +590,24 @@ def run_record(cfg, counts: dict, device, threads: int) -> dict:
 # ---------------------------------------------------------------------------
 # The operations beside train.py's loop: the run's directory, logs, progress and stops
 # ---------------------------------------------------------------------------
+
+
+def load_run(run_dir):
+    """(cfg, task, model, counts) of the finished run in run_dir: its trained weights, on CPU, in
+    eval mode."""
+    path = os.path.join(run_dir, "model.pt")
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
+    saved = load_checkpoint(path)
+    try:
+        cfg = config_from_dict(saved["config"])
+    except ValueError as e:
+        raise UsageError(f"{path} holds no valid config ({e})") from None
+    cfg, task, model, counts = build(cfg)
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as e:
+        raise UsageError(
+            f"{path} does not load into a {cfg.task} model ({type(e).__name__})"
+        ) from None
+    return cfg, task, model.eval(), counts

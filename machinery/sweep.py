@@ -32,14 +32,13 @@ from machinery.config import (
     TrainConfig,
     build_task,
     changed_settings,
-    load_run,
     resolve,
     saved_config,
     with_paper_defaults,
 )
 from machinery.errors import UsageError
 from machinery.files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
-from machinery.rundir import run_state
+from machinery.rundir import load_run, run_state
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------
