@@ -665,9 +665,8 @@ def gradient_symmetricity(model, p, triples=100):
 
     hook = model.wte.register_forward_hook(as_leaf)
     try:
-        logits = model(
-            torch.stack([a, b], 1), torch.ones(triples, 1, dtype=torch.long)
-        )  # (n, 1, p)
+        # (n, 1, p)
+        logits = model(torch.stack([a, b], 1), torch.ones(triples, 1, dtype=torch.long))
     finally:
         hook.remove()
     # rows are independent, so one backward gives every row's gradient

@@ -111,7 +111,11 @@ def train_batched(cfg) -> list:
             seed_batches = [task.sample(cfg.batch_size, g).to(device) for g in generators]
             batch = join_batches(seed_batches, torch.stack)
             loss = stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, precision)
-            run.step_taken(loss)
+            run.losses.append(loss)  # for the next log line's mean training loss
+            run.bar.update()
+            if run.start.staged:
+                # a new run takes its directory's place once its first step has succeeded
+                run.take_place()
         # a stopped batched run keeps nothing to resume from: the same command with --overwrite
         # starts it again
         if step == cfg.steps:

@@ -79,7 +79,11 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
             set_lr(optimizer, lr_at(step, cfg))
             batch = task.sample(cfg.batch_size, generator).to(device)
             loss = train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
-            run.step_taken(loss)
+            run.losses.append(loss)  # for the next log line's mean training loss
+            run.bar.update()
+            if run.start.staged:
+                # a new run takes its directory's place once its first step has succeeded
+                run.take_place()
         # Ctrl-C or SIGTERM: a checkpoint to resume from; the last step: the final model
         if run.stop_requested and step < cfg.steps:
             run.save_stopped(step, model, optimizer, generator)

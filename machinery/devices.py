@@ -143,9 +143,8 @@ def deterministic_kernels(enabled: bool):
     next."""
     before = torch.are_deterministic_algorithms_enabled()
     if enabled:
-        os.environ.setdefault(
-            "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
-        )  # cuBLAS's own condition for repeatable matmuls
+        # cuBLAS's own condition for repeatable matmuls
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     try:
         yield

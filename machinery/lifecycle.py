@@ -66,7 +66,9 @@ class Run:
             ...
             run.log(step, lr, metrics)            # metrics.jsonl and the console
             run.save_checkpoint(step, model, optimizer, generator)
-            run.step_taken(loss)                  # the bar; a new run takes its place after step 1
+            run.losses.append(loss)
+            run.bar.update()
+            run.take_place()                      # a new run takes its place after its first step
             ...
             run.save_stopped(...) or run.save_final(...)
 
@@ -77,9 +79,8 @@ class Run:
 
     def __init__(self, cfg, counts, device, ranks, threads):
         self.cfg, self.counts, self.device, self.ranks = cfg, counts, device, ranks
-        self.threads = (
-            threads  # config.json records them: float sums, so the last bits, follow them
-        )
+        # config.json records the threads: float sums, so the last bits, follow them
+        self.threads = threads
         self.start = StartPoint()
         self.metrics, self.losses = {}, []
         self.stop_requested = False
@@ -123,14 +124,6 @@ class Run:
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
             f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"
         )
-
-    def step_taken(self, loss):
-        """A training step done: its loss kept for the next log line, the bar moved on, and a new
-        run's staged directory put in its place after its first step."""
-        self.losses.append(loss)
-        self.bar.update()
-        if self.start.staged:
-            self.take_place()
 
     def take_place(self):
         """Put a staged new run where it belongs once a step has succeeded (or it has no step to

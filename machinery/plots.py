@@ -386,9 +386,8 @@ def plot_convergence(table, runs: dict, title: str, path: str):
     as the lr nears zero."""
     plt, fig, axes = new_figure(table.rows, title)
     for row, ax in axes.items():
-        for cfg in runs[
-            row, table.cols[0]
-        ]:  # a run not yet evaluated plots no points, so draws nothing
+        # a run not yet evaluated plots no points, so draws nothing
+        for cfg in runs[row, table.cols[0]]:
             ax.plot(
                 *zip(*accuracy_curve(cfg.out)),
                 color=COLORS.get(row),
@@ -478,9 +477,8 @@ def plot_circles(table, runs: dict, title: str, path: str):
         ):
             points = [[point[i - 1], point[j - 1]] for point in result["projections"]]
             ax = axes[f"{row} {panel}"]
-            ax.scatter(
-                *zip(*points), c=range(len(points)), cmap="hsv", s=14
-            )  # a cyclic map: residues wrap mod p
+            # a cyclic map: residues wrap mod p
+            ax.scatter(*zip(*points), c=range(len(points)), cmap="hsv", s=14)
             ax.set(
                 title=f"{row} seed {cfg.seed}: PCs {i} and {j}\ncircle score {score:.2f}",
                 xlabel=f"PC {i}",

@@ -507,9 +507,8 @@ CUDA = pytest.param(
 )
 
 
-@pytest.mark.parametrize(
-    "device", ["cpu", CUDA]
-)  # on CUDA, the RNG states a checkpoint restores must come back to the CPU
+# on CUDA, the RNG states a checkpoint restores must come back to the CPU
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
     # On CUDA bit-equal weights need deterministic kernels (--deterministic); without them they
     # agree to rounding.

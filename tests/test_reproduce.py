@@ -688,10 +688,11 @@ def test_printed_commands_finish_each_run_after_a_kill_and_the_plain_command_the
     capsys.readouterr()
     reproduce.main(flags + ["--print-commands"])
     lines = capsys.readouterr().out.splitlines()
+    # longest first
     assert [line.split()[2] for line in lines] == [
         new.out + "/final.json",
         killed.out + "/final.json",
-    ]  # longest first
+    ]
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for line, cfg in zip(lines, (new, killed)):

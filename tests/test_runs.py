@@ -46,6 +46,8 @@ SCRIPTS = {
 TRAIN_BASE = ["--width", "16", "--heads", "2", "--steps", "0", "--device", "cpu"]
 
 # (script, argv, part of the error line); upper-case words name paths in the `world` fixture.
+# sets the steps: checked first
+# and NEW/deeper is gone again
 BAD_INPUTS = [
     ("train.py", ["--task", "sorting"], "unknown task"),
     ("train.py", ["--train", "half"], "'half' names no parameter"),
@@ -290,7 +292,7 @@ BAD_INPUTS = [
         "train.py",
         ["--out", "NEW/deeper/" + "n" * 300],
         "File name too long",
-    ),  # and NEW/deeper is gone again
+    ),
     # Masks: a checkpoint resumes only under the settings it was saved with.
     (
         "train.py",
@@ -430,9 +432,8 @@ def world(tmp_path_factory):
     torch.save(saved, root / "DIVERGED" / "model.pt")
     shutil.copytree(root / "RUN", root / "CUTLOG")
     with open(root / "CUTLOG" / "metrics.jsonl", "a") as f:
-        f.write(
-            '{"step": 12, "lo\n{"step": 13}\n'
-        )  # a line that is not JSON, not the last (a cut last line is dropped)
+        # a line that is not JSON, not the last (a cut last line is dropped)
+        f.write('{"step": 12, "lo\n{"step": 13}\n')
     shutil.copytree(root / "RUN", root / "BADANALYSIS")
     (root / "BADANALYSIS" / "analysis.json").write_text("{")
     for name, text in (("EMPTY", b""), ("BINARY", b"\xff\xfe\x00 not text")):
@@ -450,9 +451,8 @@ def world(tmp_path_factory):
         ("OTHERLR", {"lr": resolved.lr / 2}),
         ("OTHEREVAL", {"eval_every": resolved.eval_every + 1}),
     ):
-        (root / name / cell.out).mkdir(
-            parents=True
-        )  # the cell's own run directory under --runs NAME
+        # the cell's own run directory under --runs NAME
+        (root / name / cell.out).mkdir(parents=True)
         (root / name / cell.out / "config.json").write_text(
             json.dumps(asdict(replace(resolved, **setting)))
         )
@@ -633,9 +633,8 @@ def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(
         for a in argv
     ]
     if script in ("train.py", "batched_seeds.py") and "--resume" not in argv:
-        argv = (
-            TRAIN_BASE + ([] if "--out" in argv else ["--out", str(world / "NEW")]) + argv
-        )  # argv last: its flags win
+        # argv last: its flags win
+        argv = TRAIN_BASE + ([] if "--out" in argv else ["--out", str(world / "NEW")]) + argv
     if script == "reproduce.py":  # never the repository's own runs/ and results/
         argv += [] if "--runs" in argv else ["--runs", str(world / "NEW")]
         argv += [] if "--results" in argv else ["--results", str(world / "NEW")]
@@ -649,9 +648,8 @@ def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(
         and message in err
         and "Traceback" not in err
     ), err
-    assert (
-        snapshot(world) == before
-    )  # nothing created, changed or removed, the runs' files included
+    # nothing created, changed or removed, the runs' files included
+    assert snapshot(world) == before
 
 
 def test_the_bad_input_table_covers_every_command_forty_times_over():
@@ -747,10 +745,11 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(
     if step == 4:  # no checkpoint survived, so the resumed run starts over
         assert not (cut / "checkpoint.pt").exists()
     else:
+        # a whole checkpoint, never a part
         assert torch.load(cut / "checkpoint.pt")["step"] in (
             4,
             8,
-        )  # a whole checkpoint, never a part
+        )
     resumed = train.train(lifecycle.resumed_config(str(cut)), resume=True)
     assert resumed == whole and metric_steps(cut) == [4, 8]
     assert json.loads((cut / "final.json").read_text())["accuracy"] == whole["accuracy"]
@@ -1015,9 +1014,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
     assert torch.load(run / "checkpoint.pt")["step"] == 6  # between evaluations (steps 4 and 8)
     assert not (run / ".lock").exists()  # released and removed at exit
     assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
-    assert records(run) == records(
-        tmp_path / "whole"
-    )  # the step-8 loss averages steps 4-7, as uninterrupted
+    # the step-8 loss averages steps 4-7, as uninterrupted
+    assert records(run) == records(tmp_path / "whole")
 
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
@@ -1037,9 +1035,8 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     )
     full = lifecycle.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
     suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
-    assert (
-        suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4
-    )  # the fully trained wide model's own lr
+    # the fully trained wide model's own lr
+    assert suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4
 
 
 def test_scale_auto_is_the_paper_protocol_on_a_cuda_gpu_and_the_cpu_variant_elsewhere(monkeypatch):
@@ -1057,9 +1054,8 @@ def test_scale_auto_is_the_paper_protocol_on_a_cuda_gpu_and_the_cpu_variant_else
 def test_the_first_line_says_what_trains_and_how_long_and_the_last_the_papers_number(
     tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(
-        torch.cuda, "is_available", lambda: False
-    )  # --scale auto: the cpu variant, as on a laptop
+    # --scale auto: the cpu variant, as on a laptop
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     train.main(
         [
             "--task",
@@ -1102,9 +1098,8 @@ def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
         task="parens", scale="paper"
     )
     assert lifecycle.slow_run_hint(cfg, 0.1 * 9990) is None
-    assert (
-        lifecycle.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
-    )  # no variant to suggest to the variant itself
+    # no variant to suggest to the variant itself
+    assert lifecycle.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
     assert "--task lm --scale cpu" in lifecycle.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
 
 
@@ -1133,6 +1128,7 @@ def test_the_lr_rule_judges_a_mask_by_the_parameters_it_trains_not_its_spelling(
         ].lr
         for mask in ("*attn*", "wte,h[.]0*", "wte,h.0.*", "ln_f", "wte,lm_head", "[lw]*e", "*pe")
     }
+    # embeddings only: wte, wpe
     assert lr == {
         "*attn*": 3e-4,
         "wte,h[.]0*": 3e-4,
@@ -1141,7 +1137,7 @@ def test_the_lr_rule_judges_a_mask_by_the_parameters_it_trains_not_its_spelling(
         "wte,lm_head": 3e-3,
         "[lw]*e": 3e-3,
         "*pe": 3e-3,
-    }  # embeddings only: wte, wpe
+    }
 
 
 # Values of the settings a run's default name is made of, as a user might give them: path
@@ -1167,9 +1163,8 @@ NASTY_VALUES = [
     "setting, value", NASTY_VALUES, ids=[f"{f} {str(v)[:30]!r}" for f, v in NASTY_VALUES]
 )
 def test_no_flag_value_makes_a_default_run_name_outside_runs(setting, value):
-    name = config.run_name(
-        TrainConfig(task="parens", **{setting: value}), 16
-    )  # before any check of the value
+    # before any check of the value
+    name = config.run_name(TrainConfig(task="parens", **{setting: value}), 16)
     assert config.SAFE_NAME.fullmatch(name) and len(f".{name}18446744073709551615.new") < 255, name
     assert os.path.dirname(os.path.normpath(os.path.join("runs", name))) == "runs"
 
@@ -1185,9 +1180,8 @@ def test_a_run_with_any_mask_writes_only_under_runs_and_its_seeds_beside_it(
     assert os.listdir(tmp_path) == ["runs"] and not (tmp_path.parent / "outside").exists()
     names = sorted(os.listdir(tmp_path / "runs"))
     assert len(names) == 3 and all(config.SAFE_NAME.fullmatch(name) for name in names), names
-    train.main(
-        ["--out", str(tmp_path / "x"), "--train", mask] + TRAIN_BASE
-    )  # an --out given: beside it, nothing else
+    # an --out given: beside it, nothing else
+    train.main(["--out", str(tmp_path / "x"), "--train", mask] + TRAIN_BASE)
     assert sorted(os.listdir(tmp_path)) == ["runs", "x"]
 
 
@@ -1240,9 +1234,8 @@ def test_a_double_ctrl_c_during_a_checkpoint_write_stops_with_exit_130_and_resum
         if dst.endswith("checkpoint.pt"):
             monkeypatch.setattr(rundir.os, "replace", replace_file)
             os.kill(os.getpid(), signal.SIGINT)  # the run's handler: stop after this step
-            os.kill(
-                os.getpid(), signal.SIGINT
-            )  # the handler before the run's: KeyboardInterrupt, now
+            # the handler before the run's: KeyboardInterrupt, now
+            os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(rundir.os, "replace", replace_and_ctrl_c_twice)
     code, err = run_cli(TINY_ARGS + ["--out", str(tmp_path / "run")], capsys)
@@ -1268,9 +1261,8 @@ def test_a_ctrl_c_in_the_last_step_or_evaluation_saves_the_run_and_still_stops_t
     monkeypatch.setattr(train, where, ctrl_c_at_the_end)
     code, err = run_cli(TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")], capsys)
     assert code == 130 and "interrupted" in err
-    assert (tmp_path / "run-s0" / "final.json").exists() and os.listdir(tmp_path) == [
-        "run-s0"
-    ]  # saved; no next seed
+    # saved; no next seed
+    assert (tmp_path / "run-s0" / "final.json").exists() and os.listdir(tmp_path) == ["run-s0"]
 
 
 def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resume(tmp_path, capsys):
@@ -1278,9 +1270,8 @@ def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resum
     run = tmp_path / "run"
     finished = snapshot(run)
     for command in (["--resume", str(run)], TRAIN_BASE + ["--task", "parens", "--out", str(run)]):
-        shutil.copy(
-            run / "model.pt", run / "checkpoint.pt"
-        )  # a kill after final.json, before the checkpoint went
+        # a kill after final.json, before the checkpoint went
+        shutil.copy(run / "model.pt", run / "checkpoint.pt")
         (run / ".lock").write_text("12345\n")  # and the lock file of the killed process
         (run / ".final.json.k3j2.tmp").write_text("{")
         (run / ".swap").write_text("run")
@@ -1298,9 +1289,8 @@ def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_fil
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(
-        rundir, "print", disk_full, raising=False
-    )  # RunLock writes its pid with print
+    # RunLock writes its pid with print
+    monkeypatch.setattr(rundir, "print", disk_full, raising=False)
     for command in (
         ["--resume", str(tmp_path / "run")],
         TRAIN_BASE + ["--out", str(tmp_path / "run"), "--overwrite"],
@@ -1407,9 +1397,8 @@ def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, cap
     finally:
         holder.kill()
         holder.wait()
-    assert train.train(
-        lifecycle.resumed_config(str(run)), resume=True
-    )  # the lock dies with its process
+    # the lock dies with its process
+    assert train.train(lifecycle.resumed_config(str(run)), resume=True)
 
 
 FAILING_FIRST_STEP = """
@@ -1452,9 +1441,8 @@ def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_
         capture_output=True,
         text=True,
     )
-    assert (
-        failed.returncode == 2 and snapshot(tmp_path) == before
-    )  # a new run that never stepped leaves nothing
+    # a new run that never stepped leaves nothing
+    assert failed.returncode == 2 and snapshot(tmp_path) == before
 
 
 @pytest.mark.slow
@@ -1536,9 +1524,8 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
         text=True,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    if (
-        where == "renames: between"
-    ):  # out missing for a moment: the new run and the old are hidden beside it
+    # out missing for a moment: the new run and the old are hidden beside it
+    if where == "renames: between":
         assert (
             not run.exists()
             and (tmp_path / ".run.new" / "config.json").exists()
@@ -1548,10 +1535,11 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
         # the old run, whole, marked for the swap that was about to hide it
         assert {k: v for k, v in snapshot(run).items() if k not in (".lock", ".swap")} == old
     else:
+        # the new one
         assert (
             json.loads((run / "config.json").read_text())["steps"] == 8
             and not (run / "final.json").exists()
-        )  # the new one
+        )
     if (run / "final.json").exists():  # the old run: the same command again replaces it
         assert (
             train.train(cli.parse_args(TINY_ARGS + ["--out", str(run), "--overwrite"])[0]) == whole
@@ -1559,12 +1547,13 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
     else:  # the new run, or out missing: --resume completes the swap and the run
         assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
     assert sorted(os.listdir(tmp_path)) == ["run", "whole"]  # nothing hidden left beside it
+    # no stale lock
     assert sorted(os.listdir(run)) == [
         "config.json",
         "final.json",
         "metrics.jsonl",
         "model.pt",
-    ]  # no stale lock
+    ]
     assert records(run) == records(tmp_path / "whole")
 
 
@@ -1575,17 +1564,15 @@ def test_overwrite_replaces_the_old_run_only_after_the_first_step(tmp_path, monk
     step = train.train_step
 
     def seeing_train_step(*args):
-        if (
-            sys._getframe(1).f_code.co_name == "train"
-        ):  # the loop's steps, not a step timed before them
+        # the loop's steps, not a step timed before them
+        if sys._getframe(1).f_code.co_name == "train":
             seen.append(json.loads((run / "config.json").read_text())["steps"])
         return step(*args)
 
     monkeypatch.setattr(train, "train_step", seeing_train_step)
     train.train(tiny(tmp_path, steps=8, overwrite=True))
-    assert (
-        seen[0] == 4 and seen[1:] == [8] * 7
-    )  # the old run stayed in place during the new run's first step
+    # the old run stayed in place during the new run's first step
+    assert seen[0] == 4 and seen[1:] == [8] * 7
     assert (
         sorted(os.listdir(tmp_path)) == ["run"]
         and json.loads((run / "final.json").read_text())["step"] == 8
@@ -1623,9 +1610,8 @@ def test_batched_seeds_that_diverge_stop_with_exit_code_3_and_write_no_nan(tmp_p
         exit.value.code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1
     ), err
     for seed in (0, 1):
-        assert sorted(os.listdir(tmp_path / f"run-s{seed}")) == [
-            "config.json"
-        ]  # no metrics, no final.json
+        # no metrics, no final.json
+        assert sorted(os.listdir(tmp_path / f"run-s{seed}")) == ["config.json"]
     assert not (tmp_path / "run-seeds.json").exists()
 
 
@@ -1654,11 +1640,12 @@ def test_a_full_disk_during_torch_save_is_one_line_and_the_run_resumes(
         and "PytorchStreamWriter failed writing" in err
         and "checkpoint.pt" in err
     ), err
+    # no temp file, no lock
     assert sorted(os.listdir(run)) == [
         "checkpoint.pt",
         "config.json",
         "metrics.jsonl",
-    ]  # no temp file, no lock
+    ]
     assert torch.load(run / "checkpoint.pt")["step"] == 4
     assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
 
