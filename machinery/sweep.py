@@ -294,8 +294,10 @@ STEP_COST = (
 def measured_speeds(root="runs") -> dict:
     """{STEP_COST settings: (median steps/s, run directory)} of every run record under root that
     trained on CUDA. A metrics.jsonl line's steps/s counts training time alone (evaluation
-    excluded), so the median is a step's pace."""
+    excluded), so the median is a step's pace. Where several records share the settings, the one
+    with the most measured laps gives it (the first in path order among equals)."""
     speeds = {}
+    laps = {}
     for run in map(
         os.path.dirname, sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True))
     ):
@@ -308,10 +310,12 @@ def measured_speeds(root="runs") -> dict:
             )
         except (OSError, UsageError, AttributeError):
             continue  # not a readable run record: nothing measured here
-        if saved.get("device") == "cuda" and rates:
-            speeds.setdefault(
-                tuple(saved.get(name) for name in STEP_COST), (rates[len(rates) // 2], run)
-            )
+        if saved.get("device") != "cuda" or not rates:
+            continue
+        settings = tuple(saved.get(name) for name in STEP_COST)
+        if len(rates) > laps.get(settings, 0):
+            speeds[settings] = (rates[len(rates) // 2], run)
+            laps[settings] = len(rates)
     return speeds
 
 
