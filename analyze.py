@@ -38,7 +38,7 @@ from machinery.files import (
 from machinery.plots import pyplot, save_figure
 from machinery.rundir import hidden_sibling, load_run, lock_held
 from machinery.tables import markdown_table
-from model import GPT, at, model_name
+from model import GPT, model_name, rows_at
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -234,7 +234,7 @@ def logits_from(model, layer: int, x, pos):
     computes them."""
     for block in model.h[layer:]:
         x = block(x)
-    return model.lm_head(model.ln_f(at(x, pos)))
+    return model.lm_head(model.ln_f(rows_at(x, pos)))
 
 
 @torch.no_grad()

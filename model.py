@@ -116,7 +116,7 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.c_attn(x).split(C, dim=2)
         else:
             w, b = self.c_attn.weight, self.c_attn.bias
-            q = F.linear(at(x, pos), w[:C], b[:C])
+            q = F.linear(rows_at(x, pos), w[:C], b[:C])
             k, v = F.linear(x, w[C:], b[C:]).split(C, dim=2)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
@@ -169,7 +169,7 @@ class Block(nn.Module):
         """pos (B, A): compute the block's output at those positions only, (B, A, C)."""
         attended = self.attn(self.ln_1(x), cache, name, pos, reference)
         if pos is not None:
-            x = at(x, pos)
+            x = rows_at(x, pos)
         x = x + attended
         return x + self.mlp(self.ln_2(x))
 
@@ -255,11 +255,11 @@ class GPT(nn.Module):
             if cache is not None:
                 cache[f"blocks.{i}.resid_post"] = x
         if pos is not None and not last_at_pos:
-            x = at(x, pos)
+            x = rows_at(x, pos)
         return self.lm_head(self.ln_f(x))
 
 
-def at(x, pos):
+def rows_at(x, pos):
     """x (B, T, C) at positions pos (B, A): (B, A, C)."""
     return x.gather(1, pos.unsqueeze(-1).expand(-1, -1, x.size(-1)))
 
@@ -296,7 +296,7 @@ class LSTM(nn.Module):
         if cache is not None:
             cache["embed"] = x
             cache["lstm.out"] = h
-        return self.lm_head(h if pos is None else at(h, pos))  # (B, T or A, vocab)
+        return self.lm_head(h if pos is None else rows_at(h, pos))  # (B, T or A, vocab)
 
 
 def new_model(arch, vocab_size, n_positions, width, layers, heads, positional="learned"):

@@ -335,7 +335,7 @@ def run_records(run_dir: str, name: str) -> list:
     return []
 
 
-def dig(record, path: str):
+def value_at_path(record, path: str):
     """The value at `path` in a record, as the documents show it (None where a key is missing): keys
     joined by dots, where key=value keeps the items of a list whose key has that value and a number
     picks a list's item (0 the first); a list is its count, an accuracy (a fraction) in %."""
@@ -362,15 +362,15 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     median; table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json
     metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
     (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
-    step N on), to<N> (every one up to step N), FILE:PATH (dig's PATH in each run's FILE, e.g.
-    train_split.json:accuracy, analysis.json:lengths.unseen.test or
+    step N on), to<N> (every one up to step N), FILE:PATH (the value at the dotted PATH in each
+    run's FILE, value_at_path, e.g. train_split.json:accuracy, analysis.json:lengths.unseen.test or
     analysis.json:variance.pc_top10.0, a list's first item; or in each record of a .jsonl log,
     which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
-    FILE:PATH fraction in %, where dig does not); and at most one summary: range (min-max over
-    the values, one number where they agree), gap (the median less the paper's number, signed),
-    minutes (min-max of each run's training minutes), summed (their total), runs (how many
-    finished). Accuracies are in %. A row or col * takes every cell of the column or row (minutes,
-    summed and runs only)."""
+    FILE:PATH fraction in %, where value_at_path does not); and at most one summary: range
+    (min-max over the values, one number where they agree), gap (the median less the paper's
+    number, signed), minutes (min-max of each run's training minutes), summed (their total), runs
+    (how many finished). Accuracies are in %. A row or col * takes every cell of the column or row
+    (minutes, summed and runs only)."""
     parts = reference.split("/")
     words = []
     if parts[0] == "runs" or len(parts) == 4:
@@ -450,7 +450,7 @@ def cited(claimed_cell, reference: str, where: str) -> str:
                         continue
                     if kind == "to" and record["step"] > step:
                         continue
-                value = dig(record, path)
+                value = value_at_path(record, path)
                 if value is not None:
                     values.append(value * scale)
     else:
