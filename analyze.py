@@ -889,7 +889,12 @@ def flat_from(log: list):
     """Figure 8's test of convergence (docs/protocol.md §6): (the first evaluation step from which
     test accuracy stays within half a point of its last value, the lr there as % of its peak), or
     None for a log without accuracies and an lr."""
-    log = [r for r in log if r.get("test_accuracy") is not None and r.get("lr") is not None]
+    scored = []
+    for record in log:
+        if record.get("test_accuracy") is None or record.get("lr") is None:
+            continue
+        scored.append(record)
+    log = scored
     peak = max((r["lr"] for r in log), default=0)
     if not peak:
         return None

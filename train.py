@@ -6,11 +6,12 @@
 
 This is sections 3-4 and appendix D.3 of the paper: AdamW, a linear warmup and then a cosine decay
 to zero, gradients clipped at norm 1.0, and a loss taken only where an answer is. The `--train` mode
-chooses which parameters learn (model.py). The settings and their flags are in config.py.
+chooses which parameters learn (model.py). The settings and their flags are in machinery/config.py.
 
-Read train() first. It builds the model, then loops: evaluate when an evaluation is due, stop at
-the last step (or at Ctrl-C), else set the lr, draw a batch and take one step. Everything else a
-run needs (its directory, checkpoints, logs, the progress bar, signals) is lifecycle.Run's.
+Read train() first. It builds the model, then loops: evaluate, log and checkpoint when an evaluation
+is due, stop at the last step (or at Ctrl-C), else set the lr, draw a batch and take one step; after
+the loop, a stopped run's checkpoint or the final model. What those lines need of the run directory
+(staging, the lock, atomic files, signals, the progress bar) is machinery/lifecycle.py's Run.
 """
 
 import math

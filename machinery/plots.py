@@ -260,9 +260,10 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
 
     for panel, ax in axes.items():
         for line in dict.fromkeys(name for p, name, _ in cells if p == panel):
-            line_cells = {
-                x: cell for (p, name, x), cell in cells.items() if p == panel and name == line
-            }
+            line_cells = {}
+            for (p, name, x), cell in cells.items():
+                if p == panel and name == line:
+                    line_cells[x] = cell
             points = sorted((x, values) for x, (values, _) in line_cells.items() if values)
             xs = [x for x, _ in points]
             color = COLORS.get(line)
@@ -276,9 +277,14 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
                 alpha=0.2,
                 linewidth=0,
             )
+            seed_xs, seed_values = [], []
+            for x, values in points:
+                for value in values:
+                    seed_xs.append(x)
+                    seed_values.append(value)
             ax.scatter(
-                [x for x, v in points for _ in v],
-                [value for _, v in points for value in v],
+                seed_xs,
+                seed_values,
                 s=10,
                 color=color,
                 alpha=0.5,

@@ -171,9 +171,10 @@ def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
     try:
         # the frozen weights are missing from a checkpoint: the seed drew them already
         missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys
-        untrained = [
-            name for name, p in model.named_parameters() if p.requires_grad and name in missing
-        ]
+        untrained = []
+        for name, p in model.named_parameters():
+            if p.requires_grad and name in missing:
+                untrained.append(name)
         if untrained or any(name not in model.state_dict() for name in checkpoint["model"]):
             raise KeyError(
                 f"its weights are another model's ({(untrained or ['an unknown tensor'])[0]})"
@@ -243,11 +244,11 @@ def finish_swap(out):
     # each hidden sibling: whether it is a swap's (else it is empty)
     hidden = {path: check_swapped(path, out) for path in (new, old) if os.path.lexists(path)}
     # only where a swap left something: the locks of the directories it moves or deletes
-    locks = [
-        RunLock(path)
-        for path in (out, *hidden)
-        if hidden and os.path.isdir(path) and os.listdir(path)
-    ]
+    locks = []
+    if hidden:
+        for path in (out, *hidden):
+            if os.path.isdir(path) and os.listdir(path):
+                locks.append(RunLock(path))
     try:
         if not os.path.exists(out) and hidden.get(old):
             back = new if hidden.get(new) else old

@@ -122,11 +122,11 @@ def run_cost(cfg: TrainConfig) -> float:
 def sweep(table, runs: dict, jobs: int) -> int:
     """Train the table's unfinished runs, longest first, printing a line per run; returns how many
     it trained (or resumed)."""
-    todo = sorted(
-        {cfg.out: cfg for cell in runs.values() for cfg in cell}.values(),
-        key=run_cost,
-        reverse=True,
-    )
+    by_directory = {}  # a run that several cells share trains once
+    for cell in runs.values():
+        for cfg in cell:
+            by_directory[cfg.out] = cfg
+    todo = sorted(by_directory.values(), key=run_cost, reverse=True)
     for cfg in todo:
         check_same_config(cfg)
     start = time.time()

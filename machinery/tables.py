@@ -122,11 +122,13 @@ def markdown_table(header, rows) -> list:
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md
     §8)."""
-    full = dict.fromkeys(
-        cfg.task
-        for cfg in cfgs
-        if cfg.mode == "full" and (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task)
-    )
+    # the tasks whose fully trained runs take the cpu scale's lr for the blocks
+    full = {}
+    for cfg in cfgs:
+        if cfg.mode != "full":
+            continue
+        if (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task):
+            full[cfg.task] = None
     parts = [
         f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width "
         f"{CPU_WIDTH}",
@@ -187,7 +189,11 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
             text += f"; paper {number(table.paper[row, col])}"
         return text
 
-    cfgs = list({cfg.out: cfg for cell in runs.values() for cfg in cell}.values())
+    by_directory = {}  # a run that several cells share counts once
+    for cell in runs.values():
+        for cfg in cell:
+            by_directory[cfg.out] = cfg
+    cfgs = list(by_directory.values())
     finals = [
         read_json(
             os.path.join(cfg.out, "final.json"), keys={"elapsed": NUMBER}, optional=FINAL_KEYS
