@@ -27,7 +27,8 @@ if [ -z "${RUNS:-}" ]; then
   done
 fi
 
-python reproduce.py table1 --scale paper --print-commands 2>/dev/null > /tmp/commands.txt
+commands=$(mktemp)  # the table's commands, in a file of this script's own
+python reproduce.py table1 --scale paper --print-commands 2>/dev/null > "$commands"
 for run in $RUNS; do
   dir=$table/$run
   [ -e "$dir/final.json" ] && continue
@@ -36,7 +37,7 @@ for run in $RUNS; do
   if [ -e "$dir/config.json" ]; then
     command="python train.py --resume $dir"
   else
-    command=$(grep -F " --out $dir " /tmp/commands.txt | sed -n 's/.*; else \(python train.py .*\); fi$/\1/p')
+    command=$(grep -F " --out $dir " "$commands" | sed -n 's/.*; else \(python train.py .*\); fi$/\1/p')
   fi
   echo "== $SECONDS s: $command (at most $left s)" | tee -a "$out/slot.log"
   # SIGTERM stops train.py at the end of a step, with a checkpoint to resume from
@@ -45,5 +46,6 @@ for run in $RUNS; do
     python analyze.py "$dir" --only lengths 2>&1 | tail -3 | tee -a "$out/slot.log"
   fi
 done
+rm -f "$commands"
 tar -cf "$out/records.tar" --exclude=model.pt "$table" 2>&1 | tee -a "$out/slot.log"
 echo "== $SECONDS s: end" | tee -a "$out/slot.log"

@@ -7,6 +7,7 @@ TrainConfig, and the command that reproduces a config.
 """
 
 import argparse
+import shlex
 from dataclasses import fields, replace
 
 from machinery.config import SCALES, TrainConfig, cpu_variant
@@ -118,7 +119,9 @@ def seed_configs(cfg) -> list:
 
 
 def command_line(cfg) -> str:
-    """The train.py command for cfg: --task, then every setting that differs from its default."""
+    """The train.py command for cfg: --task, then every setting that differs from its default. Each
+    value is quoted for the shell where it needs it (a path with a space, a mask with a *), so the
+    line runs as printed."""
     parts = ["python train.py"]
     for f in fields(TrainConfig):
         value = getattr(cfg, f.name)
@@ -126,5 +129,5 @@ def command_line(cfg) -> str:
             parts.append(flag(f.name) if value else f"--no-{f.name}")
         # the task always, for the reader
         elif value != f.default or f.name == "task":
-            parts.append(f"{flag(f.name)} {value}")
+            parts.append(f"{flag(f.name)} {shlex.quote(str(value))}")
     return " ".join(parts)

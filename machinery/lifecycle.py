@@ -344,10 +344,21 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", t
         hint = "--scale paper insists on the paper's protocol"
     elif device.type == "cpu":
         hint = slow_run_hint(cfg, seconds * steps_left)
-    return (
+    what = (
         f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
         f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
-        f"{steps_left:,} steps of {cfg.batch_size}, about {took} on this {device.type.upper()} "
-        f"({timed}, {seconds:.2g} s{thread_text(threads) if device.type == 'cpu' else ''})"
-        + (f"; {hint}" if hint else "")
     )
+    if steps_left == 0:
+        # nothing to train, so nothing was timed and no thread count was compared
+        when = f"no steps to take on this {device.type.upper()}"
+    else:
+        threads_said = ""
+        if device.type == "cpu":
+            threads_said = thread_text(threads)
+        when = (
+            f"{steps_left:,} steps of {cfg.batch_size}, about {took} on this "
+            f"{device.type.upper()} ({timed}, {seconds:.2g} s{threads_said})"
+        )
+    if hint:
+        return what + when + f"; {hint}"
+    return what + when

@@ -22,6 +22,7 @@ import ctypes
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
 import stat
@@ -192,6 +193,12 @@ def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
         ) from None
     if not 0 <= step <= cfg.steps:
         raise UsageError(f"{checkpoint_path} is at step {step}, outside this run's 0..{cfg.steps}")
+    # NaN fails every comparison: a NaN time would reach final.json
+    if not 0 <= elapsed < math.inf:
+        raise UsageError(
+            f"{checkpoint_path} records {elapsed} seconds of training, not a time; it is no "
+            "checkpoint this program wrote"
+        )
     if lead:
         roll_back(cfg.out, step)
     start.step = step

@@ -15,6 +15,7 @@ import glob
 import math
 import multiprocessing
 import os
+import shlex
 import signal
 import sys
 import time
@@ -221,9 +222,13 @@ def print_commands(cfgs: list, command: str):
     )
     for cfg in todo:
         check_same_config(cfg)
+        # every path quoted: a line for a scheduler runs as printed, whatever the directory's name
+        final = shlex.quote(os.path.join(cfg.out, "final.json"))
+        config = shlex.quote(os.path.join(cfg.out, "config.json"))
+        out = shlex.quote(cfg.out)
         print(
-            f"test -e {cfg.out}/final.json || if test -e {cfg.out}/config.json; "
-            f"then python train.py --resume {cfg.out}; else {command_line(cfg)}; fi"
+            f"test -e {final} || if test -e {config}; "
+            f"then python train.py --resume {out}; else {command_line(cfg)}; fi"
         )
     print(
         f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once "
@@ -303,11 +308,15 @@ def measured_speeds(root="runs") -> dict:
     ):
         try:
             saved = read_json(os.path.join(run, "config.json"))
-            rates = sorted(
-                line["steps_per_s"]
-                for line in read_metrics(run)
-                if isinstance(line.get("steps_per_s"), NUMBER)
-            )
+            rates = []
+            for line in read_metrics(run):
+                rate = line.get("steps_per_s")
+                # a pace is a finite number of steps a second above 0 (true is a bool, no pace)
+                if isinstance(rate, bool) or not isinstance(rate, NUMBER):
+                    continue
+                if 0 < rate < math.inf:
+                    rates.append(rate)
+            rates.sort()
         except (OSError, UsageError, AttributeError):
             continue  # not a readable run record: nothing measured here
         if saved.get("device") != "cuda" or not rates:

@@ -665,6 +665,30 @@ def tiny_table9(scale):
     return table
 
 
+def test_printed_commands_quote_every_path_so_a_line_runs_as_printed(tmp_path, monkeypatch, capsys):
+    # a runs folder with a space and a command substitution in its name: unquoted, the line breaks
+    # at the space and runs `touch MARK`
+    monkeypatch.setitem(reproduce.TABLES, "table9", tiny_table9)
+    runs = tmp_path / "a b$(touch MARK)"
+    reproduce.main(["table9", "--seeds", "1", "--runs", str(runs), "--print-commands"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines
+    # a stand-in for python that records the arguments it was given
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$ARGS_FILE"\n')
+    (stub / "python").chmod(0o755)
+    args_file = tmp_path / "args.txt"
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "ARGS_FILE": str(args_file)}
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True)
+        assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "MARK").exists()
+    received = args_file.read_text().splitlines()
+    outs = [received[i + 1] for i, arg in enumerate(received) if arg == "--out"]
+    assert len(outs) == len(lines) and all(out.startswith(str(runs) + "/") for out in outs)
+
+
 @pytest.mark.slow
 def test_printed_commands_finish_each_run_after_a_kill_and_the_plain_command_then_trains_nothing(
     tmp_path, monkeypatch, capsys
@@ -783,6 +807,21 @@ def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(
         f"| {(60 + 10_000 / 45) / 60:.1f} | measured, 45.0 steps/s (runs/probes/gpu-run) |"
     )
     assert rows["| needle, Normal 1024"].endswith("| assumed |")
+
+
+@pytest.mark.parametrize("bad", [0, -5, "NaN", True, "Infinity"])
+def test_the_plan_takes_no_pace_from_a_rate_that_is_no_pace(tmp_path, bad):
+    # a record whose steps/s is 0 divided by zero; -5, NaN or true priced runs as "measured"
+    cfg = sweep.resolve(reproduce.table1("paper").configs["needle", "Random 1024"])[0]
+    record = tmp_path / "runs" / "probes" / "gpu-run"
+    record.mkdir(parents=True)
+    (record / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "device": "cuda"}))
+    rate = bad
+    if isinstance(bad, str):
+        rate = float(bad)
+    line = json.dumps({"step": 500, "steps_per_s": rate})
+    (record / "metrics.jsonl").write_text(line + "\n")
+    assert sweep.measured_speeds(str(tmp_path / "runs")) == {}
 
 
 def test_variance_tables_gain_an_untrained_row_that_the_projection_table_shares():

@@ -1805,3 +1805,26 @@ def test_every_committed_run_config_still_reads():
     for path in paths:
         with open(path) as f:
             config.config_from_dict(json.load(f))
+
+
+@pytest.mark.parametrize("elapsed", [float("nan"), float("inf"), -1.0])
+def test_a_checkpoint_whose_time_is_no_time_is_refused_in_one_line(tmp_path, elapsed):
+    # a NaN time was resumed and reached final.json as "elapsed: NaN"
+    cfg = tiny(tmp_path, steps=8, eval_every=4)
+    train.train(cfg, stop_after=4)
+    path = tmp_path / "run" / "checkpoint.pt"
+    checkpoint = torch.load(path, weights_only=False)
+    checkpoint["elapsed"] = elapsed
+    torch.save(checkpoint, path)
+    with pytest.raises(errors.UsageError, match="seconds of training, not a time"):
+        train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True)
+    assert not (tmp_path / "run" / "final.json").exists()
+
+
+def test_a_zero_step_runs_first_line_claims_no_timing(tmp_path, monkeypatch, capsys):
+    # it said "a step timed, 0 s, 2 threads (faster here than 1)", a comparison that never ran
+    monkeypatch.setattr(lifecycle, "threads_chosen", lambda: True)
+    train.train(tiny(tmp_path, steps=0))
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "no steps to take on this CPU" in first
+    assert "timed" not in first and "faster" not in first
