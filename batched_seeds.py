@@ -22,7 +22,14 @@ from tqdm import tqdm
 
 from machinery.cli import parse_args, seed_configs
 from machinery.config import build_seeded
-from machinery.devices import Ranks, autocast, choose_threads, compile_model, pick_device
+from machinery.devices import (
+    Ranks,
+    autocast,
+    choose_threads,
+    compile_model,
+    deterministic_kernels,
+    pick_device,
+)
 from machinery.errors import UsageError, usage_errors
 from machinery.lifecycle import Run, first_line, write_seed_summary
 from machinery.rundir import log_eval, replace_old_run, run_record, save_final, start_or_resume
@@ -94,7 +101,11 @@ def train_batched(cfg) -> list:
         attention_kernel = sdpa_kernel(SDPBackend.MATH)
     else:
         attention_kernel = contextlib.nullcontext()
-    with attention_kernel, SeedRuns(seeds, models, params, counts, device, threads) as run:
+    with (
+        attention_kernel,
+        deterministic_kernels(cfg.deterministic),
+        SeedRuns(seeds, models, params, counts, device, threads) as run,
+    ):
         run.open()
         print(run.first_line(seconds), flush=True)
         for step in range(cfg.steps + 1):

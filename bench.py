@@ -287,7 +287,12 @@ def main(argv=None):
             label, step, make_data, rows = authors(cfg, task, model, device)
         else:
             label, step, make_data, rows = ours(cfg, task, model, device)
+        # Ctrl-C while timing: one line, exit 130, like every script
+        report(args, cfg, task, device, bf16, label, step, make_data, rows)
 
+
+def report(args, cfg, task, device, bf16, label, step, make_data, rows):
+    """Time the step and its data, and print the figure table."""
     # what --deterministic costs is a figure worth timing
     with deterministic_kernels(cfg.deterministic):
         for _ in range(args.warmup_steps):

@@ -142,6 +142,7 @@ def deterministic_kernels(enabled: bool):
     bits. The process's earlier setting comes back after, so one run's choice never leaks into the
     next."""
     before = torch.are_deterministic_algorithms_enabled()
+    workspace_before = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if enabled:
         # cuBLAS's own condition for repeatable matmuls
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -150,6 +151,8 @@ def deterministic_kernels(enabled: bool):
         yield
     finally:
         torch.use_deterministic_algorithms(before)
+        if workspace_before is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 class Ranks:

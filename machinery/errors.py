@@ -59,5 +59,15 @@ def usage_errors(prog: str, interrupted: str = ""):
 
 
 class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors on one line, and a flag spelled with underscores (nanoGPT's
+    --batch_size) answered with the flag it means."""
+
     def error(self, message):
+        if message.startswith("unrecognized arguments:"):
+            for word in message.split(":", 1)[1].split():
+                flag = word.split("=", 1)[0]
+                meant = flag.replace("_", "-")
+                if flag.startswith("--") and meant != flag and meant in self._option_string_actions:
+                    message += f"; did you mean {meant}?"
+                    break
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -604,6 +604,12 @@ def load_run(run_dir):
     """(cfg, task, model, counts) of the finished run in run_dir: its trained weights, on CPU, in
     eval mode."""
     path = os.path.join(run_dir, "model.pt")
+    if not os.path.isfile(path) and os.path.exists(os.path.join(run_dir, "final.json")):
+        # a committed record in a fresh clone: git keeps the numbers, never the weights
+        raise UsageError(
+            f"{run_dir} finished, but its weights (model.pt) are not here; git keeps only a run's "
+            "records: train it again, e.g. with the command in its table's results/*.md"
+        )
     if not os.path.isfile(path):
         raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
     saved = load_checkpoint(path)

@@ -171,6 +171,10 @@ BAD_INPUTS = [
     ("sample.py", ["RUN", "--top-k", "0"], "--top-k >= 1"),
     ("sample.py", ["RUN"], "needs an lm run"),
     ("sample.py", ["STOPPED"], "has no model.pt"),
+    # nanoGPT's spelling of a flag
+    ("train.py", ["--batch_size", "64"], "did you mean --batch-size?"),
+    ("sample.py", ["NOWEIGHTS"], "finished, but its weights (model.pt) are not here"),
+    ("analyze.py", ["NOWEIGHTS"], "finished, but its weights (model.pt) are not here"),
     # Data loss: a lock that is a symbolic link would write the pid into the file it points to.
     ("train.py", ["--resume", "LOCKLINK"], "is a symbolic link, not a lock of this run"),
     (
@@ -426,6 +430,9 @@ def world(tmp_path_factory):
     (root / "NOFINAL" / "final.json").unlink()
     shutil.copytree(root / "RUN", root / "LISTANALYSIS")
     (root / "LISTANALYSIS" / "analysis.json").write_text("[]")
+    # a committed record, as a fresh clone has it: git keeps no weights
+    shutil.copytree(root / "RUN", root / "NOWEIGHTS")
+    (root / "NOWEIGHTS" / "model.pt").unlink()
     shutil.copytree(root / "RUN", root / "DIVERGED")
     saved = torch.load(root / "DIVERGED" / "model.pt")
     next(iter(saved["model"].values())).fill_(float("nan"))
@@ -1828,3 +1835,26 @@ def test_a_zero_step_runs_first_line_claims_no_timing(tmp_path, monkeypatch, cap
     first = capsys.readouterr().out.splitlines()[0]
     assert "no steps to take on this CPU" in first
     assert "timed" not in first and "faster" not in first
+
+
+def test_deterministic_kernels_leave_the_environment_as_they_found_it(tmp_path, monkeypatch):
+    # train.main([... "--deterministic"]) in-process left CUBLAS_WORKSPACE_CONFIG set afterwards
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    train.train(tiny(tmp_path, steps=2, deterministic=True))
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_batched_seeds_train_with_deterministic_kernels_when_asked(tmp_path, monkeypatch):
+    # --deterministic was recorded in config.json but never switched on
+    seen = []
+    step = batched_seeds.stacked_step
+
+    def watched(*args):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return step(*args)
+
+    monkeypatch.setattr(batched_seeds, "stacked_step", watched)
+    cfg = tiny(tmp_path, steps=2, seeds=2, deterministic=True, out=str(tmp_path / "batched"))
+    batched_seeds.train_batched(cfg)
+    assert seen == [True, True]
