@@ -1858,3 +1858,16 @@ def test_batched_seeds_train_with_deterministic_kernels_when_asked(tmp_path, mon
     cfg = tiny(tmp_path, steps=2, seeds=2, deterministic=True, out=str(tmp_path / "batched"))
     batched_seeds.train_batched(cfg)
     assert seen == [True, True]
+
+
+def test_a_ctrl_c_while_bench_times_is_one_line_and_exit_130(monkeypatch, capsys):
+    # it gave a KeyboardInterrupt traceback: the timing ran outside usage_errors
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "best_seconds", interrupted)
+    argv = ["--task", "needle", "--frozen", "--width", "16", "--batch-size", "4", "--device", "cpu"]
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(argv + ["--warmup-steps", "0"])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err.strip() == "bench.py: interrupted"
