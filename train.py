@@ -24,6 +24,7 @@ from machinery.config import resolve
 from machinery.devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
 from machinery.errors import UsageError, usage_errors
 from machinery.lifecycle import Run, resumed_config, seed_state, write_seed_summary
+from machinery.rundir import recorded_threads
 from model import apply_training_mode, new_model
 from tasks import Batch
 
@@ -61,7 +62,12 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     if resume or cfg.steps:
         spare_data = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
         spare_batch = task.sample(cfg.batch_size, spare_data).to(device)
-        threads, seconds = choose_threads(model, task.loss, spare_batch, precision, device)
+        resumed_on = None
+        if resume:
+            resumed_on = recorded_threads(cfg.out)
+        threads, seconds = choose_threads(
+            model, task.loss, spare_batch, precision, device, resumed_on
+        )
 
     with deterministic_kernels(cfg.deterministic), Run(cfg, counts, device, ranks, threads) as run:
         start = run.open(resume, model, optimizer, generator)

@@ -49,18 +49,28 @@ def threads_chosen() -> bool:
     return "OMP_NUM_THREADS" not in os.environ and THREADS > 1
 
 
-def choose_threads(model, loss_fn, batch, precision, device) -> tuple:
+def choose_threads(model, loss_fn, batch, precision, device, resumed_on=None) -> tuple:
     """(threads, seconds a training step takes on them), for the first line's time estimate: the
     forward and backward passes of the run's own model over `batch`, timed. On a CPU where
     OMP_NUM_THREADS does not say, the faster of torch's default and one thread is kept for the run:
     on a busy machine the default's threads wait for each other, and one thread can be several times
-    faster. Nothing of the run changes: the optimizer does not step, and the gradients are dropped.
+    faster. A resumed run keeps the threads it began on (resumed_on, from its config.json): float
+    sums follow the thread count, so on another it would not go on bit for bit. Nothing of the run
+    changes: the optimizer does not step, and the gradients are dropped.
 
     On a CPU the second pass counts (the first allocates), or the first alone where it took over
     5 s. On a GPU the fastest of five: its first passes load kernels and choose algorithms for each
     new shape, which can take longer than a short run's every other step."""
     cpu = device.type == "cpu"
-    if cpu and threads_chosen():
+    if cpu and resumed_on is not None:
+        if resumed_on != torch.get_num_threads():
+            print(
+                f"resuming on {resumed_on} thread{'s' * (resumed_on > 1)}, as the run began, "
+                f"not {torch.get_num_threads()}: on another count it would not go on bit for bit",
+                file=sys.stderr,
+            )
+        candidates = (resumed_on,)
+    elif cpu and threads_chosen():
         candidates = (THREADS, 1)
     else:
         candidates = (torch.get_num_threads(),)

@@ -38,6 +38,7 @@ from machinery.devices import uses_bf16
 from machinery.errors import UsageError
 from machinery.files import (
     load_checkpoint,
+    read_json,
     read_metrics,
     save_torch,
     write_json,
@@ -625,3 +626,11 @@ def load_run(run_dir):
             f"{path} does not load into a {cfg.task} model ({type(e).__name__})"
         ) from None
     return cfg, task, model.eval(), counts
+
+
+def recorded_threads(run_dir):
+    """The CPU threads run_dir's config.json says the run trained on, or None where it says none."""
+    threads = read_json(os.path.join(run_dir, "config.json")).get("threads")
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        return threads
+    return None

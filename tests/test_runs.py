@@ -1871,3 +1871,27 @@ def test_a_ctrl_c_while_bench_times_is_one_line_and_exit_130(monkeypatch, capsys
         bench.main(argv + ["--warmup-steps", "0"])
     assert stopped.value.code == 130
     assert capsys.readouterr().err.strip() == "bench.py: interrupted"
+
+
+def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, capsys):
+    # stopped on 1 thread and resumed with OMP_NUM_THREADS=2, it ended with other weights, silently
+    cfg = tiny(tmp_path, steps=8, eval_every=4)
+    train.train(cfg, stop_after=4)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == 1
+    threads_per_step = []
+    step = train.train_step
+
+    def watched(*args):
+        threads_per_step.append(torch.get_num_threads())
+        return step(*args)
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(train, "train_step", watched)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch.set_num_threads(2)
+    try:
+        train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True)
+    finally:
+        torch.set_num_threads(before)
+    assert threads_per_step == [1, 1, 1, 1]
+    assert "resuming on 1 thread, as the run began, not 2" in capsys.readouterr().err
