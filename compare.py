@@ -106,9 +106,11 @@ def seed_groups(runs) -> list:
     groups = {}
     for run in runs:
         if run.final:
-            # the directory without its -s<seed>, and every setting but the seed
+            # the directory without its -s<seed> (spelled as the file system knows it: g/a-s0 and
+            # $PWD/g/a-s1 are seeds of one run), and every setting but the seed
             settings = {k: v for k, v in run.settings.items() if k != "seed"}
-            key = (SEED_SUFFIX.sub("", run.path), json.dumps(settings))
+            directory = SEED_SUFFIX.sub("", os.path.realpath(run.path))
+            key = (directory, json.dumps(settings))
         else:
             # an unfinished run has a row of its own
             key = run.path

@@ -85,6 +85,13 @@ def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, caps
     assert rows["needle-a (2 seeds)"]["loss"] == expected
 
 
+def test_seeds_spelled_as_two_paths_to_one_folder_share_a_row(root, tmp_path, capsys, monkeypatch):
+    # g/a-s0 and $PWD/g/a-s1 showed as two rows
+    monkeypatch.chdir(root)
+    _, rows, _ = compared(capsys, "needle-a-s0", root / "needle-a-s1", plot=tmp_path / "c.png")
+    assert list(rows) == ["needle-a (2 seeds)"]
+
+
 def test_unfinished_run_shows_its_last_evaluation(root, tmp_path, capsys):
     _, rows, _ = compared(
         capsys, root / "needle-a-s0", root / "needle-stopped-s0", plot=tmp_path / "c.png"
