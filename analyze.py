@@ -1170,9 +1170,11 @@ WATCH_POLL_S, WATCH_IDLE_S = 15, 300
 def watch(run_dir):
     """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl until the
     run has final.json. A run still staged beside it (before its first step) is waited for;
-    anything else without a config.json is refused at once, and a run whose lock no process
-    holds and that has not changed for WATCH_IDLE_S ends the watch with one line."""
+    anything else without a config.json is refused at once. A run whose lock no process holds ends
+    the watch with one line, once its checkpoints are scored: at the first look, or, for a run that
+    stopped while watched, once nothing has changed for WATCH_IDLE_S."""
     staged, model, files, changed = hidden_sibling(run_dir, "new"), None, None, time.time()
+    first_look = True
     while True:
         if model is None and os.path.isfile(os.path.join(run_dir, "config.json")):
             # a checkpoint holds only the weights that train
@@ -1220,13 +1222,14 @@ def watch(run_dir):
             else:
                 now.append(None)
 
+        idle = first_look or (now == files and time.time() - changed > WATCH_IDLE_S)
+        first_look = False
         if now != files:
             files, changed = now, time.time()
-        elif time.time() - changed > WATCH_IDLE_S and not (lock_held(run_dir) or lock_held(staged)):
+        if idle and not (lock_held(run_dir) or lock_held(staged)):
             raise UsageError(
-                f"{run_dir} is not training (no process holds its lock, nothing "
-                f"changed for {WATCH_IDLE_S} s); continue it with python train.py "
-                f"--resume {run_dir}"
+                f"{run_dir} is not training (no process holds its lock); continue it with "
+                f"python train.py --resume {run_dir}"
             )
         time.sleep(WATCH_POLL_S)
 

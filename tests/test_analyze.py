@@ -567,6 +567,17 @@ def test_watch_waits_while_a_process_holds_the_run_and_ends_with_one_line_once_n
         json.loads(line)["step"] for line in (run / "unseen.jsonl").read_text().splitlines()
     ] == [2]
 
+    # no process holds it from the start: refused at the first look, its checkpoint scored first,
+    # without waiting (it waited WATCH_IDLE_S, 300 s)
+    (run / "unseen.jsonl").unlink()
+    monkeypatch.setattr(analyze, "WATCH_IDLE_S", 300)
+    sleeps.clear()
+    with pytest.raises(SystemExit) as exit:
+        analyze.main(["--watch", str(run)])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and sleeps == [] and "is not training" in err, err
+    assert (run / "unseen.jsonl").exists()
+
 
 # ---------------------------------------------------------------------------
 # Subspace selection tested causally, untrained and stopped runs
