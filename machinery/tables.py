@@ -9,6 +9,7 @@ RESULTS.md's claims table read their numbers through the same Table.seed_values.
 trains.
 """
 
+import math
 import os
 import platform
 import re
@@ -148,7 +149,10 @@ def cpu_note(cfgs, seeds: int) -> str:
 
 
 def number(value) -> str:
-    """A number as the tables and documents show it."""
+    """A number as the tables and documents show it; a UsageError for one that is not finite (a
+    record's NaN, or 1e308 shown in %), which no table or citation may show."""
+    if not math.isfinite(value):
+        raise UsageError(f"a record gives {value}, not a finite number, where a number is shown")
     # counts (steps, bits) never show a decimal
     if isinstance(value, int) or abs(value) >= 1000:
         return f"{value:,.0f}"

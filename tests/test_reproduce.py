@@ -850,3 +850,16 @@ def test_paper_is_a_leaf_whose_model_names_are_model_pys():
     assert imports == []
     for mode, name in paper.PAPER_MODELS.items():
         assert model.model_name(mode) == name
+
+
+@pytest.mark.parametrize("accuracy", ["NaN", "Infinity", "1e308"])
+def test_a_cited_number_that_is_no_finite_number_is_refused(tmp_path, monkeypatch, accuracy):
+    # RESULTS.md showed "nan%" or "inf%" for such a final.json, which --redraw refuses
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(scale="cpu", runs=os.path.join("runs", "reproduce"), seeds=3)
+    claimed = functools.partial(reproduce.claimed_cell, args)
+    run = tmp_path / "runs" / "probes" / "p-s0"
+    run.mkdir(parents=True)
+    (run / "final.json").write_text('{"accuracy": %s, "loss": 1.0, "step": 1}' % accuracy)
+    with pytest.raises(UsageError, match="not a finite number"):
+        tables.cited(claimed, "runs/probes/p-s0/accuracy", "test")
