@@ -386,9 +386,13 @@ def cited(claimed_cell, reference: str, where: str) -> str:
     if parts[0] == "runs" or len(parts) == 4:
         words = parts.pop().split()
     if parts[0] == "runs":
-        # one run directory, read as a table of its own
+        # one run directory, read as a table of its own; one the documents name must exist (a
+        # table's cell may be not run yet, a named run may not)
+        run_dir = "/".join(parts)
+        if not os.path.isdir(run_dir):
+            raise UsageError(f"{where}: {{{reference}}} names {run_dir}, which does not exist")
         table = Table("runs", "", "accuracy", [], [], {})
-        cell = [TrainConfig(out="/".join(parts))]
+        cell = [TrainConfig(out=run_dir)]
         row, col = "", ""
     elif len(parts) == 3:
         table, cell = claimed_cell(*parts, where)
@@ -451,6 +455,10 @@ def cited(claimed_cell, reference: str, where: str) -> str:
             scale = 1
         values = []
         for cfg in cell:
+            if parts[0] == "runs" and not os.path.exists(os.path.join(cfg.out, name)):
+                raise UsageError(
+                    f"{where}: {{{reference}}} reads {cfg.out}/{name}, which is not there"
+                )
             for record in run_records(cfg.out, name):
                 if when is not None:
                     kind, step = when

@@ -530,7 +530,10 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
     assert cite("analysis.json:lengths.unseen_strings.answer=balanced.predicted=unbalanced") == "1"
     assert cite("analysis.json:attention.uniform.query_to_value") == "0.25"
     assert cite("analysis.json:attention.uniform.query_to_value %") == "25.0"
-    assert cite("analysis.json:lengths.nothing") == cite("train_split.json:accuracy") == "(not run)"
+    # a key the file lacks is not measured; a file the run lacks is a citation of nothing
+    assert cite("analysis.json:lengths.nothing") == "(not run)"
+    with pytest.raises(UsageError, match="which is not there"):
+        cite("train_split.json:accuracy")
     assert cite("unseen.jsonl:unseen") == "25.0" and cite("unseen.jsonl:n_unseen") == "3"
     # the test accuracy at a step, from a step on, up to a step; the training loss by its key
     assert cite("step200") == "50.0"
@@ -863,3 +866,18 @@ def test_a_cited_number_that_is_no_finite_number_is_refused(tmp_path, monkeypatc
     (run / "final.json").write_text('{"accuracy": %s, "loss": 1.0, "step": 1}' % accuracy)
     with pytest.raises(UsageError, match="not a finite number"):
         tables.cited(claimed, "runs/probes/p-s0/accuracy", "test")
+
+
+def test_a_citation_of_a_run_or_file_that_is_not_there_is_refused(tmp_path, monkeypatch):
+    # both became "(not run)" silently, while an unknown table cell is refused
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(scale="cpu", runs=os.path.join("runs", "reproduce"), seeds=3)
+    claimed = functools.partial(reproduce.claimed_cell, args)
+    run = tmp_path / "runs" / "probes" / "p-s0"
+    run.mkdir(parents=True)
+    (run / "final.json").write_text('{"accuracy": 0.5, "loss": 1.0, "step": 1}')
+    assert tables.cited(claimed, "runs/probes/p-s0/accuracy", "test") == "50.0"
+    with pytest.raises(UsageError, match="which does not exist"):
+        tables.cited(claimed, "runs/probes/missing-s0/accuracy", "test")
+    with pytest.raises(UsageError, match="which is not there"):
+        tables.cited(claimed, "runs/probes/p-s0/analysis.json:lengths.unseen.test", "test")
