@@ -36,7 +36,13 @@ from machinery.files import (
     write_text,
 )
 from machinery.plots import pyplot, save_figure
-from machinery.rundir import hidden_sibling, load_run, lock_held
+from machinery.rundir import (
+    check_checkpoint_settings,
+    hidden_sibling,
+    load_run,
+    load_trained_weights,
+    lock_held,
+)
 from machinery.tables import markdown_table
 from model import GPT, model_name, rows_at
 
@@ -64,8 +70,15 @@ class SavedRun:
             saved = load_checkpoint(checkpoint, ("model", "step", "metrics"))
             self.cfg, self.task, self.model, self.counts = build_seeded(saved_config(path))
             # the checkpoint holds the weights that train; they load over the frozen blocks its
-            # seed drew
-            self.model.eval().load_state_dict(saved["model"], strict=False)
+            # seed drew, so its settings (seed, sizes) must be config.json's
+            check_checkpoint_settings(self.cfg, saved, checkpoint)
+            try:
+                load_trained_weights(self.model.eval(), saved["model"])
+            except (RuntimeError, KeyError) as e:
+                raise UsageError(
+                    f"{checkpoint} does not fit this run ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:120]})"
+                ) from None
             self.final = saved["metrics"]
             stopped_at = saved["step"]
         else:

@@ -160,27 +160,9 @@ def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
     checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
     # saved under other settings than config.json's, an edited mode would train other tensors with
     # the old optimizer state
-    saved = checkpoint.get("config")
-    if not isinstance(saved, dict):
-        raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
-    for name, value in asdict(cfg).items():
-        if name in saved and name not in NOT_COMPUTED and saved[name] != value:
-            raise UsageError(
-                f"{checkpoint_path} was saved with {name} {saved[name]!r}, but "
-                f"config.json says {value!r}; a run resumes with its checkpoint's "
-                "settings: put them back in config.json"
-            )
+    check_checkpoint_settings(cfg, checkpoint, checkpoint_path)
     try:
-        # the frozen weights are missing from a checkpoint: the seed drew them already
-        missing = model.load_state_dict(checkpoint["model"], strict=False).missing_keys
-        untrained = []
-        for name, p in model.named_parameters():
-            if p.requires_grad and name in missing:
-                untrained.append(name)
-        if untrained or any(name not in model.state_dict() for name in checkpoint["model"]):
-            raise KeyError(
-                f"its weights are another model's ({(untrained or ['an unknown tensor'])[0]})"
-            )
+        load_trained_weights(model, checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         torch.set_rng_state(checkpoint["rng"]["torch"])
         generator.set_state(checkpoint["rng"]["data"])
@@ -207,6 +189,36 @@ def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
     start.logged = step
     start.metrics = checkpoint.get("metrics", {})
     start.losses = checkpoint.get("losses", [])
+
+
+def check_checkpoint_settings(cfg, checkpoint: dict, checkpoint_path):
+    """UsageError unless the checkpoint was saved under cfg's settings (config.json's), NOT_COMPUTED
+    aside: its frozen blocks are redrawn from cfg's seed at cfg's sizes, so another seed or width
+    would pair its weights with other blocks."""
+    saved = checkpoint.get("config")
+    if not isinstance(saved, dict):
+        raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
+    for name, value in asdict(cfg).items():
+        if name in saved and name not in NOT_COMPUTED and saved[name] != value:
+            raise UsageError(
+                f"{checkpoint_path} was saved with {name} {saved[name]!r}, but "
+                f"config.json says {value!r}; a run resumes and is analysed with its "
+                "checkpoint's settings: put them back in config.json"
+            )
+
+
+def load_trained_weights(model, weights: dict):
+    """Load a checkpoint's weights, those that train, over the model's frozen ones (the seed drew
+    them already); KeyError or RuntimeError where they are another model's."""
+    missing = model.load_state_dict(weights, strict=False).missing_keys
+    untrained = []
+    for name, p in model.named_parameters():
+        if p.requires_grad and name in missing:
+            untrained.append(name)
+    if untrained or any(name not in model.state_dict() for name in weights):
+        raise KeyError(
+            f"its weights are another model's ({(untrained or ['an unknown tensor'])[0]})"
+        )
 
 
 def replace_old_run(out, start: StartPoint):

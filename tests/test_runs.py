@@ -171,6 +171,10 @@ BAD_INPUTS = [
     ("sample.py", ["RUN", "--top-k", "0"], "--top-k >= 1"),
     ("sample.py", ["RUN"], "needs an lm run"),
     ("sample.py", ["STOPPED"], "has no model.pt"),
+    # a stopped run is analysed at its checkpoint, over the frozen blocks config.json's seed draws
+    ("analyze.py", ["SEEDEDITED"], "was saved with seed 0, but config.json says 1"),
+    ("analyze.py", ["WIDECHECKPOINT"], "was saved with width 16, but config.json says 32"),
+    ("analyze.py", ["OTHERWEIGHTS"], "checkpoint.pt does not fit this run"),
     # nanoGPT's spelling of a flag
     ("train.py", ["--batch_size", "64"], "did you mean --batch-size?"),
     ("sample.py", ["NOWEIGHTS"], "finished, but its weights (model.pt) are not here"),
@@ -406,6 +410,12 @@ def world(tmp_path_factory):
     shutil.copytree(root / "STOPPED", root / "BADCHECKPOINT")
     (root / "BADCHECKPOINT" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     broken_copy(root, "WIDECHECKPOINT", config=lambda c: {**c, "width": 32})
+    broken_copy(root, "SEEDEDITED", config=lambda c: {**c, "seed": 1})
+    # a width-32 run's checkpoint copied into a width-16 run: same settings, other weights
+    shutil.copytree(root / "STOPPED", root / "OTHERWEIGHTS")
+    checkpoint = torch.load(root / "STOPPED" / "checkpoint.pt", weights_only=False)
+    checkpoint["model"]["wte.weight"] = torch.zeros(4, 32)
+    torch.save(checkpoint, root / "OTHERWEIGHTS" / "checkpoint.pt")
     broken_copy(root, "TENSORCHECKPOINT", checkpoint=torch.zeros(3))
     broken_copy(root, "KEYLESSCHECKPOINT", checkpoint={"model": {}, "step": 4})
     for name, line in (
