@@ -216,7 +216,12 @@ class SeedRuns(Run):
         if loss is None:
             loss = [None] * len(self.seeds)
         for seed_loss, seed_metrics in zip(loss, metrics):
-            Run.check_finite(step, seed_loss, seed_metrics)
+            # a batched run keeps no checkpoint to stop at
+            stops = (
+                "a batched run keeps no checkpoint: the same command with --overwrite starts it "
+                "again"
+            )
+            Run.check_finite(step, seed_loss, seed_metrics, stops)
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
         if loss is None:

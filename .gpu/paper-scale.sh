@@ -27,7 +27,7 @@ if [ -z "${RUNS:-}" ]; then
   done
 fi
 
-commands=$(mktemp)  # the table's commands, in a file of this script's own
+commands="$out/commands.txt"  # the table's commands: this script writes only under $OUT and the records
 python reproduce.py table1 --scale paper --print-commands 2>/dev/null > "$commands"
 for run in $RUNS; do
   dir=$table/$run

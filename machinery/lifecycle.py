@@ -164,9 +164,9 @@ class Run:
         return time.time() - self.began
 
     @staticmethod
-    def check_finite(step, loss, metrics):
+    def check_finite(step, loss, metrics, stops="the run stops at its last checkpoint"):
         """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot
-        hold it."""
+        hold it. stops: what becomes of the run."""
         bad = {}
         for name, value in [("training loss", loss), *metrics.items()]:
             if value is not None and not math.isfinite(value):
@@ -175,7 +175,7 @@ class Run:
             raise Diverged(
                 f"training diverged by step {step} "
                 f"({', '.join(f'{k} {v}' for k, v in bad.items())}); "
-                "the run stops at its last checkpoint; a lower --lr may help"
+                f"{stops}; a lower --lr may help"
             )
 
     def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):

@@ -562,6 +562,12 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             text = head + marker + "\n".join(lines) + "\n" + after
             text = PASTED_TABLE.sub(pasted_table, text)
         texts[path] = PROSE_CITATION.sub(prose_citations(claimed_cell, path), text)
+    if not texts:
+        # run from another folder: nothing would be written, and nothing said
+        raise UsageError(
+            f"none of {', '.join(DOCUMENTS)} is here: run reproduce.py claims from the "
+            "repository's root"
+        )
     return texts
 
 

@@ -881,3 +881,12 @@ def test_a_citation_of_a_run_or_file_that_is_not_there_is_refused(tmp_path, monk
         tables.cited(claimed, "runs/probes/missing-s0/accuracy", "test")
     with pytest.raises(UsageError, match="which is not there"):
         tables.cited(claimed, "runs/probes/p-s0/analysis.json:lengths.unseen.test", "test")
+
+
+def test_claims_run_where_no_document_is_is_one_line_not_a_silent_success(tmp_path, monkeypatch):
+    # `cd EMPTY && reproduce.py claims --results REPO/results` exited 0 and wrote nothing
+    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        reproduce.main(["claims", "--results", results])
+    assert stopped.value.code == 2

@@ -1626,6 +1626,8 @@ def test_batched_seeds_that_diverge_stop_with_exit_code_3_and_write_no_nan(tmp_p
     assert (
         exit.value.code == 3 and "training diverged by step 4" in err and len(err.splitlines()) == 1
     ), err
+    # it said "the run stops at its last checkpoint", which a batched run never writes
+    assert "a batched run keeps no checkpoint" in err and "last checkpoint" not in err
     for seed in (0, 1):
         # no metrics, no final.json
         assert sorted(os.listdir(tmp_path / f"run-s{seed}")) == ["config.json"]
