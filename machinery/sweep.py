@@ -18,9 +18,10 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import torch
@@ -74,7 +75,17 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
             print(f"run {k} of {n}: {cfg.out} (resuming)", flush=True)
         else:
             print(f"run {k} of {n}: {cfg.out} (starting)", flush=True)
-        train.train(replace(cfg, overwrite=True), resume=state == "resume")
+        try:
+            train.train(replace(cfg, overwrite=True), resume=state == "resume")
+        except KeyboardInterrupt:
+            if multiprocessing.parent_process() is not None:
+                # A pool worker stopped by a signal, its checkpoint saved: reproduce.py was
+                # stopped (its end sends this signal, start_worker). The pool would hand it the
+                # next run, or leave it waiting for one from a parent that is gone: it ends.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(130)
+            raise
     split = os.path.join(cfg.out, "train_split.json")
     # Table 2's train accuracy: the run scored on its training split
     if cfg.task == "modadd" and not os.path.exists(split):
@@ -136,7 +147,7 @@ def sweep(table, runs: dict, jobs: int) -> int:
     cost_left = sum(map(run_cost, todo))
     cost_done = 0.0
 
-    with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
+    with worker_pool(jobs) if jobs > 1 else nullcontext() as pool, workers_stopped_with(pool):
         results = (pool.map if pool else map)(
             train_one,
             todo,
@@ -170,6 +181,33 @@ def sweep(table, runs: dict, jobs: int) -> int:
     return trained
 
 
+@contextmanager
+def workers_stopped_with(pool):
+    """Within: a SIGTERM to this process (a scheduler's stop, `timeout`) acts as Ctrl-C, and either
+    stops the pool's workers first, each at the end of its step with a checkpoint, so the sweep
+    ends with one line and exit 130 and leaves no worker behind. Without a pool, train.py's own
+    handling of the signals does this."""
+    if pool is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        # a Ctrl-C in a terminal reached the workers too; a SIGTERM reached this process alone
+        for worker in list(pool._processes.values()):
+            if worker.is_alive():
+                worker.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def worker_pool(jobs: int) -> ProcessPoolExecutor:
     """jobs worker processes, each started fresh (spawn: CUDA cannot start in a process forked from
     one that has used it) and given a GPU of its own where there are GPUs (start_worker)."""
@@ -199,6 +237,10 @@ def start_worker(started, gpus: list):
     the next of gpus (round robin if workers outnumber them)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    # A run stops at its first SIGTERM with a checkpoint (lifecycle.Run), and puts back the handler
+    # it found: here, ignore. The pool, seeing another worker end, terminates the rest, and that
+    # second SIGTERM would otherwise kill a run mid-step, before its checkpoint.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if gpus:
         with started.get_lock():
             k, started.value = started.value, started.value + 1

@@ -10,7 +10,10 @@ import math
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -890,3 +893,42 @@ def test_claims_run_where_no_document_is_is_one_line_not_a_silent_success(tmp_pa
     with pytest.raises(SystemExit) as stopped:
         reproduce.main(["claims", "--results", results])
     assert stopped.value.code == 2
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_a_sweep_stops_its_workers_with_checkpoints_and_one_line(tmp_path):
+    # it left its workers training, orphaned, one of them starting the next run
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = tmp_path / "runs"
+    argv = [sys.executable, os.path.join(root, "reproduce.py"), "table9", "--scale", "cpu"]
+    argv += ["--jobs", "2", "--seeds", "1", "--runs", str(runs), "--results", str(tmp_path / "r")]
+    sweep_process = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # both workers past their first evaluation-free steps: two runs staged or in place
+    deadline = time.time() + 120
+    while len(list(runs.glob("*/*/metrics.jsonl"))) + len(list(runs.glob("*/*/config.json"))) < 2:
+        assert time.time() < deadline and sweep_process.poll() is None
+        time.sleep(0.5)
+    time.sleep(3)
+    children = subprocess.run(
+        ["pgrep", "-P", str(sweep_process.pid)], capture_output=True, text=True
+    ).stdout.split()
+    sweep_process.send_signal(signal.SIGTERM)
+    _, err = sweep_process.communicate(timeout=120)
+    assert sweep_process.returncode == 130, err
+    assert "reproduce.py: interrupted" in err
+    assert len(list(runs.glob("*/*/checkpoint.pt"))) == 2
+    time.sleep(2)
+    for pid in children:
+        # gone, or a zombie that this machine's init has not reaped yet: not running
+        stat = f"/proc/{pid}/stat"
+        if os.path.exists(stat):
+            with open(stat) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            assert state in ("Z", "X"), f"process {pid} still runs"
