@@ -228,13 +228,23 @@ def replace_old_run(out, start: StartPoint):
     two renames (out -> .NAME.old, .NAME.new -> out) leave out missing between them, and
     finish_swap completes the swap at the next start or --resume."""
     staged, hidden = start.staged, None  # hidden: where the old run goes before it is deleted
+    # run/. names run, but no rename moves a path that ends in "."
+    out = os.path.normpath(out)
     if os.path.isdir(out):
         # the old run, to be hidden: finish_swap's proof, should a kill leave it
         write_swap_mark(out, out)
-        hidden = staged if exchange(staged, out) else hidden_sibling(out, "old")
-        if hidden != staged:
-            # never over a hidden old run: finish_swap settled any, under the locks held
-            os.rename(out, hidden)
+        try:
+            hidden = staged if exchange(staged, out) else hidden_sibling(out, "old")
+            if hidden != staged:
+                # never over a hidden old run: finish_swap settled any, under the locks held
+                os.rename(out, hidden)
+        except OSError as e:
+            # a mount point, or a folder the system will not move: the old run stays as it was
+            os.remove(os.path.join(out, SWAP_MARK))
+            raise UsageError(
+                f"--out {out} cannot be replaced ({e.strerror}): the system will not move it (a "
+                "mount point?); give a directory inside it, or remove the old run first"
+            ) from None
     if hidden != staged:
         os.rename(staged, out)
     start.staged, start.made = None, []  # the folders made for the run now hold it
@@ -293,8 +303,9 @@ def write_swap_mark(run_dir, out):
 
 def check_swapped(hidden, out) -> bool:
     """Whether hidden, beside out, is a swap's: a directory holding the SWAP_MARK of out (a symbolic
-    link never is). If not, UsageError, unless it is an empty directory (removing it loses
-    nothing)."""
+    link never is). If not, UsageError, unless it is a directory staging left before its mark was
+    whole: empty, or holding only the mark's temporary file (write_atomic's), which a kill between
+    the folder and its mark leaves (removing it loses nothing)."""
     with contextlib.suppress(OSError):  # no mark there
         with open(os.path.join(hidden, SWAP_MARK), "rb") as f:
             if (
@@ -302,7 +313,19 @@ def check_swapped(hidden, out) -> bool:
                 and f.read() == os.path.basename(os.path.abspath(out)).encode()
             ):
                 return True
-    if not os.path.isdir(hidden) or os.path.islink(hidden) or os.listdir(hidden):
+    if not os.path.isdir(hidden) or os.path.islink(hidden):
+        raise UsageError(
+            f"{hidden} is in the way: a run hides there only while it replaces "
+            f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "
+            "move it away"
+        )
+    names = os.listdir(hidden)
+    unfinished_mark = True
+    for name in names:
+        # write_atomic's temporary file of the mark: .<name>.<random>.tmp
+        if not (name.startswith("." + SWAP_MARK + ".") and name.endswith(".tmp")):
+            unfinished_mark = False
+    if not unfinished_mark:
         raise UsageError(
             f"{hidden} is in the way: a run hides there only while it replaces "
             f"{out}, and this one lacks its {SWAP_MARK} mark, so it is not a run's; "

@@ -1907,3 +1907,42 @@ def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, 
         torch.set_num_threads(before)
     assert threads_per_step == [1, 1, 1, 1]
     assert "resuming on 1 thread, as the run began, not 2" in capsys.readouterr().err
+
+
+def test_a_staged_folder_killed_before_its_mark_was_whole_is_recognised(tmp_path):
+    # --overwrite killed between making .NAME.new and renaming its .swap mark into it left a folder
+    # the next start refused ("lacks its .swap mark ... move it away"), though the program made it
+    train.train(tiny(tmp_path, steps=2))
+    staged = tmp_path / ".run.new"
+    staged.mkdir()
+    (staged / "..swap.k3j2h1.tmp").write_bytes(b"ru")  # the mark, half written
+    train.train(tiny(tmp_path, steps=2, overwrite=True))
+    assert not staged.exists() and (tmp_path / "run" / "final.json").exists()
+    # a folder holding anything else is still the user's: refused, untouched
+    staged.mkdir()
+    (staged / "notes.txt").write_text("mine")
+    with pytest.raises(errors.UsageError, match="lacks its .swap mark"):
+        train.train(tiny(tmp_path, steps=2, overwrite=True))
+    assert (staged / "notes.txt").read_text() == "mine"
+
+
+def test_overwrite_of_a_run_named_with_a_dot_or_that_will_not_move(tmp_path, monkeypatch):
+    # --out X/. gave a raw "Device or resource busy" and left a .swap mark inside the old run
+    train.train(tiny(tmp_path, steps=2))
+    train.train(tiny(tmp_path, steps=2, overwrite=True, out=str(tmp_path / "run" / ".")))
+    assert sorted(os.listdir(tmp_path / "run")) == [
+        "config.json",
+        "final.json",
+        "metrics.jsonl",
+        "model.pt",
+    ]
+
+    # a mount point: the system refuses to move it, and the old run stays whole
+    def busy(*args):
+        raise OSError(16, "Device or resource busy")
+
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(rundir, "exchange", busy)
+    with pytest.raises(errors.UsageError, match="cannot be replaced"):
+        train.train(tiny(tmp_path, steps=2, overwrite=True))
+    assert snapshot(tmp_path) == before
