@@ -5,7 +5,9 @@ with usage_errors("train.py"): ...   # a UsageError inside: `train.py: error: ..
 """
 
 import argparse
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -23,11 +25,15 @@ class Diverged(Exception):
 @contextmanager
 def usage_errors(prog: str, interrupted: str = ""):
     """Inside, a UsageError ends the program with one line, `prog: error: ...`, and exit code 2;
-    Ctrl-C with `prog: interrupted` and what to do next (interrupted), exit code 130; a diverged
-    run, exit code 3."""
+    Ctrl-C, or a SIGTERM (a scheduler's stop, `timeout`), with `prog: interrupted` and what to do
+    next (interrupted), exit code 130; a diverged run, exit code 3. train.py's run catches the
+    signals itself, to stop at a step's end with a checkpoint."""
     # a name or mask the locale cannot encode prints escaped
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
+    handler_before = None
+    if threading.current_thread() is threading.main_thread():
+        handler_before = signal.signal(signal.SIGTERM, stop_as_ctrl_c)
     try:
         yield
     except KeyboardInterrupt:
@@ -54,8 +60,16 @@ def usage_errors(prog: str, interrupted: str = ""):
         )
     else:
         return
+    finally:
+        if handler_before is not None:
+            signal.signal(signal.SIGTERM, handler_before)
     print(f"{prog}: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def stop_as_ctrl_c(signum, frame):
+    """A SIGTERM, handled as Ctrl-C is: where the program stands, then one line and exit 130."""
+    raise KeyboardInterrupt
 
 
 class OneLineParser(argparse.ArgumentParser):

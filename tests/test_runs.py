@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, replace
 
 import pytest
@@ -1420,6 +1421,7 @@ def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, cap
 
 FAILING_FIRST_STEP = """
 import sys
+import time
 sys.path.insert(0, sys.argv[1])
 import train
 
@@ -1789,6 +1791,7 @@ def test_a_run_directory_spelled_another_way_is_the_same_run(tmp_path):
 
 CORPUS_BUILDER = """
 import sys
+import time
 sys.path.insert(0, sys.argv[1])
 import numpy
 from machinery import corpus
@@ -1946,3 +1949,22 @@ def test_overwrite_of_a_run_named_with_a_dot_or_that_will_not_move(tmp_path, mon
     with pytest.raises(errors.UsageError, match="cannot be replaced"):
         train.train(tiny(tmp_path, steps=2, overwrite=True))
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_a_script_is_one_line_and_exit_130(tmp_path):
+    # bench.py (as analyze.py, compare.py, sample.py) died silently with -15
+    argv = [sys.executable, os.path.join(REPO, "bench.py"), "--task", "needle", "--frozen"]
+    argv += ["--width", "32", "--batch-size", "16", "--device", "cpu", "--steps-timed", "1000000"]
+    process = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(8)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and err.strip() == "bench.py: interrupted", err
