@@ -1165,6 +1165,8 @@ def analyze(run: SavedRun, results: dict, args):
         if args.only not in (None, name) or not analysis.applies(run):
             continue
         results[name] = analysis.compute(run, args)
+        # the model it was made of: a redraw refuses an analysis of another (reproduce.py)
+        results[name].setdefault("label", run.label)
         if "skipped" in results[name]:
             print(f"{run.path}: {analysis.title}: skipped, {results[name]['skipped']}")
         else:

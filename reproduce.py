@@ -754,8 +754,9 @@ def check_records(runs: dict):
     """For --redraw, which trains nothing and so meets records no sweep has just checked: each
     run's config.json must be its cell's (sweep.check_same_config); its final.json,
     train_split.json and metrics.jsonl must hold finite numbers (null for a value not measured
-    yet); an analysis made for another model (its variance names its model) is refused. A
-    failure is a UsageError naming the file."""
+    yet); an analysis made of another model than the finished run (each analysis names the model
+    it was made of: an untrained one, another width, or the run stopped mid-training) is refused.
+    A failure is a UsageError naming the file."""
     # each run once: tables share runs
     run_configs = {}
     for cell in runs.values():
@@ -777,15 +778,21 @@ def check_records(runs: dict):
                 )
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
-        variance = read_analysis(cfg.out, "variance")
-        # of its run, it records (earlier: less)
-        made_for = {"width": saved.width, "label": run_label(saved)}
-        if isinstance(variance, dict) and any(variance.get(k, v) != v for k, v in made_for.items()):
-            raise UsageError(
-                f"{os.path.join(cfg.out, 'analysis.json')} was made for "
-                f"{variance.get('label')!r}, not this run ({made_for['label']}); "
-                "analyze it again"
-            )
+        analysis_path = os.path.join(cfg.out, "analysis.json")
+        if not os.path.exists(analysis_path):
+            continue
+        # the finished run's own label (analyses older than labels on every result are not
+        # checked where they carry none)
+        expected = {"width": saved.width, "label": run_label(saved)}
+        for result in read_json(analysis_path).values():
+            if not isinstance(result, dict):
+                continue
+            for key, value in expected.items():
+                if key in result and result[key] != value:
+                    raise UsageError(
+                        f"{analysis_path} was made for {result.get('label')!r}, not this run "
+                        f"({expected['label']}); analyze it again"
+                    )
 
 
 def check_numbers(record: dict, where: str, nullable=True):

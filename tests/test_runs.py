@@ -365,6 +365,16 @@ BAD_INPUTS = [
         ["table7", "--seeds", "1", "--redraw", "--runs", "REDRAWWIDTH"],
         "analysis.json was made for 'parens Random w1024'",
     ),
+    (
+        "reproduce.py",
+        ["table7", "--seeds", "1", "--redraw", "--runs", "REDRAWSTOPPED"],
+        "stopped at step 750', not this run",
+    ),
+    (
+        "reproduce.py",
+        ["table7", "--seeds", "1", "--redraw", "--runs", "REDRAWUNTRAINED"],
+        "untrained (0 steps) w",
+    ),
     # Tracebacks, each now one line.
     (
         "train.py",
@@ -582,6 +592,9 @@ def redraw_records(root):
         (run / "metrics.jsonl").write_text(
             json.dumps({"step": 4, "loss": 1.0, "test_accuracy": log or 0.5}) + "\n"
         )
+        if callable(analysis):
+            # an analysis of the run's own label, changed
+            analysis = analysis(reproduce.run_label(config.resolve(cell)[0]))
         if analysis:
             (run / "analysis.json").write_text(json.dumps(analysis))
 
@@ -607,6 +620,19 @@ def redraw_records(root):
         "REDRAWWIDTH",
         analysis={"variance": {"width": 1024, "label": "parens Random w1024"}},
     )
+
+    # made while the run trained, and kept once it finished
+    def mid_training(label):
+        return {"projection": {"label": label + ", stopped at step 750"}}
+
+    cell_run("table7", "REDRAWSTOPPED", analysis=mid_training)
+
+    # an analysis of the untrained model, copied into a trained run
+    def untrained(label):
+        task, _, width = label.split()
+        return {"projection": {"label": f"{task} untrained (0 steps) {width}"}}
+
+    cell_run("table7", "REDRAWUNTRAINED", analysis=untrained)
 
 
 CLAIM = {
