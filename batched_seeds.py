@@ -34,7 +34,7 @@ from machinery.errors import UsageError, usage_errors
 from machinery.lifecycle import Run, first_line, write_seed_summary
 from machinery.rundir import log_eval, replace_old_run, run_record, save_final, start_or_resume
 from tasks import Batch, join_batches
-from train import evaluate, lr_at, make_optimizer, set_lr
+from train import evaluate, lr_at, make_optimizer, set_lr, spare_batch
 
 
 def seed_model(base, params, i):
@@ -92,9 +92,8 @@ def train_batched(cfg) -> list:
     test = task.test_set()
     precision = autocast(device, cfg.dtype)
     # one seed's forward and backward passes, timed for the first line (train.train does the same)
-    spare_data = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
-    spare_batch = task.sample(cfg.batch_size, spare_data).to(device)
-    threads, seconds = choose_threads(base, task.loss, spare_batch, precision, device)
+    timed_batch = spare_batch(task, cfg, device)
+    threads, seconds = choose_threads(base, task.loss, timed_batch, precision, device)
     # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls,
     # which vmap batches.
     if device.type == "cuda":

@@ -60,13 +60,12 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     # it fastest): forward and backward passes on a batch of its own, not the run's data.
     threads, seconds = torch.get_num_threads(), 0.0
     if resume or cfg.steps:
-        spare_data = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
-        spare_batch = task.sample(cfg.batch_size, spare_data).to(device)
         resumed_on = None
         if resume:
             resumed_on = recorded_threads(cfg.out)
+        timed_batch = spare_batch(task, cfg, device)
         threads, seconds = choose_threads(
-            model, task.loss, spare_batch, precision, device, resumed_on
+            model, task.loss, timed_batch, precision, device, resumed_on
         )
 
     with deterministic_kernels(cfg.deterministic), Run(cfg, counts, device, ranks, threads) as run:
@@ -99,6 +98,13 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
         if run.stop_requested:
             raise KeyboardInterrupt
     return run.metrics
+
+
+def spare_batch(task, cfg, device) -> Batch:
+    """A training batch of the run's size for timing a step, drawn from a generator of its own
+    (seed + 1), so the run's data stream is untouched."""
+    generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
+    return task.sample(cfg.batch_size, generator).to(device)
 
 
 def train_step(model, loss_fn, chunks: list, optimizer, clip, precision):

@@ -97,14 +97,13 @@ def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
     # now, while model.pt is here: git keeps a run's analysis.json, not its weights
     has_model = os.path.exists(os.path.join(cfg.out, "model.pt"))
     saved = saved_config(cfg.out)
-    for name in analyses:
-        if not has_model or saved is None:
-            break
-        result = read_analysis(cfg.out, name)
+    if has_model and saved is not None:
         label = analyze.run_label(saved)
-        # none yet, or one made of the model at another point (while it trained) or of another
-        if result is None or result.get("label", label) != label:
-            analyze.main([cfg.out, "--only", name])
+        for name in analyses:
+            result = read_analysis(cfg.out, name)
+            # none yet, or one made of the model at another point (while it trained) or of another
+            if result is None or result.get("label", label) != label:
+                analyze.main([cfg.out, "--only", name])
 
     return (
         read_json(
