@@ -77,7 +77,7 @@ def train_batched(cfg) -> list:
         seeds_forward = torch.func.vmap(partial(torch.func.functional_call, base))
         return seeds_forward(params, (x, pos))
 
-    stacked = compile_model(forward, device, cfg.compile)
+    stacked = compile_model(forward, device, cfg.compile, cfg.deterministic)
     # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op:
     # expected, not news.
     warnings.filterwarnings(

@@ -132,7 +132,7 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 def ours(cfg, task, model, device):
-    compile_model(model.to(device), device, cfg.compile)
+    compile_model(model.to(device), device, cfg.compile, cfg.deterministic)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip = Ranks().clipper(model.parameters(), cfg.clip)  # train.py's clipping, in one process
     generator = torch.Generator(device=device).manual_seed(cfg.seed)

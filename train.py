@@ -72,7 +72,7 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
         start = run.open(resume, model, optimizer, generator)
         if ranks.lead:
             print(run.first_line(seconds), flush=True)
-        compile_model(model, device, cfg.compile)
+        compile_model(model, device, cfg.compile, cfg.deterministic)
         for step in range(start.step, cfg.steps + 1):
             last = step == cfg.steps
             evaluation_due = last or (step > 0 and step % cfg.eval_every == 0)

@@ -109,17 +109,26 @@ def autocast(device, dtype="auto"):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, dtype))
 
 
-def compile_model(model, device, use_compile=None):
+def compile_model(model, device, use_compile=None, deterministic=False):
     """model compiled if use_compile (None: on CUDA only): a module in place, so that one handle
     serves training and evaluation, any other callable wrapped. Automatic dynamic shapes: the first
     change of chunk length recompiles once, for every length after it. A model that fails to compile
     says so in one line and runs eagerly from then on (inductor compiles the backward at the first
-    backward(), outside this guard; where the forward compiles, so does the backward)."""
+    backward(), outside this guard; where the forward compiles, so does the backward).
+
+    A deterministic run compiles for every length from its first call. With automatic dynamic
+    shapes the first length keeps kernels of its own, and a resumed run starts at another length:
+    on an H100 its weights then ended 1e-9 away from the whole run's (RESULTS.md, the fourth device
+    session); compiled dynamic from the start, they ended equal."""
     if not (device.type == "cuda" if use_compile is None else use_compile):
         return model
+    dynamic = None  # torch's automatic dynamic shapes
+    if deterministic:
+        dynamic = True
     if not isinstance(model, torch.nn.Module):
-        return eager_after_failure(torch.compile(model), model)
-    model.forward = eager_after_failure(torch.compile(model.forward), model.forward)
+        return eager_after_failure(torch.compile(model, dynamic=dynamic), model)
+    compiled = torch.compile(model.forward, dynamic=dynamic)
+    model.forward = eager_after_failure(compiled, model.forward)
     return model
 
 

@@ -1917,7 +1917,14 @@ def test_a_ctrl_c_while_bench_times_is_one_line_and_exit_130(monkeypatch, capsys
 def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, capsys):
     # stopped on 1 thread and resumed with OMP_NUM_THREADS=2, it ended with other weights, silently
     cfg = tiny(tmp_path, steps=8, eval_every=4)
-    train.train(cfg, stop_after=4)
+    before = torch.get_num_threads()
+    # begun on 1 thread, whatever this machine's default or its OMP_NUM_THREADS
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        train.train(cfg, stop_after=4)
+    finally:
+        torch.set_num_threads(before)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == 1
     threads_per_step = []
     step = train.train_step
@@ -1926,7 +1933,6 @@ def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, 
         threads_per_step.append(torch.get_num_threads())
         return step(*args)
 
-    before = torch.get_num_threads()
     monkeypatch.setattr(train, "train_step", watched)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     torch.set_num_threads(2)
