@@ -256,7 +256,8 @@ def results_text(
 ) -> str:
     """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw
     (trained 0, the .md there) keeps the date, machine and command that trained the runs; the run
-    count and minutes are always the records'."""
+    count and minutes are always the records'. A redraw that changes nothing but its own dated
+    line keeps the old one, so the file stays as it was."""
     path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(
         table,
@@ -279,13 +280,20 @@ def results_text(
             old = f.read().split("\n")
         # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
         # the line of the sweep that trained them
+        done = f": redrawn from the finished runs by `{command}`; nothing trained."
+        redrawn = date.today().isoformat() + done
         lines[2:4] = [
             old[2].partition(";")[0] + ";" + lines[2].partition(";")[2],
             old[3],
             *(line for line in old[4:5] if "this command trained" in line),
-            f"{date.today().isoformat()}: redrawn from the finished runs by "
-            f"`{command}`; nothing trained.",
+            redrawn,
         ]
+        # the day of the last redraw stays where nothing else changed, so the file does too
+        index = lines.index(redrawn)
+        if index < len(old) and old[index].endswith(done):
+            lines[index] = old[index]
+            if lines != old:
+                lines[index] = redrawn
     return "\n".join(lines)
 
 

@@ -626,6 +626,17 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
             ": redrawn from the finished runs by `python reproduce.py table9`; nothing trained."
         )
         assert lines[6] == ""
+    # a redraw on another day that changes no number leaves the file as it was: every redraw
+    # rewrote all 16 tables' dated lines
+    path = tmp_path / "results" / "table9-cpu.md"
+    before = path.read_text().replace(lines[5][:10], "2020-02-02")
+    path.write_text(before)
+    reproduce.main(["table9"])
+    assert path.read_text() == before
+    # and one that changes a number dates itself
+    write_final(cfg.out, accuracy=0.25, loss=1.0, elapsed=60.0)
+    reproduce.main(["table9"])
+    assert "2020-02-02" not in path.read_text()
 
 
 def gpu_once_both_workers_run(barrier):
