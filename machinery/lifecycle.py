@@ -348,8 +348,8 @@ def result_line(cfg, metrics) -> str:
 
 def settings_apart(cfg) -> str:
     """Where a run (cfg resolved) leaves the settings of its scale, the cpu variant or the paper's
-    protocol, at its width (the result line names the scale and the width): "layers 1 not 2, lr
-    0.001 not 0.003", or "" (also for a run of its own settings). Settings that change no number,
+    protocol, at its width (the result line names the scale and the width): "layers 1 not 2, test
+    size 50 not 1,000", or "" (also for a run of its own settings). Settings that change no number,
     the seed and how often it evaluates, are left out."""
     model = TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)
     if cfg.scale == "cpu":
@@ -365,13 +365,19 @@ def settings_apart(cfg) -> str:
         differing["pos"] = cfg.pos
     apart = []
     for name, value in differing.items():
-        apart.append(f"{name} {setting_text(value)} not {setting_text(getattr(reference, name))}")
+        apart.append(
+            f"{name.replace('_', ' ')} {setting_text(value)} not "
+            f"{setting_text(getattr(reference, name))}"
+        )
     return ", ".join(apart)
 
 
 def setting_text(value) -> str:
-    if isinstance(value, float):
+    """A setting's value in a line: 0.001, 6,000, sinusoidal."""
+    if type(value) is float:
         return f"{value:g}"
+    if type(value) is int:
+        return f"{value:,}"
     return str(value)
 
 
