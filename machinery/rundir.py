@@ -144,8 +144,8 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
 def check_start(cfg, resume, lead=True):
     """UsageError unless a run may start at cfg.out: resumed, one that has not finished (after
     completing what a kill left of a swap there); new, a directory check_run_dir accepts. train.py
-    calls it before it builds the model and times a step (a minute on a busy CPU), so that a
-    refused start is refused at once; start_or_resume calls it again as it stages the run."""
+    calls it before it builds the model and times a step (slow on a busy CPU), so that a refused
+    start is refused at once; start_or_resume calls it again as it stages the run."""
     if resume:
         if lead:
             finish_swap(cfg.out)
