@@ -32,7 +32,14 @@ from machinery.devices import (
 )
 from machinery.errors import UsageError, usage_errors
 from machinery.lifecycle import Run, first_line, write_seed_summary
-from machinery.rundir import log_eval, replace_old_run, run_record, save_final, start_or_resume
+from machinery.rundir import (
+    check_start,
+    log_eval,
+    replace_old_run,
+    run_record,
+    save_final,
+    start_or_resume,
+)
 from tasks import Batch, join_batches
 from train import evaluate, lr_at, make_optimizer, set_lr, spare_batch
 
@@ -65,6 +72,10 @@ def train_batched(cfg) -> list:
         )
     device = pick_device(cfg.device)
     seeds, tasks, models, counts = zip(*map(build_seeded, seed_configs(cfg)))
+    # every seed's directory checked before a step is timed, so that a refused start is refused at
+    # once (SeedRuns.open checks again as it stages them)
+    for run in seeds:
+        check_start(run, False)
     # settings filled in by build, shared by every seed
     cfg = seeds[0]
     task = tasks[0]
@@ -222,7 +233,7 @@ class SeedRuns(Run):
             )
             Run.check_finite(step, seed_loss, seed_metrics, stops)
 
-    def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
+    def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s, pace):
         if loss is None:
             loss = [None] * len(self.seeds)
         for run, seed_loss, seed_metrics in zip(self.seeds, loss, metrics):
@@ -236,6 +247,7 @@ class SeedRuns(Run):
                 seed_metrics,
                 elapsed,
                 steps_per_s,
+                pace,
                 prefix=prefix,
             )
 

@@ -5,6 +5,9 @@ metrics, and one figure of their test accuracy and test loss against step.
         runs/reproduce/table1-cpu/needle-normal-512-s*
     python compare.py runs/a runs/b --plot ab.png > ab.md
 
+The figure goes to runs/compare-<run>-vs-<run>.png by default, named after the runs compared, so
+that each comparison keeps its own picture.
+
 Runs whose directory names differ only in a trailing -s<seed> and whose settings differ only in
 the seed share a row: median [min, max] over the seeds. A run without final.json (still training,
 or killed) shows its last evaluation.
@@ -17,7 +20,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass, fields
 
-from machinery.config import saved_config
+from machinery.config import MAX_NAME, digest, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import FINAL_KEYS, read_json, read_metrics
 from machinery.plots import pyplot, save_figure
@@ -283,6 +286,22 @@ def plot(groups, path, figure_title=None, labels=None):
     save_figure(plt, fig, path)
 
 
+def picture_name(groups) -> str:
+    """The figure's default file name, after the runs compared in the table's order:
+    compare-<run>-vs-<run>.png, a seed group named without its -s<seed>; a name too long for a file
+    is cut, with a hash of the whole."""
+    names = []
+    for group in groups:
+        name = os.path.basename(os.path.normpath(group[0].path))
+        if len(group) > 1:
+            name = SEED_SUFFIX.sub("", name)
+        names.append(name)
+    name = "compare-" + "-vs-".join(names)
+    if len(name) > MAX_NAME:
+        name = f"{name[: MAX_NAME - 12]}-{digest(name)}"
+    return name + ".png"
+
+
 def median_curve(group, key):
     """(steps, (median, min, max) at each) of a logged value over a group's seeds, in %, where each
     seed has it; seeds are evaluated at the same steps, and a step some seed has not reached yet is
@@ -304,9 +323,8 @@ def main(argv=None):
     for flag, options in {
         "runs": dict(nargs="+", metavar="RUN", help="run directories written by train.py"),
         "--plot": dict(
-            default=os.path.join("runs", "compare.png") if os.path.isdir("runs") else "compare.png",
-            help="where to write the figure (default: runs/compare.png, or compare.png without "
-            "runs/)",
+            help="where to write the figure (default: runs/compare-<run>-vs-<run>.png, named after "
+            "the runs compared, or that name here without runs/)",
         ),
         "--title": dict(help="the figure's title (default: none)"),
         "--labels": dict(
@@ -317,7 +335,7 @@ def main(argv=None):
         parser.add_argument(flag, **options)
     args = parser.parse_args(argv)
     with usage_errors("compare.py"):
-        if not os.path.isdir(os.path.dirname(args.plot) or "."):
+        if args.plot and not os.path.isdir(os.path.dirname(args.plot) or "."):
             raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
         # a run once, however its path is spelled: the first spelling of each
         paths = []
@@ -329,8 +347,14 @@ def main(argv=None):
 
         groups = seed_groups([load(path) for path in paths])
         print(table(groups))
-        plot(groups, args.plot, args.title, args.labels.split(",") if args.labels else None)
-        print(f"wrote {args.plot}", file=sys.stderr)
+        path = args.plot
+        if path is None:
+            # named after the runs: another comparison's picture stays
+            path = picture_name(groups)
+            if os.path.isdir("runs"):
+                path = os.path.join("runs", path)
+        plot(groups, path, args.title, args.labels.split(",") if args.labels else None)
+        print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from machinery.config import resolve
 from machinery.devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
 from machinery.errors import UsageError, usage_errors
 from machinery.lifecycle import Run, resumed_config, seed_state, write_seed_summary
-from machinery.rundir import recorded_threads
+from machinery.rundir import check_start, recorded_threads
 from model import apply_training_mode, new_model
 from tasks import Batch
 
@@ -36,6 +36,9 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     ranks = Ranks()
     cfg, task = resolve(cfg)  # the paper's settings for the task, where cfg leaves them unset
     device = ranks.device(cfg.device)
+    # a finished run or another's directory is refused here, before the model is built and a step
+    # timed
+    check_start(cfg, resume, ranks.lead)
 
     # The model, drawn from the seed: the same seed draws the same frozen blocks again, which is
     # why a checkpoint holds only the weights that train. The training mode (model.py) chooses them.

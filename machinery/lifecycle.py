@@ -4,6 +4,7 @@ take here) and the last (the result beside the paper's), and what train.py does 
 a --seeds command."""
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -17,14 +18,14 @@ from machinery.config import (
     CPU_VARIANTS,
     TrainConfig,
     changed_settings,
+    cpu_variant,
     resolve,
     saved_config,
+    settings_differing,
 )
 from machinery.devices import THREADS, threads_chosen
-from machinery.errors import Diverged
-from machinery.files import (
-    write_json,
-)
+from machinery.errors import Diverged, UsageError
+from machinery.files import read_metrics, write_json
 from machinery.paper import test_number
 from machinery.rundir import (
     StartPoint,
@@ -85,6 +86,7 @@ class Run:
         self.metrics, self.losses = {}, []
         self.stop_requested = False
         self.logged_elapsed = 0.0
+        self.lap_restored = 0
 
     def __enter__(self):
         # the handlers the signals had before the run, given back on exit (request_stop: where
@@ -106,6 +108,8 @@ class Run:
         # a resumed run carries its earlier time
         self.began = time.time() - self.start.elapsed
         self.lap_began = time.time()
+        # a resumed run's first lap holds the losses of steps taken before the stop, in no time here
+        self.lap_restored = len(self.losses)
         self.bar = tqdm(
             total=self.cfg.steps,
             initial=self.start.step,
@@ -115,11 +119,22 @@ class Run:
         return self.start
 
     def first_line(self, seconds) -> str:
-        """What trains and how long it will take here (a step takes `seconds`), then the sizes."""
+        """What trains, from which step, and how long it will take here (a step takes `seconds`);
+        the plateau a committed record of the same settings sat on, if any (plateau_note); then
+        the sizes."""
         steps_left = self.cfg.steps - self.start.step
         line = first_line(
-            self.cfg, self.counts, self.device, seconds, steps_left, threads=self.threads
+            self.cfg,
+            self.counts,
+            self.device,
+            seconds,
+            steps_left,
+            threads=self.threads,
+            done=self.start.step,
         )
+        note = plateau_note(self.cfg)
+        if note:
+            line += "\n" + note
         return (
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
             f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"
@@ -141,13 +156,18 @@ class Run:
         # seeds); its .tolist() waits for every queued step, so the lap is true training time
         loss = None
         steps_per_s = None
+        pace = ""
         if self.losses:
             loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist()
-            steps_per_s = len(self.losses) / (time.time() - self.lap_began)
+            lap = time.time() - self.lap_began
+            steps_per_s = len(self.losses) / lap
+            # the console's pace counts only the steps taken in the lap
+            pace = pace_words(len(self.losses) - self.lap_restored, lap)
         self.check_finite(step, loss, metrics)
         self.logged_elapsed = self.elapsed()
-        self.write_eval(step, loss, lr, metrics, self.logged_elapsed, steps_per_s)
+        self.write_eval(step, loss, lr, metrics, self.logged_elapsed, steps_per_s, pace)
         self.metrics, self.losses = metrics, []
+        self.lap_restored = 0
         # evaluation time does not count as training time for steps/s
         self.lap_began = time.time()
 
@@ -178,15 +198,17 @@ class Run:
                 f"{stops}; a lower --lr may help"
             )
 
-    def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s):
+    def write_eval(self, step, loss, lr, metrics, elapsed, steps_per_s, pace):
         """The evaluation's line in metrics.jsonl (and on the console where the bar does not show),
-        and its headline metrics beside the progress bar."""
+        and its headline metrics beside the progress bar. pace: the console's (pace_words)."""
         if self.ranks.lead:
-            log_eval(self.cfg.out, step, self.cfg.steps, loss, lr, metrics, elapsed, steps_per_s)
+            log_eval(
+                self.cfg.out, step, self.cfg.steps, loss, lr, metrics, elapsed, steps_per_s, pace
+            )
         # every headline metric (addition: exact sums beside per-token accuracy); the log line has
         # them all
         headline = {name: value for name, value in metrics.items() if name != "loss"}
-        self.bar.set_postfix(loss=loss, **headline, steps_per_s=steps_per_s)
+        self.bar.set_postfix(loss=loss, **headline, pace=pace or None)
 
     def request_stop(self, signum, frame):
         """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the
@@ -253,6 +275,22 @@ class Run:
         self.start.close()
 
 
+# Fewer steps than this make a rough pace: a process's first steps allocate, and a resumed run's
+# first lap holds only the steps from the stop to the next evaluation.
+SHORT_LAP = 50
+
+
+def pace_words(steps, seconds) -> str:
+    """A lap's pace for the console, "3.52 steps/s", with the steps it was timed over where they
+    are fewer than SHORT_LAP; "" where the lap took no step here."""
+    if steps < 1:
+        return ""
+    words = f"{steps / seconds:.2f} steps/s"
+    if steps < SHORT_LAP:
+        words += f" over {steps} step{'s' * (steps > 1)}"
+    return words
+
+
 def resumed_config(run_dir):
     """The config of the interrupted run in run_dir, which --resume continues, after completing what
     a kill left of a swap there (finish_swap)."""
@@ -298,10 +336,49 @@ def result_line(cfg, metrics) -> str:
             + "; the paper has no comparable number"
         )
     name, metric, value, table = published
+    apart = settings_apart(cfg)
+    if apart:
+        # a --layers 1 run beside the paper's 2-layer number says so
+        what = f"{cfg.task}, {model_words(cfg)} {cfg.width} ({scale} with {apart})"
     return (
         f"{what}: {100 * metrics[metric]:.3g}% test {metric}; the paper's {name}: {value:g} "
         f"({table})"
     )
+
+
+def settings_apart(cfg) -> str:
+    """Where a run (cfg resolved) leaves the settings of its scale, the cpu variant or the paper's
+    protocol, at its width (the result line names the scale and the width): "layers 1 not 2, test
+    size 50 not 1,000", or "" (also for a run of its own settings). Settings that change no number,
+    the seed and how often it evaluates, are left out."""
+    model = TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)
+    if cfg.scale == "cpu":
+        reference = replace(cpu_variant(model), width=cfg.width)
+    elif cfg.scale == "paper":
+        reference = replace(model, width=cfg.width, scale="paper")
+    else:
+        return ""
+    reference = resolve(reference)[0]
+    differing = settings_differing(cfg, reference)
+    differing.pop("eval_every", None)
+    if cfg.pos != reference.pos:  # not among the settings a run's name lists
+        differing["pos"] = cfg.pos
+    apart = []
+    for name, value in differing.items():
+        apart.append(
+            f"{name.replace('_', ' ')} {setting_text(value)} not "
+            f"{setting_text(getattr(reference, name))}"
+        )
+    return ", ".join(apart)
+
+
+def setting_text(value) -> str:
+    """A setting's value in a line: 0.001, 6,000, sinusoidal."""
+    if type(value) is float:
+        return f"{value:g}"
+    if type(value) is int:
+        return f"{value:,}"
+    return str(value)
 
 
 def slow_run_hint(cfg, seconds):
@@ -326,8 +403,71 @@ def thread_text(threads) -> str:
     )
 
 
-def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1) -> str:
-    """What the run trains, by whose protocol, and how long it will take on this machine."""
+# Committed records of the canonical cpu-scale runs whose test accuracy sits on a plateau before it
+# climbs (RESULTS.md, Table 1), one per seed: a run of the same settings says so on its first
+# lines, so that nobody stops it as broken.
+PLATEAU_RECORDS = (
+    os.path.join("runs", "reproduce", "table1-cpu", "needle-random-512-s{seed}"),
+    os.path.join("runs", "reproduce", "table1-cpu", "addition-random-512-s{seed}"),
+)
+# the records are the repository's, wherever a run starts
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLATEAU_POINTS = 0.06  # an evaluation on the plateau: within 6 points of the first's accuracy
+CLIMB = 0.9  # a plateau the run left: a later evaluation passes 90%
+
+
+def plateau(records):
+    """(last step, lowest and highest test accuracy, first step past CLIMB) of the plateau a run's
+    evaluations (metrics.jsonl's records) begin on, or None. The rule: the plateau is the
+    evaluations from the first on while each one's accuracy stays within PLATEAU_POINTS of the
+    first's; it counts if it holds two evaluations or more and a later one passes CLIMB."""
+    steps, accuracies = [], []
+    for record in records:
+        if record.get("test_accuracy") is not None:
+            steps.append(record["step"])
+            accuracies.append(record["test_accuracy"])
+    held = 0
+    while held < len(accuracies) and abs(accuracies[held] - accuracies[0]) <= PLATEAU_POINTS:
+        held += 1
+    climbed = None
+    for step, accuracy in zip(steps[held:], accuracies[held:]):
+        if accuracy > CLIMB:
+            climbed = step
+            break
+    if held < 2 or climbed is None:
+        return None
+    return steps[held - 1], min(accuracies[:held]), max(accuracies[:held]), climbed
+
+
+def plateau_note(cfg):
+    """A line for a run (cfg resolved) whose settings are those of a committed record in
+    PLATEAU_RECORDS: the plateau the record sat on (plateau) and when it climbed; None where no
+    record there has them."""
+    for pattern in PLATEAU_RECORDS:
+        record = pattern.format(seed=cfg.seed)
+        path = os.path.join(REPOSITORY, record)
+        try:
+            if saved_config(path) is None or changed_settings(cfg, path):
+                continue
+            found = plateau(read_metrics(path))
+        except UsageError:  # a damaged record costs the note, never the run
+            continue
+        if found is None:
+            continue
+        end, low, high, climbed = found
+        return (
+            f"{cfg.task}: the committed record of these settings ({record}) sat at "
+            f"{100 * low:.0f}-{100 * high:.0f}% test accuracy until step {end:,} and passed "
+            f"{100 * CLIMB:.0f}% by step {climbed:,}: expect the same plateau, not a broken run"
+        )
+    return None
+
+
+def first_line(
+    cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1, done=0
+) -> str:
+    """What the run trains, by whose protocol, and how long it will take on this machine; done:
+    the steps a resumed run took before (it says where it resumes)."""
     model = f"the {model_words(cfg)}" + ("" if cfg.arch == "lstm" else " transformer")
     protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its saved settings"
@@ -348,16 +488,22 @@ def first_line(cfg, counts, device, seconds, steps_left, timed="a step timed", t
         f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
         f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
     )
+    resuming = ""
+    if done:
+        resuming = f"resuming at step {done:,} of {cfg.steps:,}: "
     if steps_left == 0:
         # nothing to train, so nothing was timed and no thread count was compared
-        when = f"no steps to take on this {device.type.upper()}"
+        when = f"{resuming}no steps to take on this {device.type.upper()}"
     else:
         threads_said = ""
         if device.type == "cpu":
             threads_said = thread_text(threads)
+        steps = f"{steps_left:,} steps of {cfg.batch_size}"
+        if done:
+            steps += " left"
         when = (
-            f"{steps_left:,} steps of {cfg.batch_size}, about {took} on this "
-            f"{device.type.upper()} ({timed}, {seconds:.2g} s{threads_said})"
+            f"{resuming}{steps}, about {took} on this {device.type.upper()} ({timed}, "
+            f"{seconds:.2g} s{threads_said})"
         )
     if hint:
         return what + when + f"; {hint}"

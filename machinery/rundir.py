@@ -109,15 +109,9 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
     refused), and return where the loop starts: a new run staged, so that a failed start leaves
     nothing and an old run it would --overwrite survives any failure; a resumed one at its
     checkpoint. Only rank 0 touches files."""
-    if resume:
-        if lead:
-            finish_swap(cfg.out)
-        if os.path.exists(os.path.join(cfg.out, "final.json")):
-            raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
-    else:
-        check_run_dir(cfg.out, cfg.overwrite, lead)
-        if dist.is_initialized():
-            dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
+    # checked again, though train.py checked before timing a step: another process may have
+    # started a run there since
+    check_start(cfg, resume, lead)
     start, staged = StartPoint(), hidden_sibling(cfg.out, "new")
     try:  # refused or failed: the start is undone, and the locks go with their files
         if resume:
@@ -145,6 +139,22 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
         start.close()
         raise
     return start
+
+
+def check_start(cfg, resume, lead=True):
+    """UsageError unless a run may start at cfg.out: resumed, one that has not finished (after
+    completing what a kill left of a swap there); new, a directory check_run_dir accepts. train.py
+    calls it before it builds the model and times a step (slow on a busy CPU), so that a refused
+    start is refused at once; start_or_resume calls it again as it stages the run."""
+    if resume:
+        if lead:
+            finish_swap(cfg.out)
+        if os.path.exists(os.path.join(cfg.out, "final.json")):
+            raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
+    else:
+        check_run_dir(cfg.out, cfg.overwrite, lead)
+        if dist.is_initialized():
+            dist.barrier()  # under torchrun every rank checks the directory before rank 0 writes
 
 
 def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
@@ -544,11 +554,11 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
     )
 
 
-def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix=""):
+def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, pace="", prefix=""):
     """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill
     between the two leaves a line newer than the checkpoint, which resuming drops (roll_back) before
-    logging it again. For a log file, also a line on stdout: the progress bar shows only on a
-    terminal."""
+    logging it again. For a log file, also a line on stdout, which ends with pace (the lap's
+    steps/s in words, lifecycle.pace_words): the progress bar shows only on a terminal."""
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, "a") as f:
@@ -573,7 +583,7 @@ def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, prefix="
                 [f"{prefix}step {step}/{steps}"]
                 + ([f"loss {loss:.4f}"] if loss is not None else [])
                 + [f"test {k} {v:.4f}" for k, v in metrics.items()]
-                + ([f"{steps_per_s:.2f} steps/s"] if steps_per_s else [])
+                + ([pace] if pace else [])
             ),
             flush=True,
         )

@@ -2,7 +2,7 @@
 pictures and markdown.
 
     python reproduce.py table1 --scale cpu   # results/table1-cpu.png (plot_seeds), -curves.png
-    python compare.py runs/a runs/b          # draws runs/compare.png
+    python compare.py runs/a runs/b          # draws runs/compare-a-vs-b.png
 
 reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and
 RESULTS.md's claims table read their numbers through the same Table.seed_values. Nothing here

@@ -114,7 +114,7 @@ def test_figure_is_written_where_asked_and_by_default_under_runs(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
     compare.main([str(root / "needle-a-s0")])
-    assert (tmp_path / "runs" / "compare.png").stat().st_size > 1000
+    assert (tmp_path / "runs" / "compare-needle-a-s0.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize(

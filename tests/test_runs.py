@@ -1125,9 +1125,11 @@ def test_the_first_line_says_what_trains_and_how_long_and_the_last_the_papers_nu
     assert "about" in lines[0] and lines[0].endswith(
         "--scale paper insists on the paper's protocol"
     )
-    assert lines[-1].startswith("needle, random 16 (cpu variant): ") and lines[-1].endswith(
-        "the paper's random 16: 7.5 (Table 1)"
-    )
+    # the settings the run leaves the variant in, beside the paper's number
+    assert lines[-1].startswith(
+        "needle, random 16 (cpu variant with heads 2 not 4, steps 4 not 6,000, test size 50 not "
+        "1,000): "
+    ) and lines[-1].endswith("the paper's random 16: 7.5 (Table 1)")
     assert json.loads((tmp_path / "run" / "config.json").read_text())["scale"] == "cpu"
 
 
