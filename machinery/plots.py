@@ -144,16 +144,39 @@ def save_with_legend(plt, fig, handles: list, path: str):
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], **h) if isinstance(h, dict) else h for h in handles if h is not None]
-    fig.legend(
-        handles=handles,
-        loc="lower center",
-        ncol=len(handles),
-        frameon=False,
-        bbox_to_anchor=(0.5, 0),
-        fontsize=9,
-    )
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    renderer = fig.canvas.get_renderer()
+    # as many columns as the figure's width holds, so that a long legend wraps into rows instead
+    # of widening the picture (and shrinking its panels) when it is saved
+    ncol = len(handles)
+    while True:
+        legend = fig.legend(
+            handles=handles,
+            loc="lower center",
+            ncol=ncol,
+            frameon=False,
+            bbox_to_anchor=(0.5, 0),
+            fontsize=9,
+        )
+        if ncol == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
+            break
+        legend.remove()
+        ncol -= 1
+    # the panels above the legend: its one row, or the rows it wrapped into
+    bottom = 0.07
+    if ncol < len(handles):
+        bottom = min(legend.get_window_extent(renderer).height / fig.bbox.height + 0.02, 0.5)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     save_figure(plt, fig, path, bbox_inches="tight")
+
+
+def log_ticks(xs) -> list:
+    """The xs to label on a log axis: from the largest down, each at least 1.2 times the next kept
+    one, so that close neighbours (k = 500 and 512) do not print over each other."""
+    kept = []
+    for x in sorted(set(xs), reverse=True):
+        if not kept or kept[-1] >= 1.2 * x:
+            kept.append(x)
+    return sorted(kept)
 
 
 def plot_seeds(table, cells: dict, axes: dict) -> list:
@@ -322,7 +345,7 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
         ax.set(
-            xticks=sorted({x for p, _, x in cells if p == panel}),
+            xticks=log_ticks(x for p, _, x in cells if p == panel),
             ylabel=y_label(table, panel),
             xlabel={"fig6": "target transformer width", "projection": "k, directions kept"}.get(
                 table.name, "width"

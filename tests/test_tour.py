@@ -10,10 +10,12 @@ import re
 import shlex
 
 import pytest
+import torch
 
 import analyze
 import compare
 import reproduce
+import tasks
 import train
 from machinery import cli, config, tables
 
@@ -127,9 +129,14 @@ def test_each_experiment_runs_at_tiny_size_and_analyzes_and_compares_its_own_run
     assert len(rows) == len(comparison) + 1 and os.path.exists(tmp_path / "compare.png")
 
 
-def test_the_needle_circuits_numbers_are_its_committed_analyses():
-    # analyze.py's numbers are typed into the prose, so they are checked against the records here
+def test_the_needle_circuits_numbers_name_the_best_and_extreme_heads():
+    # the numbers are citations (checked against the records above); here, that each cites the head
+    # the prose says: the best head of each step, the layers' least and most
     text = section(7)
+
+    def shown(fraction):
+        return f"{tables.number(100 * fraction)}%"
+
     for path in (UNTRAINED, TRAINED):
         results = json.load(open(path))
         attention = results["attention"]
@@ -140,8 +147,8 @@ def test_the_needle_circuits_numbers_are_its_committed_analyses():
                 for h, v in enumerate(heads)
             )
             assert (
-                f"{value:.2f} (layer {layer} head {head})" in text
-                and f"| {attention['uniform'][name]:.2f} |" in text
+                f"{shown(value)} (layer {layer} head {head})" in text
+                and f"| {shown(attention['uniform'][name])} |" in text
             )
         assert (
             "{:.1f}, {:.1f} and {:.1f}%".format(*(100 * v for v in results["variance"]["pc_top10"]))
@@ -152,12 +159,27 @@ def test_the_needle_circuits_numbers_are_its_committed_analyses():
         attention["query_to_value"],
     )
     # each step in its layer
-    assert f"{min(to_marker_1):.2f} to {max(to_marker_1):.2f} of a value's attention" in text
-    assert f"{min(to_value_2):.2f} to {max(to_value_2):.2f} of the query's attention" in text
+    assert f"{shown(min(to_marker_1))} to {shown(max(to_marker_1))} of a value's attention" in text
+    assert f"{shown(min(to_value_2))} to {shown(max(to_value_2))} of the query's attention" in text
     assert (
-        f"put {max(to_marker_2):.2f} at most" in text
-        and f"put {max(to_value_1):.2f} at most" in text
+        f"put {shown(max(to_marker_2))} at most" in text
+        and f"put {shown(max(to_value_1))} at most" in text
     )
+
+
+def test_the_needle_ceiling_is_what_tasks_py_gives():
+    # after the embedding a state is a token vector plus a position vector: the states span at most
+    # (input tokens + positions) directions; needle's inputs up to the query hold values 1-127,
+    # markers and queries, at seq_len positions
+    needle = tasks.make_task("needle", max_pairs=config.CPU_VARIANTS["needle"]["max_pairs"])
+    inputs = needle.sample(2000, torch.Generator().manual_seed(0))
+    last = inputs.pos[:, 0]
+    used = {
+        token for row, query in zip(inputs.x.tolist(), last.tolist()) for token in row[: query + 1]
+    }
+    ceiling = 127 + 2 * needle.MARKERS + needle.seq_len
+    assert len(used) + needle.seq_len == ceiling == 196
+    assert f"so at most {ceiling} directions" in section(8)
 
 
 def test_the_projection_numbers_are_its_committed_analyses():
