@@ -27,8 +27,10 @@ from machinery.plots import pyplot, save_figure
 from machinery.tables import markdown_table, median_range
 from tasks import TASKS
 
-# where a run was written and whether it replaced another: not what it ran
-IGNORED = ("out", "overwrite")
+# where a run was written and whether it replaced another: not what it ran; nor the scale, which
+# names where its settings came from, and the settings themselves are compared (a record written
+# before config.json kept the scale has none, and was shown apart from its own seeds)
+IGNORED = ("out", "overwrite", "scale")
 
 
 def task_sizes(task) -> set:

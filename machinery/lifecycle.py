@@ -160,9 +160,12 @@ class Run:
         if self.losses:
             loss = (self.ranks.sum(sum(self.losses)) / len(self.losses)).tolist()
             lap = time.time() - self.lap_began
-            steps_per_s = len(self.losses) / lap
-            # the console's pace counts only the steps taken in the lap
-            pace = pace_words(len(self.losses) - self.lap_restored, lap)
+            # the pace counts only the steps this process took in the lap: a resumed run's first
+            # lap also holds losses from before the stop, taken in no time here
+            steps_here = len(self.losses) - self.lap_restored
+            if steps_here > 0:
+                steps_per_s = steps_here / lap
+            pace = pace_words(steps_here, lap)
         self.check_finite(step, loss, metrics)
         self.logged_elapsed = self.elapsed()
         self.write_eval(step, loss, lr, metrics, self.logged_elapsed, steps_per_s, pace)
@@ -286,8 +289,10 @@ def pace_words(steps, seconds) -> str:
     if steps < 1:
         return ""
     words = f"{steps / seconds:.2f} steps/s"
-    if steps < SHORT_LAP:
-        words += f" over {steps} step{'s' * (steps > 1)}"
+    if steps == 1:
+        words += " over 1 step"
+    elif steps < SHORT_LAP:
+        words += f" over {steps} steps"
     return words
 
 

@@ -2,6 +2,7 @@
 figure is written."""
 
 import json
+import os
 import shutil
 import statistics
 
@@ -210,3 +211,15 @@ def test_a_mask_holding_a_bar_or_a_line_break_stays_in_its_cell(tmp_path, capsys
     assert "| [\\|w]te, *lm_head |" in bar and bar.replace("\\|", "").count("|") == header.count(
         "|"
     )
+
+
+def test_seeds_whose_records_differ_only_in_the_scale_they_name_share_a_row(capsys):
+    # needle-random-512-s0's config.json predates the scale key; s1 and s2 say "cpu": the three
+    # were shown as two rows, one with a "scale" column of "-"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = []
+    for seed in range(3):
+        runs.append(os.path.join(root, f"runs/reproduce/table1-cpu/needle-random-512-s{seed}"))
+    assert "scale" not in json.loads(open(runs[0] + "/config.json").read())
+    groups = compare.seed_groups([compare.load(run) for run in runs])
+    assert [len(group) for group in groups] == [3]
