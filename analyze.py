@@ -244,9 +244,13 @@ def projection_ks(width: int) -> list:
 def logits_from(model, layer: int, x, pos):
     """The model's logits at positions pos (B, A) from x (B, T, C), the hidden states after its
     first `layer` blocks (0: the embedding), computed by the blocks after them as GPT.forward
-    computes them."""
-    for block in model.h[layer:]:
-        x = block(x)
+    computes them: the last block at pos only, where pos leaves positions out."""
+    last = len(model.h) - 1
+    for i in range(layer, len(model.h)):
+        if i == last and pos.size(1) < x.size(1):
+            # the last block's output (B, A, C) is at pos already
+            return model.lm_head(model.ln_f(model.h[i](x, pos=pos)))
+        x = model.h[i](x)
     return model.lm_head(model.ln_f(rows_at(x, pos)))
 
 
@@ -257,22 +261,19 @@ def projection(run: SavedRun, examples: int) -> dict:
     highest-variance neurons of the hidden states explained_variance reads, for each k of
     projection_ks; the layers after it run as they are."""
     test, ks = run.task.test_set(), projection_ks(run.cfg.width)
-    # each layer's hidden states on the test set
-    tested = list(
-        run_with_cache(
-            run.model,
-            test.x,
-            ["embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))],
-        ).values()
-    )
-
-    def accuracy(logits):
-        return run.task.metrics(logits, test)["accuracy"].mean().item()
+    names = ["embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))]
+    # The test set in chunks of rows of about one length, each cut after its longest row's last
+    # answer (as training cuts its batches): causal attention means nothing after a row's last
+    # answer changes it, and padding was about half the work of the forward passes below. With each
+    # chunk, its hidden states at every layer.
+    chunks = []
+    for chunk, _ in test.length_chunks():
+        chunks.append((chunk, list(run_with_cache(run.model, chunk.x, names).values())))
 
     result = {
         "label": run.label,
         "k": ks,
-        "accuracy": accuracy(run.model(test.x, test.pos)),
+        "accuracy": run.task.metrics(run.model(test.x, test.pos), test)["accuracy"].mean().item(),
         "layers": [],
         "pc": [],
         "neuron": [],
@@ -288,14 +289,19 @@ def projection(run: SavedRun, examples: int) -> dict:
             accuracies = []
             for k in ks:
                 V = basis[:, :k]
-                projected = mean + (tested[i] - mean) @ V @ V.T
-                accuracies.append(accuracy(logits_from(run.model, i, projected, test.pos)))
+                # each answer's 0 or 1: their mean is exact in any order of the chunks
+                correct = []
+                for chunk, states in chunks:
+                    projected = mean + (states[i] - mean) @ V @ V.T
+                    logits = logits_from(run.model, i, projected, chunk.pos)
+                    correct.append(run.task.metrics(logits, chunk)["accuracy"])
+                accuracies.append(torch.cat(correct).mean().item())
             result[name].append(accuracies)
     plt = pyplot()
     fig, axes = plt.subplots(
         1,
-        len(tested),
-        figsize=(3.6 * len(tested) + 0.5, 3.6),
+        len(result["layers"]),
+        figsize=(3.6 * len(result["layers"]) + 0.5, 3.6),
         sharey=True,
         squeeze=False,
         layout="constrained",

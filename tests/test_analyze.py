@@ -590,6 +590,27 @@ def test_projection_ks_run_from_one_to_the_width():
     assert analyze.projection_ks(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
 
 
+def test_logits_from_any_layers_states_are_the_models_logits_on_rows_cut_after_their_answer():
+    """The projection test reruns the model from one layer's states, on test rows cut after their
+    last answer (Batch.length_chunks); unprojected, that is the model's own forward pass."""
+    torch.manual_seed(0)
+    _, task, model, _ = config.build(
+        TrainConfig(task="parens", mode="frozen", width=16, heads=2, max_parens=10, test_size=64)
+    )
+    model.eval()
+    test = task.test_set()
+    names = ["embed", "blocks.0.resid_post", "blocks.1.resid_post"]
+    chunks = [chunk for chunk, _ in test.length_chunks()]
+    assert min(chunk.x.size(1) for chunk in chunks) < test.x.size(1)  # some rows are cut
+    with torch.no_grad():
+        for chunk in chunks:
+            states = analyze.run_with_cache(model, chunk.x, names)
+            whole = model(chunk.x, chunk.pos)
+            for layer, name in enumerate(names):
+                logits = analyze.logits_from(model, layer, states[name], chunk.pos)
+                torch.testing.assert_close(logits, whole)
+
+
 @pytest.mark.slow
 def test_trained_needle_keeps_its_accuracy_in_few_principal_components_not_neurons(tmp_path):
     run = tmp_path / "needle"
