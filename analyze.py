@@ -254,6 +254,13 @@ def logits_from(model, layer: int, x, pos):
     return model.lm_head(model.ln_f(rows_at(x, pos)))
 
 
+def commonest_answer_share(test: tasks.Batch) -> float:
+    """The test accuracy of a model that ignores its input and gives every answer the test set's
+    commonest answer: chance, for the projection test."""
+    answers = test.y[test.y >= 0]
+    return (answers.bincount().max() / len(answers)).item()
+
+
 @torch.no_grad()
 def projection(run: SavedRun, examples: int) -> dict:
     """Test accuracy when one layer's hidden states h are replaced by m + P(h - m), m their mean
@@ -274,6 +281,7 @@ def projection(run: SavedRun, examples: int) -> dict:
         "label": run.label,
         "k": ks,
         "accuracy": run.task.metrics(run.model(test.x, test.pos), test)["accuracy"].mean().item(),
+        "chance": commonest_answer_share(test),
         "layers": [],
         "pc": [],
         "neuron": [],
@@ -333,14 +341,30 @@ def projection_markdown(result):
     for layer, pc, neuron in zip(result["layers"], result["pc"], result["neuron"]):
         rows.append([layer, "PCs"] + [f"{100 * a:.1f}" for a in pc])
         rows.append([layer, "neurons"] + [f"{100 * a:.1f}" for a in neuron])
-    # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps all)
-    fewest = []
-    for name in ("pc", "neuron"):
-        per_layer = []
-        for accuracies in result[name]:
-            enough = [k for k, a in zip(result["k"], accuracies) if a >= 0.9 * result["accuracy"]]
-            per_layer.append(str(enough[0]))
-        fewest.append(" / ".join(per_layer))
+    accuracy, chance = result["accuracy"], result.get("chance")
+    if chance is not None and 0.9 * accuracy <= chance:
+        # answering without the states keeps 90% of the accuracy: any k does, whatever it keeps
+        summary = (
+            f"The unprojected {100 * accuracy:.1f}% is at chance (always giving the test set's "
+            f"commonest answer scores {100 * chance:.1f}%): a projection that keeps nothing of the "
+            "states keeps 90% of it, so how many directions do says nothing about a subspace."
+        )
+    else:
+        # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps
+        # all); an analysis older than "chance" is read as above it
+        fewest = []
+        for name in ("pc", "neuron"):
+            per_layer = []
+            for accuracies in result[name]:
+                enough = [k for k, a in zip(result["k"], accuracies) if a >= 0.9 * accuracy]
+                per_layer.append(str(enough[0]))
+            fewest.append(" / ".join(per_layer))
+        summary = (
+            f"To keep 90% of the unprojected {100 * accuracy:.1f}% at "
+            f"{' / '.join(result['layers'])} takes {fewest[0]} principal components and "
+            f"{fewest[1]} neurons: the fewer directions a basis needs, the more the task lives in "
+            "a subspace of it."
+        )
     return "\n".join(
         [
             "Test accuracy (%) when the hidden states at one layer keep only their mean plus their "
@@ -351,11 +375,7 @@ def projection_markdown(result):
             "",
             *markdown_table(["layer", "directions"] + [f"k={k}" for k in result["k"]], rows),
             "",
-            f"To keep 90% of the unprojected {100 * result['accuracy']:.1f}% at "
-            f"{' / '.join(result['layers'])} takes {fewest[0]} principal components and "
-            f"{fewest[1]} "
-            "neurons: the fewer directions a basis needs, the more the task lives in a subspace "
-            "of it.",
+            summary,
             "",
             f"![accuracy with projected hidden states]({result['figure']})",
         ]
@@ -1031,8 +1051,8 @@ def clock_pizza_markdown(result):
 
 
 def compute_attention(run, args) -> dict:
-    """Attention patterns, section 4.2 (Figure 2 for needle): every head's pattern on one input, and
-    for needle and addition each head's score on the steps of the task's circuit."""
+    """Attention patterns, section 4.2 (needle's are Figure 2): every head's pattern on one input,
+    and for needle and addition each head's score on the steps of the task's circuit."""
     return attention_patterns(run, args.tokens)
 
 
@@ -1089,7 +1109,7 @@ ANALYSES = {
     ),
     "clock_pizza": Analysis("Clock vs Pizza", is_modadd, compute_clock_pizza, clock_pizza_markdown),
     "attention": Analysis(
-        "Attention patterns, and each head's scores (Figure 2 for needle)",
+        "Attention patterns, and each head's scores",
         is_transformer,
         compute_attention,
         attention_markdown,
@@ -1110,6 +1130,17 @@ ANALYSES = {
 }
 
 
+def section_title(name: str, run: SavedRun) -> str:
+    """ANALYSES[name]'s title for this run: the attention section, which any task's run has, names
+    the task, and the paper's Figure 2 only for needle, the task that figure shows."""
+    if name != "attention":
+        return ANALYSES[name].title
+    title = f"Attention patterns on {run.cfg.task}, and each head's scores"
+    if run.cfg.task == "needle":
+        title += " (Figure 2)"
+    return title
+
+
 def markdown(run: SavedRun, results: dict) -> str:
     sections = []
     for name, analysis in ANALYSES.items():
@@ -1119,7 +1150,7 @@ def markdown(run: SavedRun, results: dict) -> str:
             body = f"Skipped: {results[name]['skipped']}."
         else:
             body = analysis.render(results[name])
-        sections.append(f"## {analysis.title}\n\n{body}")
+        sections.append(f"## {section_title(name, run)}\n\n{body}")
     return "\n\n".join([f"# Analysis of {run.label}", f"Run: `{run.path}`", *sections]) + "\n"
 
 
@@ -1174,9 +1205,9 @@ def analyze(run: SavedRun, results: dict, args):
         # the model it was made of: a redraw refuses an analysis of another (reproduce.py)
         results[name].setdefault("label", run.label)
         if "skipped" in results[name]:
-            print(f"{run.path}: {analysis.title}: skipped, {results[name]['skipped']}")
+            print(f"{run.path}: {section_title(name, run)}: skipped, {results[name]['skipped']}")
         else:
-            print(f"{run.path}: {analysis.title}")
+            print(f"{run.path}: {section_title(name, run)}")
 
             if name == "variance":
                 print(explained_variance_markdown(results[name]))

@@ -3,6 +3,7 @@
 import json
 import math
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -700,3 +701,60 @@ def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
         loss = stopped.task.loss(stopped.model(test.x, test.pos), test).item()
     assert loss == pytest.approx(step_3["test_loss"])
     assert result["projection"]["accuracy"] == pytest.approx(step_3["test_accuracy"])
+
+
+def projection_result(accuracy, chance):
+    """A projection result as analyze.projection writes it: one layer, k = 1, 2, 4."""
+    return {
+        "label": "needle Random w4",
+        "k": [1, 2, 4],
+        "accuracy": accuracy,
+        "chance": chance,
+        "layers": ["Emb"],
+        "pc": [[accuracy, accuracy, accuracy]],
+        "neuron": [[accuracy, accuracy, accuracy]],
+        "figure": "projection.png",
+    }
+
+
+def test_a_run_at_chance_gets_no_subspace_claim_from_the_projection_test():
+    # 0.9 x 1.0% is below the 1.6% of always giving the commonest answer: any k keeps 90% of it
+    text = analyze.projection_markdown(projection_result(0.010, 0.016))
+    assert "at chance" in text and "1.6%" in text and "takes" not in text
+    text = analyze.projection_markdown(projection_result(0.5, 0.016))
+    assert "takes 1 principal components and 1 neurons" in text and "at chance" not in text
+
+
+def test_chance_is_the_share_of_the_commonest_answer():
+    # answers 5, 5, 7 and 5 (-1: not an answer)
+    y = torch.tensor([[-1, 5], [-1, 5], [7, 5]])
+    test = tasks.Batch(x=torch.zeros(3, 2, dtype=torch.long), y=y, pos=torch.zeros(3, 1))
+    assert analyze.commonest_answer_share(test) == 0.75
+
+
+def test_the_attention_heading_names_the_task_and_figure_2_only_for_needle():
+    attention = {
+        "tokens": [1, 2],
+        "labels": ["1", "2"],
+        "figure": "attention.png",
+        "last_position": {
+            "layer": 1,
+            "head": 1,
+            "position": 0,
+            "token": "1",
+            "weight": 0.5,
+            "uniform": 0.5,
+        },
+        "uniform": {},
+    }
+    headings = {}
+    for task in ("addition", "needle", "parens"):
+        cfg = SimpleNamespace(task=task)
+        run = SimpleNamespace(label=f"{task} Random w16", path="run", cfg=cfg)
+        lines = analyze.markdown(run, {"attention": attention}).splitlines()
+        headings[task] = [line for line in lines if line.startswith("## ")]
+    assert headings == {
+        "addition": ["## Attention patterns on addition, and each head's scores"],
+        "needle": ["## Attention patterns on needle, and each head's scores (Figure 2)"],
+        "parens": ["## Attention patterns on parens, and each head's scores"],
+    }
