@@ -266,7 +266,9 @@ def projection(run: SavedRun, examples: int) -> dict:
     """Test accuracy when one layer's hidden states h are replaced by m + P(h - m), m their mean
     and P the projection onto k directions: the top k principal components or the top k
     highest-variance neurons of the hidden states explained_variance reads, for each k of
-    projection_ks; the layers after it run as they are."""
+    projection_ks; the layers after it run as they are. With the unprojected accuracy and chance
+    (commonest_answer_share): where 90% of the accuracy is no more, analysis.md claims no
+    subspace."""
     test, ks = run.task.test_set(), projection_ks(run.cfg.width)
     names = ["embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))]
     # The test set in chunks of rows of about one length, each cut after its longest row's last
