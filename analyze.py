@@ -347,9 +347,9 @@ def projection_markdown(result):
     if chance is not None and 0.9 * accuracy <= chance:
         # answering without the states keeps 90% of the accuracy: any k does, whatever it keeps
         summary = (
-            f"The unprojected {100 * accuracy:.1f}% is at chance (always giving the test set's "
-            f"commonest answer scores {100 * chance:.1f}%): a projection that keeps nothing of the "
-            "states keeps 90% of it, so how many directions do says nothing about a subspace."
+            f"The unprojected {100 * accuracy:.1f}% is no better than chance (always giving the "
+            f"test set's commonest answer scores {100 * chance:.1f}%): a model that ignores its "
+            "input can keep 90% of it, so how many directions do says nothing about a subspace."
         )
     else:
         # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps
