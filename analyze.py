@@ -244,10 +244,21 @@ def projection_ks(width: int) -> list:
 def logits_from(model, layer: int, x, pos):
     """The model's logits at positions pos (B, A) from x (B, T, C), the hidden states after its
     first `layer` blocks (0: the embedding), computed by the blocks after them as GPT.forward
-    computes them."""
-    for block in model.h[layer:]:
-        x = block(x)
+    computes them: the last block at pos only, where pos leaves positions out."""
+    last = len(model.h) - 1
+    for i in range(layer, len(model.h)):
+        if i == last and pos.size(1) < x.size(1):
+            # the last block's output (B, A, C) is at pos already
+            return model.lm_head(model.ln_f(model.h[i](x, pos=pos)))
+        x = model.h[i](x)
     return model.lm_head(model.ln_f(rows_at(x, pos)))
+
+
+def commonest_answer_share(test: tasks.Batch) -> float:
+    """The test accuracy of a model that ignores its input and gives every answer the test set's
+    commonest answer: chance, for the projection test."""
+    answers = test.y[test.y >= 0]
+    return (answers.bincount().max() / len(answers)).item()
 
 
 @torch.no_grad()
@@ -255,24 +266,24 @@ def projection(run: SavedRun, examples: int) -> dict:
     """Test accuracy when one layer's hidden states h are replaced by m + P(h - m), m their mean
     and P the projection onto k directions: the top k principal components or the top k
     highest-variance neurons of the hidden states explained_variance reads, for each k of
-    projection_ks; the layers after it run as they are."""
+    projection_ks; the layers after it run as they are. With the unprojected accuracy and chance
+    (commonest_answer_share): where 90% of the accuracy is no more, analysis.md claims no
+    subspace."""
     test, ks = run.task.test_set(), projection_ks(run.cfg.width)
-    # each layer's hidden states on the test set
-    tested = list(
-        run_with_cache(
-            run.model,
-            test.x,
-            ["embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))],
-        ).values()
-    )
-
-    def accuracy(logits):
-        return run.task.metrics(logits, test)["accuracy"].mean().item()
+    names = ["embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))]
+    # The test set in chunks of rows of about one length, each cut after its longest row's last
+    # answer (as training cuts its batches): causal attention means nothing after a row's last
+    # answer changes it, and padding was about half the work of the forward passes below. With each
+    # chunk, its hidden states at every layer.
+    chunks = []
+    for chunk, _ in test.length_chunks():
+        chunks.append((chunk, list(run_with_cache(run.model, chunk.x, names).values())))
 
     result = {
         "label": run.label,
         "k": ks,
-        "accuracy": accuracy(run.model(test.x, test.pos)),
+        "accuracy": run.task.metrics(run.model(test.x, test.pos), test)["accuracy"].mean().item(),
+        "chance": commonest_answer_share(test),
         "layers": [],
         "pc": [],
         "neuron": [],
@@ -288,14 +299,19 @@ def projection(run: SavedRun, examples: int) -> dict:
             accuracies = []
             for k in ks:
                 V = basis[:, :k]
-                projected = mean + (tested[i] - mean) @ V @ V.T
-                accuracies.append(accuracy(logits_from(run.model, i, projected, test.pos)))
+                # each answer's 0 or 1: their mean is exact in any order of the chunks
+                correct = []
+                for chunk, states in chunks:
+                    projected = mean + (states[i] - mean) @ V @ V.T
+                    logits = logits_from(run.model, i, projected, chunk.pos)
+                    correct.append(run.task.metrics(logits, chunk)["accuracy"])
+                accuracies.append(torch.cat(correct).mean().item())
             result[name].append(accuracies)
     plt = pyplot()
     fig, axes = plt.subplots(
         1,
-        len(tested),
-        figsize=(3.6 * len(tested) + 0.5, 3.6),
+        len(result["layers"]),
+        figsize=(3.6 * len(result["layers"]) + 0.5, 3.6),
         sharey=True,
         squeeze=False,
         layout="constrained",
@@ -327,14 +343,30 @@ def projection_markdown(result):
     for layer, pc, neuron in zip(result["layers"], result["pc"], result["neuron"]):
         rows.append([layer, "PCs"] + [f"{100 * a:.1f}" for a in pc])
         rows.append([layer, "neurons"] + [f"{100 * a:.1f}" for a in neuron])
-    # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps all)
-    fewest = []
-    for name in ("pc", "neuron"):
-        per_layer = []
-        for accuracies in result[name]:
-            enough = [k for k, a in zip(result["k"], accuracies) if a >= 0.9 * result["accuracy"]]
-            per_layer.append(str(enough[0]))
-        fewest.append(" / ".join(per_layer))
+    accuracy, chance = result["accuracy"], result.get("chance")
+    if chance is not None and 0.9 * accuracy <= chance:
+        # answering without the states keeps 90% of the accuracy: any k does, whatever it keeps
+        summary = (
+            f"The unprojected {100 * accuracy:.1f}% is no better than chance (always giving the "
+            f"test set's commonest answer scores {100 * chance:.1f}%): a model that ignores its "
+            "input can keep 90% of it, so how many directions do says nothing about a subspace."
+        )
+    else:
+        # per basis and layer, the fewest directions that keep 90% of the accuracy (the width keeps
+        # all); an analysis older than "chance" is read as above it
+        fewest = []
+        for name in ("pc", "neuron"):
+            per_layer = []
+            for accuracies in result[name]:
+                enough = [k for k, a in zip(result["k"], accuracies) if a >= 0.9 * accuracy]
+                per_layer.append(str(enough[0]))
+            fewest.append(" / ".join(per_layer))
+        summary = (
+            f"To keep 90% of the unprojected {100 * accuracy:.1f}% at "
+            f"{' / '.join(result['layers'])} takes {fewest[0]} principal components and "
+            f"{fewest[1]} neurons: the fewer directions a basis needs, the more the task lives in "
+            "a subspace of it."
+        )
     return "\n".join(
         [
             "Test accuracy (%) when the hidden states at one layer keep only their mean plus their "
@@ -345,11 +377,7 @@ def projection_markdown(result):
             "",
             *markdown_table(["layer", "directions"] + [f"k={k}" for k in result["k"]], rows),
             "",
-            f"To keep 90% of the unprojected {100 * result['accuracy']:.1f}% at "
-            f"{' / '.join(result['layers'])} takes {fewest[0]} principal components and "
-            f"{fewest[1]} "
-            "neurons: the fewer directions a basis needs, the more the task lives in a subspace "
-            "of it.",
+            summary,
             "",
             f"![accuracy with projected hidden states]({result['figure']})",
         ]
@@ -1025,8 +1053,8 @@ def clock_pizza_markdown(result):
 
 
 def compute_attention(run, args) -> dict:
-    """Attention patterns, section 4.2 (Figure 2 for needle): every head's pattern on one input, and
-    for needle and addition each head's score on the steps of the task's circuit."""
+    """Attention patterns, section 4.2 (needle's are Figure 2): every head's pattern on one input,
+    and for needle and addition each head's score on the steps of the task's circuit."""
     return attention_patterns(run, args.tokens)
 
 
@@ -1083,7 +1111,7 @@ ANALYSES = {
     ),
     "clock_pizza": Analysis("Clock vs Pizza", is_modadd, compute_clock_pizza, clock_pizza_markdown),
     "attention": Analysis(
-        "Attention patterns, and each head's scores (Figure 2 for needle)",
+        "Attention patterns, and each head's scores",
         is_transformer,
         compute_attention,
         attention_markdown,
@@ -1104,6 +1132,17 @@ ANALYSES = {
 }
 
 
+def section_title(name: str, run: SavedRun) -> str:
+    """ANALYSES[name]'s title for this run: the attention section, which any task's run has, names
+    the task, and the paper's Figure 2 only for needle, the task that figure shows."""
+    if name != "attention":
+        return ANALYSES[name].title
+    title = f"Attention patterns on {run.cfg.task}, and each head's scores"
+    if run.cfg.task == "needle":
+        title += " (Figure 2)"
+    return title
+
+
 def markdown(run: SavedRun, results: dict) -> str:
     sections = []
     for name, analysis in ANALYSES.items():
@@ -1113,7 +1152,7 @@ def markdown(run: SavedRun, results: dict) -> str:
             body = f"Skipped: {results[name]['skipped']}."
         else:
             body = analysis.render(results[name])
-        sections.append(f"## {analysis.title}\n\n{body}")
+        sections.append(f"## {section_title(name, run)}\n\n{body}")
     return "\n\n".join([f"# Analysis of {run.label}", f"Run: `{run.path}`", *sections]) + "\n"
 
 
@@ -1168,9 +1207,9 @@ def analyze(run: SavedRun, results: dict, args):
         # the model it was made of: a redraw refuses an analysis of another (reproduce.py)
         results[name].setdefault("label", run.label)
         if "skipped" in results[name]:
-            print(f"{run.path}: {analysis.title}: skipped, {results[name]['skipped']}")
+            print(f"{run.path}: {section_title(name, run)}: skipped, {results[name]['skipped']}")
         else:
-            print(f"{run.path}: {analysis.title}")
+            print(f"{run.path}: {section_title(name, run)}")
 
             if name == "variance":
                 print(explained_variance_markdown(results[name]))

@@ -328,7 +328,8 @@ def read_table(
 
 def wide_models(scale, task: str, models=("Random", "Normal")) -> dict:
     """Table 1's wide cells of a task for these models, in this order: model -> config."""
-    return {model: table1(scale).configs[task, f"{model} {WIDE[scale]}"] for model in models}
+    configs = table1(scale).configs
+    return {model: configs[task, f"{model} {WIDE[scale]}"] for model in models}
 
 
 def untrained(models: dict) -> dict:
@@ -693,23 +694,22 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
     and 5 share one run per row, Table 2's modadd (train) shares the modadd runs, and a cell that
     trains exactly a Table 1, 2, 3 or 5 cell (Figure 7's width 16 and widest, the explanation's
     tables), or for the projection table a Table 7 cell, shares its runs."""
-    # (owner, its cell, the cell's config) of every cell whose runs another table may share
-    owners = []
+    # config -> (owner, its cell) of the first cell that trains it among the cells whose runs
+    # another table may share; a config's repr names it, as equal configs have one repr
+    owners = {}
     for owner in (table1(scale), table2(scale), table3(scale), table5(scale), table7(scale)):
         # Table 7's runs, where not Table 1's, are the projection table's (at 0 steps; at paper
         # scale all), and no other table's
         if owner.name == "table7" and table.name != "projection":
             continue
+        if owner.name == table.name:
+            continue
         for key, other in owner.configs.items():
-            owners.append((owner, key, other))
+            owners.setdefault(repr(other), (owner, key))
     runs = {}
     for (row, col), cfg in table.configs.items():
         # the first other table that trains this config owns its runs; else this table does
-        owner, owner_row, owner_col = table, row, col
-        for other_table, (other_row, other_col), other in owners:
-            if other == cfg and other_table.name != table.name:
-                owner, owner_row, owner_col = other_table, other_row, other_col
-                break
+        owner, (owner_row, owner_col) = owners.get(repr(cfg), (table, (row, col)))
         # a table whose columns are things measured of one run per row (Tables 3, 5, 7 ...) names
         # its runs by row
         if owner.metric == "column":

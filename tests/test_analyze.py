@@ -3,6 +3,7 @@
 import json
 import math
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -590,6 +591,27 @@ def test_projection_ks_run_from_one_to_the_width():
     assert analyze.projection_ks(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
 
 
+def test_logits_from_any_layers_states_are_the_models_logits_on_rows_cut_after_their_answer():
+    """The projection test reruns the model from one layer's states, on test rows cut after their
+    last answer (Batch.length_chunks); unprojected, that is the model's own forward pass."""
+    torch.manual_seed(0)
+    _, task, model, _ = config.build(
+        TrainConfig(task="parens", mode="frozen", width=16, heads=2, max_parens=10, test_size=64)
+    )
+    model.eval()
+    test = task.test_set()
+    names = ["embed", "blocks.0.resid_post", "blocks.1.resid_post"]
+    chunks = [chunk for chunk, _ in test.length_chunks()]
+    assert min(chunk.x.size(1) for chunk in chunks) < test.x.size(1)  # some rows are cut
+    with torch.no_grad():
+        for chunk in chunks:
+            states = analyze.run_with_cache(model, chunk.x, names)
+            whole = model(chunk.x, chunk.pos)
+            for layer, name in enumerate(names):
+                logits = analyze.logits_from(model, layer, states[name], chunk.pos)
+                torch.testing.assert_close(logits, whole)
+
+
 @pytest.mark.slow
 def test_trained_needle_keeps_its_accuracy_in_few_principal_components_not_neurons(tmp_path):
     run = tmp_path / "needle"
@@ -679,3 +701,60 @@ def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
         loss = stopped.task.loss(stopped.model(test.x, test.pos), test).item()
     assert loss == pytest.approx(step_3["test_loss"])
     assert result["projection"]["accuracy"] == pytest.approx(step_3["test_accuracy"])
+
+
+def projection_result(accuracy, chance):
+    """A projection result as analyze.projection writes it: one layer, k = 1, 2, 4."""
+    return {
+        "label": "needle Random w4",
+        "k": [1, 2, 4],
+        "accuracy": accuracy,
+        "chance": chance,
+        "layers": ["Emb"],
+        "pc": [[accuracy, accuracy, accuracy]],
+        "neuron": [[accuracy, accuracy, accuracy]],
+        "figure": "projection.png",
+    }
+
+
+def test_a_run_at_chance_gets_no_subspace_claim_from_the_projection_test():
+    # 0.9 x 1.0% is below the 1.6% of always giving the commonest answer: any k keeps 90% of it
+    text = analyze.projection_markdown(projection_result(0.010, 0.016))
+    assert "no better than chance" in text and "1.6%" in text and "takes" not in text
+    text = analyze.projection_markdown(projection_result(0.5, 0.016))
+    assert "takes 1 principal components and 1 neurons" in text and "chance" not in text
+
+
+def test_chance_is_the_share_of_the_commonest_answer():
+    # answers 5, 5, 7 and 5 (-1: not an answer)
+    y = torch.tensor([[-1, 5], [-1, 5], [7, 5]])
+    test = tasks.Batch(x=torch.zeros(3, 2, dtype=torch.long), y=y, pos=torch.zeros(3, 1))
+    assert analyze.commonest_answer_share(test) == 0.75
+
+
+def test_the_attention_heading_names_the_task_and_figure_2_only_for_needle():
+    attention = {
+        "tokens": [1, 2],
+        "labels": ["1", "2"],
+        "figure": "attention.png",
+        "last_position": {
+            "layer": 1,
+            "head": 1,
+            "position": 0,
+            "token": "1",
+            "weight": 0.5,
+            "uniform": 0.5,
+        },
+        "uniform": {},
+    }
+    headings = {}
+    for task in ("addition", "needle", "parens"):
+        cfg = SimpleNamespace(task=task)
+        run = SimpleNamespace(label=f"{task} Random w16", path="run", cfg=cfg)
+        lines = analyze.markdown(run, {"attention": attention}).splitlines()
+        headings[task] = [line for line in lines if line.startswith("## ")]
+    assert headings == {
+        "addition": ["## Attention patterns on addition, and each head's scores"],
+        "needle": ["## Attention patterns on needle, and each head's scores (Figure 2)"],
+        "parens": ["## Attention patterns on parens, and each head's scores"],
+    }

@@ -44,6 +44,18 @@ def root(tmp_path_factory):
     return root
 
 
+@pytest.fixture
+def table_only(monkeypatch):
+    """compare.py's figure built but not drawn into a PNG, for the tests that read only its table:
+    matplotlib's drawing was most of their time. test_figure_is_written_where_asked_and_by_default_
+    under_runs draws it."""
+
+    def close(plt, fig, path, **savefig):
+        plt.close(fig)
+
+    monkeypatch.setattr(compare, "save_figure", close)
+
+
 def compared(capsys, *runs, plot):
     compare.main([*map(str, runs), "--plot", str(plot)])
     out, err = capsys.readouterr()
@@ -56,7 +68,7 @@ def final(run_dir):
     return json.loads((run_dir / "final.json").read_text())
 
 
-def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys):
+def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys, table_only):
     head, rows, _ = compared(
         capsys, root / "needle-a-s0", root / "needle-b-s0", plot=tmp_path / "c.png"
     )
@@ -69,7 +81,7 @@ def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys):
     assert b["minutes"] == f"{final(root / 'needle-b-s0')['elapsed'] / 60:.4g}"
 
 
-def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, capsys):
+def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, capsys, table_only):
     # same name but for the seed, another lr: its own row
     shutil.copytree(root / "needle-a-s1", tmp_path / "needle-a-s2")
 
@@ -86,14 +98,16 @@ def test_seeds_of_one_setting_share_a_row_of_median_min_max(root, tmp_path, caps
     assert rows["needle-a (2 seeds)"]["loss"] == expected
 
 
-def test_seeds_spelled_as_two_paths_to_one_folder_share_a_row(root, tmp_path, capsys, monkeypatch):
+def test_seeds_spelled_as_two_paths_to_one_folder_share_a_row(
+    root, tmp_path, capsys, table_only, monkeypatch
+):
     # g/a-s0 and $PWD/g/a-s1 showed as two rows
     monkeypatch.chdir(root)
     _, rows, _ = compared(capsys, "needle-a-s0", root / "needle-a-s1", plot=tmp_path / "c.png")
     assert list(rows) == ["needle-a (2 seeds)"]
 
 
-def test_unfinished_run_shows_its_last_evaluation(root, tmp_path, capsys):
+def test_unfinished_run_shows_its_last_evaluation(root, tmp_path, capsys, table_only):
     _, rows, _ = compared(
         capsys, root / "needle-a-s0", root / "needle-stopped-s0", plot=tmp_path / "c.png"
     )
@@ -194,14 +208,16 @@ def test_addition_panels_say_per_token_and_draw_exact_sums_dashed(tmp_path, monk
     assert drawn["test loss"][0] == "cross-entropy at the answers (nats)"
 
 
-def test_a_run_given_in_several_spellings_is_one_row(root, tmp_path, capsys, monkeypatch):
+def test_a_run_given_in_several_spellings_is_one_row(
+    root, tmp_path, capsys, table_only, monkeypatch
+):
     monkeypatch.chdir(root)
     spellings = [root / "needle-b-s0", f"{root}/needle-b-s0/", "needle-b-s0", "./needle-b-s0/."]
     header, rows, _ = compared(capsys, *spellings, root / "needle-a-s0", plot=tmp_path / "c.png")
     assert sorted(rows) == ["needle-a-s0", "needle-b-s0"]
 
 
-def test_a_mask_holding_a_bar_or_a_line_break_stays_in_its_cell(tmp_path, capsys):
+def test_a_mask_holding_a_bar_or_a_line_break_stays_in_its_cell(tmp_path, capsys, table_only):
     train.train(tiny(tmp_path / "bar", mode="[|w]te,\n*lm_head"))
     train.train(tiny(tmp_path / "plain"))
     compare.main(

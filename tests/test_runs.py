@@ -659,11 +659,21 @@ def broken_copy(root, name, config=None, checkpoint=None, metrics=None):
         )
 
 
-def snapshot(root):
-    return {
-        str(p.relative_to(root)): p.read_bytes() if p.is_file() and not p.is_symlink() else None
-        for p in sorted(root.rglob("*"))
-    }
+def snapshot(root, prefix=""):
+    """Every path under root, relative to it, with its bytes (None for a folder or a link). The
+    bad-input table takes two snapshots of `world` per row: os.scandir's entries, not pathlib's
+    objects, keep that a small share of the quick subset's time."""
+    found = {}
+    with os.scandir(root) as entries:
+        for entry in entries:
+            name = prefix + entry.name
+            found[name] = None
+            if entry.is_dir(follow_symlinks=False):
+                found.update(snapshot(entry.path, name + "/"))
+            elif entry.is_file(follow_symlinks=False):
+                with open(entry.path, "rb") as f:
+                    found[name] = f.read()
+    return found
 
 
 @pytest.mark.parametrize(
@@ -1367,6 +1377,7 @@ def test_a_refused_start_leaves_no_runs_folder(tmp_path, monkeypatch, capsys):
     assert code == 2 and os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_step_timer_takes_the_largest_seed_and_output_the_locale_cannot_encode(tmp_path):
     out = tmp_path / "é-run"
     done = subprocess.run(
