@@ -100,9 +100,7 @@ def test_a_short_laps_pace_says_how_few_steps_it_was_timed_over():
     assert lifecycle.pace_words(0, 2.0) == ""
 
 
-def test_a_resumed_lap_prints_and_records_the_pace_of_its_own_steps(
-    tmp_path, monkeypatch, capsys
-):
+def test_a_resumed_lap_prints_and_records_the_pace_of_its_own_steps(tmp_path, monkeypatch, capsys):
     cfg = tiny(tmp_path)  # 8 steps, evaluated at 4 and 8
     step = train.train_step
     taken = []
