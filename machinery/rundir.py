@@ -95,7 +95,8 @@ class StartPoint:
         left behind marks a killed process). Also at exit, if not called before."""
         atexit.unregister(self.close)
         if self.staged:
-            shutil.rmtree(self.staged, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                delete_swapped(self.staged)
             self.staged = None
         while self.made:  # innermost first
             with contextlib.suppress(OSError):  # another run's now, or not empty: it stays
@@ -126,7 +127,7 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
             if os.path.lexists(staged):
                 check_swapped(staged, cfg.out)
                 lock = RunLock(staged)  # refused while a process starting now stages it
-                shutil.rmtree(staged)
+                delete_swapped(staged)
                 lock.release()
             # the folders above staged that os.makedirs will make, outermost first
             start.made = [str(p) for p in reversed(Path(staged).parents) if not os.path.lexists(p)]
@@ -262,7 +263,8 @@ def replace_old_run(out, start: StartPoint):
         if lock.run_dir == staged:
             lock.run_dir = out  # the lock file moved with its run
     if hidden:
-        shutil.rmtree(hidden, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            delete_swapped(hidden)
     os.remove(os.path.join(out, SWAP_MARK))  # the new run is in place, nothing hidden left to prove
 
 
@@ -298,11 +300,28 @@ def finish_swap(out):
                     lock.run_dir = out
         for path in hidden:
             if os.path.lexists(path):  # checked above: a swap's, or empty; or moved to out
-                shutil.rmtree(path)
+                delete_swapped(path)
     finally:
         for lock in locks:
             lock.release()
     remove_kill_leftovers(out)
+
+
+def delete_swapped(path):
+    """Delete a folder a swap staged or hid, its SWAP_MARK last: a kill midway then leaves a folder
+    finish_swap still knows for a swap's (rmtree took the mark among the first files, and the next
+    start refused what was left as no run's)."""
+    for name in os.listdir(path):
+        if name == SWAP_MARK:
+            continue
+        entry = os.path.join(path, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            shutil.rmtree(entry)
+        else:
+            os.remove(entry)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(path, SWAP_MARK))
+    os.rmdir(path)
 
 
 def write_swap_mark(run_dir, out):

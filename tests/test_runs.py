@@ -2,6 +2,7 @@
 any moment or Ctrl-C resumes to the uninterrupted result; --resume and --overwrite do only
 what they say."""
 
+import contextlib
 import json
 import math
 import os
@@ -1526,20 +1527,19 @@ def test_ctrl_c_in_the_first_step_of_an_overwrite_leaves_the_old_run_byte_identi
 # A kill at each point of the swap that puts a new run in the old one's place
 # (rundir.replace_old_run): this program runs train.py's main and SIGKILLs itself there.
 SWAPPER = """
-import os, shutil, signal, sys
+import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from machinery import files
 from machinery import lifecycle, rundir
 import train
-where, exchange, rename, rmtree = sys.argv[2], rundir.exchange, os.rename, shutil.rmtree
+where, exchange, rename = sys.argv[2], rundir.exchange, os.rename
 
 def die(*args):
     os.kill(os.getpid(), signal.SIGKILL)
 
-def delete_a_file_and_die(path, ignore_errors=False):
-    if os.path.isdir(path):
-        os.remove(os.path.join(path, "model.pt"))
-        die()
+def delete_a_file_and_die(path):
+    os.remove(os.path.join(path, "model.pt"))
+    die()
 
 if where.startswith("renames"):  # a system that cannot exchange two directories
     rundir.exchange = lambda a, b: False
@@ -1550,7 +1550,7 @@ if where == "exchange: after":
 if where == "renames: between":
     os.rename = lambda src, dst: (rename(src, dst), die() if dst.endswith(".old") else None)
 if where.endswith("deleting the old run"):
-    rundir.shutil.rmtree = delete_a_file_and_die
+    rundir.delete_swapped = delete_a_file_and_die
 train.main(sys.argv[3:])
 """
 
@@ -2013,3 +2013,102 @@ def test_a_sigterm_to_a_script_is_one_line_and_exit_130(tmp_path):
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130 and err.strip() == "bench.py: interrupted", err
+
+
+def killed_before_write(n, argv):
+    """In a forked child: train.main(argv) with the child killed (os._exit, no cleanup, as kill -9)
+    before its n-th file-system call that writes. True if the kill came, False if the run ended
+    first. A fork, not a new interpreter, so that 50 kill points cost no torch imports."""
+    pid = os.fork()
+    if pid == 0:
+        count = [0]
+
+        def before():
+            count[0] += 1
+            if count[0] == n:
+                os._exit(137)
+
+        def counted(function):
+            def wrapped(*args, **kwargs):
+                before()
+                return function(*args, **kwargs)
+
+            return wrapped
+
+        for name in ("replace", "rename", "remove", "unlink", "makedirs", "mkdir", "rmdir"):
+            setattr(os, name, counted(getattr(os, name)))
+        shutil.rmtree = counted(shutil.rmtree)
+        os_open, builtin_open = os.open, open
+
+        def opened(path, flags, *args, **kwargs):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                before()
+            return os_open(path, flags, *args, **kwargs)
+
+        def opened_file(file, mode="r", *args, **kwargs):
+            if any(c in mode for c in "wax+"):
+                before()
+            return builtin_open(file, mode, *args, **kwargs)
+
+        os.open = opened
+        __builtins__["open"] = opened_file
+        try:
+            with open(os.devnull, "w") as quiet:
+                os.dup2(quiet.fileno(), 1)
+                os.dup2(quiet.fileno(), 2)
+            train.main(argv)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 137
+
+
+def untimed_metrics(run):
+    """metrics.jsonl's records without their timings."""
+    records = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        record.pop("elapsed")
+        record.pop("steps_per_s")
+        records.append(record)
+    return records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["--resume", "--overwrite"])
+def test_a_kill_before_any_write_of_a_resume_or_an_overwrite_the_next_command_completes(
+    command, tmp_path, capsys
+):
+    # A kill -9 before every file-system call that writes: the same command run again ends with
+    # the uninterrupted run's metrics and weights, and nothing of the kill left beside it. (The
+    # swap's rmtree took the .swap mark among the first files, so a kill there left a folder the
+    # next start refused as no run's.)
+    args = TINY_ARGS + ["--device", "cpu"]
+    train.main(args + ["--out", str(tmp_path / "whole")])
+    train.train(cli.parse_args(args + ["--out", str(tmp_path / "stopped")])[0], stop_after=4)
+    train.main(args + ["--steps", "4", "--out", str(tmp_path / "old")])
+    whole = untimed_metrics(tmp_path / "whole")
+    weights = torch.load(tmp_path / "whole" / "model.pt")["model"]
+    n = 1
+    while True:
+        run = tmp_path / f"run-{n}"
+        if command == "--resume":
+            shutil.copytree(tmp_path / "stopped", run)
+            argv = ["--resume", str(run)]
+        else:
+            shutil.copytree(tmp_path / "old", run)
+            argv = args + ["--out", str(run), "--overwrite"]
+        if not killed_before_write(n, argv):
+            break
+        with contextlib.suppress(SystemExit):  # a finished run: "nothing to resume"
+            train.main(argv)
+        assert untimed_metrics(run) == whole, f"killed before write {n}"
+        done = torch.load(run / "model.pt")["model"]
+        assert all(torch.equal(done[k], weights[k]) for k in weights), f"killed before write {n}"
+        assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
+        assert [p for p in os.listdir(tmp_path) if p.startswith(f".run-{n}")] == []
+        n += 1
+    capsys.readouterr()
+    assert (
+        n > 10
+    )  # every write of the command was a kill point (14 for --resume, 35 for --overwrite)
