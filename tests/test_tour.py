@@ -204,3 +204,23 @@ def test_the_projection_numbers_are_its_committed_analyses():
         in text
         and trained["accuracy"] == 1
     )
+
+
+def test_each_stand_in_comparison_runs_on_the_committed_records(tmp_path, monkeypatch, capsys):
+    # Experiments 2, 4, 5 and 6 compare with experiment 1's run (14+ minutes to train); the tour
+    # names a committed record that stands in for it, in a command that trains nothing.
+    monkeypatch.chdir(ROOT)
+    with open(TOUR) as f:
+        lines = [line.strip() for line in f if line.startswith("python compare.py runs/")]
+    stand_ins = []
+    for line in lines:
+        runs = shlex.split(line)[2:]
+        if all(run.startswith(("runs/reproduce/", "runs/probes/")) for run in runs):
+            stand_ins.append(runs)
+    assert len(stand_ins) >= 4
+    for k, runs in enumerate(stand_ins):
+        for run in runs:
+            assert os.path.isfile(os.path.join(run, "final.json")), run
+        compare.main(runs + ["--plot", str(tmp_path / f"{k}.png")])
+        rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+        assert len(rows) == 2 + len(runs)  # a header, its rule and a row a run
