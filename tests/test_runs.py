@@ -2,6 +2,7 @@
 any moment or Ctrl-C resumes to the uninterrupted result; --resume and --overwrite do only
 what they say."""
 
+import builtins
 import contextlib
 import json
 import math
@@ -2021,6 +2022,10 @@ def killed_before_write(n, argv):
     first. A fork, not a new interpreter, so that 50 kill points cost no torch imports."""
     pid = os.fork()
     if pid == 0:
+        # quiet, before the counting starts: opening the null device is no write of the run's
+        with open(os.devnull, "w") as quiet:
+            os.dup2(quiet.fileno(), 1)
+            os.dup2(quiet.fileno(), 2)
         count = [0]
 
         def before():
@@ -2038,7 +2043,7 @@ def killed_before_write(n, argv):
         for name in ("replace", "rename", "remove", "unlink", "makedirs", "mkdir", "rmdir"):
             setattr(os, name, counted(getattr(os, name)))
         shutil.rmtree = counted(shutil.rmtree)
-        os_open, builtin_open = os.open, open
+        os_open, builtin_open = os.open, builtins.open
 
         def opened(path, flags, *args, **kwargs):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
@@ -2051,27 +2056,17 @@ def killed_before_write(n, argv):
             return builtin_open(file, mode, *args, **kwargs)
 
         os.open = opened
-        __builtins__["open"] = opened_file
+        builtins.open = opened_file
+        # exit 0 only for a run that ended: a failure is no kill point to stop the count at
         try:
-            with open(os.devnull, "w") as quiet:
-                os.dup2(quiet.fileno(), 1)
-                os.dup2(quiet.fileno(), 2)
             train.main(argv)
-        finally:
-            os._exit(0)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 137
-
-
-def untimed_metrics(run):
-    """metrics.jsonl's records without their timings."""
-    records = []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        record.pop("elapsed")
-        record.pop("steps_per_s")
-        records.append(record)
-    return records
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 137), f"train.py {' '.join(argv)} failed before write {n} (exit {code})"
+    return code == 137
 
 
 @pytest.mark.slow
@@ -2087,7 +2082,7 @@ def test_a_kill_before_any_write_of_a_resume_or_an_overwrite_the_next_command_co
     train.main(args + ["--out", str(tmp_path / "whole")])
     train.train(cli.parse_args(args + ["--out", str(tmp_path / "stopped")])[0], stop_after=4)
     train.main(args + ["--steps", "4", "--out", str(tmp_path / "old")])
-    whole = untimed_metrics(tmp_path / "whole")
+    whole = records(tmp_path / "whole")
     weights = torch.load(tmp_path / "whole" / "model.pt")["model"]
     n = 1
     while True:
@@ -2102,7 +2097,7 @@ def test_a_kill_before_any_write_of_a_resume_or_an_overwrite_the_next_command_co
             break
         with contextlib.suppress(SystemExit):  # a finished run: "nothing to resume"
             train.main(argv)
-        assert untimed_metrics(run) == whole, f"killed before write {n}"
+        assert records(run) == whole, f"killed before write {n}"
         done = torch.load(run / "model.pt")["model"]
         assert all(torch.equal(done[k], weights[k]) for k in weights), f"killed before write {n}"
         assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
