@@ -14,11 +14,11 @@ On a CPU (--device cpu --width 16) both ways are the same, a smoke test.
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.getcwd())
+from bench import best_seconds  # noqa: E402
 from machinery.config import TrainConfig, build_seeded  # noqa: E402
 from machinery.devices import Ranks, autocast  # noqa: E402
 from train import make_optimizer, train_step  # noqa: E402
@@ -35,11 +35,6 @@ device = torch.device(args.device)
 
 def to_device(tensor):
     return tensor.to(device, non_blocking=True)
-
-
-def sync():
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 for name in args.tasks:
@@ -68,10 +63,5 @@ for name in args.tasks:
 
         for _ in range(args.warmup):
             step()
-        sync()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        sync()
-        seconds = (time.perf_counter() - start) / args.steps
+        seconds = best_seconds(step, args.steps, 1, device)
         print(f"{name}, data drawn on the {where}: {1 / seconds:.3g} steps/s", flush=True)
