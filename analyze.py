@@ -1290,30 +1290,33 @@ def watch(run_dir):
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    for flag, options in {
-        "runs": {"nargs": "+", "metavar": "RUN", "help": "run directories written by train.py"},
-        "--watch": {
-            "action": "store_true",
-            "help": "follow one parentheses run while it trains: its accuracy on the test strings "
-            "training never shows at each checkpoint, into RUN/unseen.jsonl (compare.py draws it)",
-        },
-        "--only": {
-            "choices": list(ANALYSES),
-            "help": "run just this analysis (default: every one that applies)",
-        },
-        "--examples": {
-            "type": int,
-            "default": 1000,
-            "help": f"inputs for the explained variance (capped at {MAX_VECTORS} hidden states)",
-        },
-        "--tokens": {
-            "type": int,
-            "nargs": "+",
-            "help": "token ids of the attention input (default: Figure 2's for needle, else the "
-            "first test example)",
-        },
-    }.items():
-        parser.add_argument(flag, **options)
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
+    )
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="follow one parentheses run while it trains: its accuracy on the test strings "
+        "training never shows at each checkpoint, into RUN/unseen.jsonl (compare.py draws it)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=list(ANALYSES),
+        help="run just this analysis (default: every one that applies)",
+    )
+    parser.add_argument(
+        "--examples",
+        type=int,
+        default=1000,
+        help=f"inputs for the explained variance (capped at {MAX_VECTORS} hidden states)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        help="token ids of the attention input (default: Figure 2's for needle, else the first "
+        "test example)",
+    )
     args = parser.parse_args(argv)
     if args.examples < 1:
         parser.error("--examples must be >= 1")

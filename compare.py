@@ -322,19 +322,20 @@ def median_curve(group, key):
 
 def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
-    for flag, options in {
-        "runs": dict(nargs="+", metavar="RUN", help="run directories written by train.py"),
-        "--plot": dict(
-            help="where to write the figure (default: runs/compare-<run>-vs-<run>.png, named after "
-            "the runs compared, or that name here without runs/)",
-        ),
-        "--title": dict(help="the figure's title (default: none)"),
-        "--labels": dict(
-            help="the legend's name for each row of the table, comma-separated, in its order "
-            "(default: the rows' names, their run directories)"
-        ),
-    }.items():
-        parser.add_argument(flag, **options)
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
+    )
+    parser.add_argument(
+        "--plot",
+        help="where to write the figure (default: runs/compare-<run>-vs-<run>.png, named after the "
+        "runs compared, or that name here without runs/)",
+    )
+    parser.add_argument("--title", help="the figure's title (default: none)")
+    parser.add_argument(
+        "--labels",
+        help="the legend's name for each row of the table, comma-separated, in its order "
+        "(default: the rows' names, their run directories)",
+    )
     args = parser.parse_args(argv)
     with usage_errors("compare.py"):
         if args.plot and not os.path.isdir(os.path.dirname(args.plot) or "."):

@@ -59,7 +59,12 @@ class Batch:
 
     def apply(self, fn):
         """fn applied to every field that is set (target is None outside imitation)."""
-        return Batch(*(None if t is None else fn(t) for t in vars(self).values()))
+        values = []
+        for t in vars(self).values():
+            if t is not None:
+                t = fn(t)
+            values.append(t)
+        return Batch(*values)
 
     def length_chunks(self) -> list:
         """[(chunk, weight)]: rows sorted by last answer, cut into LENGTH_CHUNKS chunks trimmed
@@ -73,9 +78,10 @@ class Batch:
         """
         answers = (self.y >= 0).sum((-2, -1))
         last = self.pos.amax(-1)  # (..., B) each row's last answer position
-        chunks = [
-            rows for rows in last.argsort(-1).tensor_split(LENGTH_CHUNKS, dim=-1) if rows.size(-1)
-        ]
+        chunks = []
+        for rows in last.argsort(-1).tensor_split(LENGTH_CHUNKS, dim=-1):
+            if rows.size(-1) > 0:  # a batch of fewer rows than chunks leaves some empty
+                chunks.append(rows)
         # ends[0] is the shortest row's last answer, ends[1:] each chunk's longest.
         ends = torch.stack([last.min()] + [last.gather(-1, rows).max() for rows in chunks]).tolist()
         if ends[0] == ends[-1]:
@@ -113,8 +119,13 @@ LENGTH_CHUNKS = 4
 def join_batches(batches, join=torch.cat):
     """One batch from several, field by field: join=torch.cat appends rows, torch.stack adds a
     leading dimension."""
-    columns = zip(*(vars(b).values() for b in batches))
-    return Batch(*(None if c[0] is None else join(c) for c in columns))
+    values = []
+    for column in zip(*(vars(b).values() for b in batches)):
+        if column[0] is None:
+            values.append(None)
+        else:
+            values.append(join(column))
+    return Batch(*values)
 
 
 class Task:
@@ -183,14 +194,18 @@ class StreamTask(Task):
         ):
             self._test_hashes = row_hashes(self.test_set().x.to(generator.device))
         kept = []
-        while sum(map(len, kept)) < batch_size:
+        rows_kept = 0
+        while rows_kept < batch_size:
             batch = self.generate(batch_size, generator)
+            unseen = ~torch.isin(row_hashes(batch.x), self._test_hashes)
             # integer rows, not a boolean mask per field: one wait on the host per draw, not one per
             # field
-            kept.append(
-                batch[(~torch.isin(row_hashes(batch.x), self._test_hashes)).nonzero().squeeze(1)]
-            )
-        return join_batches(kept)[:batch_size] if len(kept) > 1 else kept[0]
+            batch = batch[unseen.nonzero().squeeze(1)]
+            kept.append(batch)
+            rows_kept += len(batch)
+        if len(kept) == 1:
+            return kept[0]
+        return join_batches(kept)[:batch_size]
 
 
 _HASH_WEIGHTS = (
@@ -787,6 +802,8 @@ def make_task(name: str, **sizes) -> Task:
     are used; a size given as None keeps the task's default."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
-    return TASKS[name](
-        **{f.name: sizes[f.name] for f in fields(TASKS[name]) if sizes.get(f.name) is not None}
-    )
+    given = {}
+    for field in fields(TASKS[name]):
+        if sizes.get(field.name) is not None:
+            given[field.name] = sizes[field.name]
+    return TASKS[name](**given)

@@ -377,17 +377,21 @@ def check_config(cfg: TrainConfig, task) -> None:
         )
 
 
+def check_at_least(cfg: TrainConfig, name: str, least: int) -> None:
+    """Refuse a setting given below its least sensible value; unset (None) passes."""
+    value = getattr(cfg, name)
+    if value is not None and value < least:
+        raise UsageError(f"--{name.replace('_', '-')} must be >= {least}")
+
+
 def resolve(cfg: TrainConfig):
     """(cfg with the paper's defaults filled in and checked, its task)."""
     task = build_task(cfg)
     # checked before the defaults divide by them
-    least_values = {"steps": 0, "warmup": 0}
+    for name in ("steps", "warmup"):
+        check_at_least(cfg, name, 0)
     for name in ("batch_size", "eval_every", "width", "layers", "heads", "epochs", "test_size"):
-        least_values[name] = 1
-    for name, least in least_values.items():
-        value = getattr(cfg, name)
-        if value is not None and value < least:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= {least}")
+        check_at_least(cfg, name, 1)
     cfg = with_paper_defaults(cfg, task)
     check_config(cfg, task)
     return cfg, task
