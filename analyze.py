@@ -670,7 +670,9 @@ def attention_markdown(result):
 
         value, layer, head = max(scores)
         half = ", ".join(f"layer {i} head {h} ({v:.2f})" for v, i, h in scores if v >= 0.5)
-        rows = [[i + 1] + [f"{v:.3f}" for v in heads] for i, heads in enumerate(result[name])]
+        rows = []
+        for i, heads in enumerate(result[name]):
+            rows.append([i + 1] + [f"{v:.3f}" for v in heads])
         lines += [
             "",
             f"{what} is largest in layer {layer} head {head}: {value:.2f} on average "

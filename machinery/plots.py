@@ -143,7 +143,14 @@ def save_with_legend(plt, fig, handles: list, path: str):
     keywords, and a None (a handle for something the figure does not draw) is left out."""
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], **h) if isinstance(h, dict) else h for h in handles if h is not None]
+    drawn = []
+    for handle in handles:
+        if handle is None:
+            continue
+        if isinstance(handle, dict):
+            handle = Line2D([], [], **handle)
+        drawn.append(handle)
+    handles = drawn
     renderer = fig.canvas.get_renderer()
     # as many columns as the figure's width holds, so that a long legend wraps into rows instead
     # of widening the picture (and shrinking its panels) when it is saved
@@ -183,7 +190,10 @@ def plot_seeds(table, cells: dict, axes: dict) -> list:
     """Draw a table on its panels' axes: per column the seeds as points, a median bar (a box plot
     from 5 seeds), the paper's number as a star; returns the legend's handles."""
     for panel, ax in axes.items():
-        xs = [x for p, line, x in cells if p == panel and line is None]
+        xs = []
+        for cell_panel, line, x in cells:
+            if cell_panel == panel and line is None:
+                xs.append(x)
         for i, x in enumerate(xs):
             values, paper = cells[panel, None, x]
             if len(values) >= 5:
