@@ -71,7 +71,13 @@ def train_batched(cfg) -> list:
             "batched seeds cannot train the lstm; train.py --arch lstm --seeds N trains its seeds"
         )
     device = pick_device(cfg.device)
-    seeds, tasks, models, counts = zip(*map(build_seeded, seed_configs(cfg)))
+    seeds, tasks, models, counts = [], [], [], []
+    for seed_cfg in seed_configs(cfg):
+        seed, task, model, count = build_seeded(seed_cfg)
+        seeds.append(seed)
+        tasks.append(task)
+        models.append(model)
+        counts.append(count)
     # every seed's directory checked before a step is timed, so that a refused start is refused at
     # once (SeedRuns.open checks again as it stages them)
     for run in seeds:

@@ -504,9 +504,11 @@ def cpu_variant(cfg: TrainConfig) -> TrainConfig:
     default_lr's, once the settings are filled in (resolve)."""
     if cfg.task not in CPU_VARIANTS:
         raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
-    settings = {name: value for name, value in CPU_VARIANTS[cfg.task].items() if name != "lr"}
-    width = settings["width"] if cfg.width is None else min(cfg.width, settings["width"])
-    return replace(cfg, **{**settings, "width": width}, scale="cpu")
+    settings = dict(CPU_VARIANTS[cfg.task])
+    settings.pop("lr", None)
+    if cfg.width is not None:
+        settings["width"] = min(cfg.width, settings["width"])
+    return replace(cfg, scale="cpu", **settings)
 
 
 def default_lr(cfg: TrainConfig) -> float:

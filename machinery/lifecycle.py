@@ -389,9 +389,15 @@ def setting_text(value) -> str:
 def slow_run_hint(cfg, seconds):
     """For a CPU run of over an hour that is not its task's laptop variant: the command that runs
     the variant; else None."""
-    if seconds <= 3600 or all(
-        getattr(cfg, k) == v for k, v in CPU_VARIANTS[cfg.task].items() if k not in ("width", "lr")
-    ):
+    if seconds <= 3600:
+        return None
+    is_variant = True
+    for name, value in CPU_VARIANTS[cfg.task].items():
+        # the variant may run narrower, with the lr its width gets (config.cpu_variant): neither
+        # makes it another run
+        if name not in ("width", "lr") and getattr(cfg, name) != value:
+            is_variant = False
+    if is_variant:
         return None
     return (
         "the task's laptop variant shows its result in under an hour: "
@@ -401,11 +407,12 @@ def slow_run_hint(cfg, seconds):
 
 def thread_text(threads) -> str:
     """How many threads a CPU run uses, and whether choose_threads (devices.py) chose them."""
-    return f", {threads} thread{'s' * (threads > 1)}" + (
-        f" (faster here than {THREADS + 1 - threads})"  # choose_threads chose them
-        if threads_chosen()
-        else ""
-    )
+    text = f", {threads} thread"
+    if threads > 1:
+        text += "s"
+    if threads_chosen():
+        text += f" (faster here than {THREADS + 1 - threads})"
+    return text
 
 
 # Committed records of the canonical cpu-scale runs whose test accuracy sits on a plateau before it

@@ -434,9 +434,15 @@ def plot_convergence(table, runs: dict, title: str, path: str):
                 alpha=0.8,
                 marker=".",
             )
+        # the lr schedule is the same in every column: the first column's first seed draws it
+        steps, lrs = [], []
+        for record in read_metrics(runs[row, table.cols[0]][0].out):
+            steps.append(record["step"])
+            lrs.append(record["lr"])
         lr_ax = ax.twinx()
         lr_ax.plot(
-            *zip(*((r["step"], r["lr"]) for r in read_metrics(runs[row, table.cols[0]][0].out))),
+            steps,
+            lrs,
             color="gray",
             linestyle="--",
             linewidth=1,

@@ -350,9 +350,8 @@ def measured_speeds(root="runs") -> dict:
     with the most measured laps gives it (the first in path order among equals)."""
     speeds = {}
     laps = {}
-    for run in map(
-        os.path.dirname, sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True))
-    ):
+    for config_path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
+        run = os.path.dirname(config_path)
         try:
             saved = read_json(os.path.join(run, "config.json"))
             rates = []
