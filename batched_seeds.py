@@ -194,7 +194,10 @@ class SeedRuns(Run):
 
     def __init__(self, seeds, models, params, counts, device, threads):
         super().__init__(seeds[0], counts[0], device, Ranks(), threads)
-        self.seeds, self.models, self.params, self.seed_counts = seeds, models, params, counts
+        self.seeds = seeds
+        self.models = models
+        self.params = params
+        self.seed_counts = counts
         self.starts = []
 
     def open(self):

@@ -180,7 +180,8 @@ class Ranks:
     one process they change nothing."""
 
     def __init__(self):
-        self.world, self.rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+        self.rank = int(os.environ.get("RANK", 0))
         self.lead = self.rank == 0
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -237,7 +238,9 @@ class ShardedTask:
     ranks' sum is the whole batch's mean."""
 
     def __init__(self, task, rank, world):
-        self.task, self.rank, self.world = task, rank, world
+        self.task = task
+        self.rank = rank
+        self.world = world
 
     def sample(self, batch_size, generator):
         batch = self.task.sample(batch_size, generator)

@@ -79,11 +79,15 @@ class Run:
     """
 
     def __init__(self, cfg, counts, device, ranks, threads):
-        self.cfg, self.counts, self.device, self.ranks = cfg, counts, device, ranks
+        self.cfg = cfg
+        self.counts = counts
+        self.device = device
+        self.ranks = ranks
         # config.json records the threads: float sums, so the last bits, follow them
         self.threads = threads
         self.start = StartPoint()
-        self.metrics, self.losses = {}, []
+        self.metrics = {}  # the last evaluation's test metrics
+        self.losses = []  # training losses since the last log line
         self.stop_requested = False
         self.logged_elapsed = 0.0
         self.lap_restored = 0
@@ -104,7 +108,8 @@ class Run:
         self.start = start_or_resume(
             self.cfg, resume, model, optimizer, generator, record, self.ranks.lead
         )
-        self.metrics, self.losses = self.start.metrics, self.start.losses
+        self.metrics = self.start.metrics
+        self.losses = self.start.losses
         # a resumed run carries its earlier time
         self.began = time.time() - self.start.elapsed
         self.lap_began = time.time()
@@ -169,7 +174,8 @@ class Run:
         self.check_finite(step, loss, metrics)
         self.logged_elapsed = self.elapsed()
         self.write_eval(step, loss, lr, metrics, self.logged_elapsed, steps_per_s, pace)
-        self.metrics, self.losses = metrics, []
+        self.metrics = metrics
+        self.losses = []
         self.lap_restored = 0
         # evaluation time does not count as training time for steps/s
         self.lap_began = time.time()
