@@ -434,7 +434,7 @@ def plot_convergence(table, runs: dict, title: str, path: str):
                 alpha=0.8,
                 marker=".",
             )
-        # the lr schedule is the same in every column: the first column's first seed draws it
+        # the seeds share one lr schedule: the first seed's log draws it
         steps, lrs = [], []
         for record in read_metrics(runs[row, table.cols[0]][0].out):
             steps.append(record["step"])

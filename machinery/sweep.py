@@ -353,7 +353,7 @@ def measured_speeds(root="runs") -> dict:
     for config_path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
         run = os.path.dirname(config_path)
         try:
-            saved = read_json(os.path.join(run, "config.json"))
+            saved = read_json(config_path)
             rates = []
             for line in read_metrics(run):
                 rate = line.get("steps_per_s")
