@@ -126,13 +126,35 @@ def last_answer_position(batch: tasks.Batch):
 
 @torch.no_grad()
 def run_with_cache(model, x, names):
-    """{name: activation} for the requested cache names, over x (B, T) in chunks of CHUNK_TOKENS
-    tokens."""
-    rows, chunks = max(1, CHUNK_TOKENS // x.size(1)), []
-    for start in range(0, len(x), rows):
-        cache = {}
-        model(x[start : start + rows], cache=cache)
-        chunks.append({name: cache[name] for name in names})
+    """{name: activation} over x (B, T) in chunks of CHUNK_TOKENS tokens, for the model's hook
+    points named (TransformerLens's names, under GPT-2's module names): "h.{i}.hook_resid_pre" and
+    "h.{i}.hook_resid_post" (B, T, C), the residual stream before and after block i;
+    "h.{i}.attn.hook_pattern" (B, nh, T, T), its attention weights. A forward hook on each keeps
+    its output while the model runs its written-out code (never its fast paths, which have no hook
+    points)."""
+    modules = dict(model.named_modules())
+    chunks = []
+    fast = model.fast
+    model.fast = False
+
+    def keeper(name):
+        def keep(module, args, output):
+            chunks[-1][name] = output
+
+        return keep
+
+    hooks = []
+    for name in names:
+        hooks.append(modules[name].register_forward_hook(keeper(name)))
+    try:
+        rows = max(1, CHUNK_TOKENS // x.size(1))
+        for start in range(0, len(x), rows):
+            chunks.append({})
+            model(x[start : start + rows])
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.fast = fast
     return {name: torch.cat([chunk[name] for chunk in chunks]) for name in names}
 
 
@@ -163,8 +185,8 @@ def training_states(run: SavedRun, examples: int) -> dict:
     # (B, T): a row's positions up to its last scored one, so no padding
     keep = torch.arange(int(last.max()) + 1) <= last[:, None]
     layers = {
-        "Emb": "embed",
-        **{f"L{i + 1}": f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer)},
+        "Emb": "h.0.hook_resid_pre",
+        **{f"L{i + 1}": f"h.{i}.hook_resid_post" for i in range(run.model.cfg.n_layer)},
     }
     states = run_with_cache(run.model, batch.x[:, : keep.size(1)], list(layers.values()))
     return {layer: states[name][keep] for layer, name in layers.items()}
@@ -244,13 +266,9 @@ def projection_ks(width: int) -> list:
 def logits_from(model, layer: int, x, pos):
     """The model's logits at positions pos (B, A) from x (B, T, C), the hidden states after its
     first `layer` blocks (0: the embedding), computed by the blocks after them as GPT.forward
-    computes them: the last block at pos only, where pos leaves positions out."""
-    last = len(model.h) - 1
-    for i in range(layer, len(model.h)):
-        if i == last and pos.size(1) < x.size(1):
-            # the last block's output (B, A, C) is at pos already
-            return model.lm_head(model.ln_f(model.h[i](x, pos=pos)))
-        x = model.h[i](x)
+    computes them."""
+    for block in model.h[layer:]:
+        x = block(x)
     return model.lm_head(model.ln_f(rows_at(x, pos)))
 
 
@@ -270,7 +288,9 @@ def projection(run: SavedRun, examples: int) -> dict:
     (commonest_answer_share): where 90% of the accuracy is no more, analysis.md claims no
     subspace."""
     test, ks = run.task.test_set(), projection_ks(run.cfg.width)
-    names = ["embed", *(f"blocks.{i}.resid_post" for i in range(run.model.cfg.n_layer))]
+    names = ["h.0.hook_resid_pre"]
+    for i in range(run.model.cfg.n_layer):
+        names.append(f"h.{i}.hook_resid_post")
     # The test set in chunks of rows of about one length, each cut after its longest row's last
     # answer (as training cuts its batches): causal attention means nothing after a row's last
     # answer changes it, and padding was about half the work of the forward passes below. With each
@@ -597,7 +617,7 @@ def attention_patterns(run: SavedRun, input_tokens=None) -> dict:
     """Heatmaps of every layer's and head's attention on one input and where its last position looks
     most; for needle and addition, also each head's ATTENTION_STEPS scores over the test set."""
     tokens = (input_tokens or default_attention_input(run))[:ATTENTION_MAX_TOKENS]
-    names = [f"blocks.{i}.attn.pattern" for i in range(run.model.cfg.n_layer)]
+    names = [f"h.{i}.attn.hook_pattern" for i in range(run.model.cfg.n_layer)]
     cache = run_with_cache(run.model, torch.tensor([tokens]), names)
     # (L, nh, T, T): the one input's patterns
     patterns = torch.stack(list(cache.values()))[:, 0]

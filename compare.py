@@ -10,7 +10,8 @@ that each comparison keeps its own picture.
 
 Runs whose directory names differ only in a trailing -s<seed> and whose settings differ only in
 the seed share a row: median [min, max] over the seeds. A run without final.json (still training,
-or killed) shows its last evaluation.
+or killed) shows its last evaluation. The code a run ran is a setting too: an edit to model.py shows
+as "code: 8341827 + model.py edited (<hash of the edits>)", the edits in the run's code.diff.
 """
 
 import json
@@ -20,6 +21,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass, fields
 
+from machinery.code import code_text
 from machinery.config import MAX_NAME, digest, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import FINAL_KEYS, read_json, read_metrics
@@ -63,7 +65,9 @@ class RunRecords:
     """What compare.py reads of one run directory: its settings, size and records."""
 
     path: str
-    settings: dict  # every TrainConfig field but IGNORED and the other tasks' sizes
+    # every TrainConfig field but IGNORED and the other tasks' sizes; "code", the code it ran
+    # (None for a run recorded before runs recorded it)
+    settings: dict
     trainable: int
     final: dict  # final.json; None for a run that has not finished
     log: list  # metrics.jsonl's records
@@ -84,6 +88,8 @@ def load(path) -> RunRecords:
         if k in TASK_SIZES and k not in own_sizes:
             continue
         settings[k] = v
+    record = read_json(os.path.join(path, "config.json"))
+    settings["code"] = code_text(record.get("code"))
     final_path = os.path.join(path, "final.json")
     if os.path.isfile(final_path):
         final = read_json(final_path, optional=FINAL_KEYS)
@@ -100,7 +106,7 @@ def load(path) -> RunRecords:
     return RunRecords(
         path,
         settings,
-        read_json(os.path.join(path, "config.json")).get("parameters", {}).get("trainable"),
+        record.get("parameters", {}).get("trainable"),
         final,
         [r | unseen.get(r["step"], {}) for r in read_metrics(path)],
     )
@@ -178,7 +184,15 @@ def table(groups) -> str:
     names = {}
     for s in settings:
         names.update(dict.fromkeys(s))
-    differing = [k for k in names if len({json.dumps(s.get(k)) for s in settings}) > 1]
+    differing = []
+    for k in names:
+        values = set()
+        for s in settings:
+            # a run recorded before runs recorded their code differs from none in it
+            if k != "code" or s.get(k) is not None:
+                values.add(json.dumps(s.get(k)))
+        if len(values) > 1:
+            differing.append(k)
     scores = [[results(run) for run in group] for group in groups]
     # every metric any run has, in order, then the minutes
     metric_names = {}

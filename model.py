@@ -39,19 +39,13 @@ class CausalSelfAttention(nn.Module):
 
     The paper's attention, for each head with head size d: y = softmax(q k^T / sqrt(d)) v, where the
     query at position t sees only the keys at positions <= t. `pattern` writes the weights out and
-    forward's reference path applies them, `pattern @ v`; analysis runs this path (a cache stores
-    each pattern as "blocks.{i}.attn.pattern"), and so does GPT.forward(..., reference=True).
-    Table 9's linearized baseline (attention="linear") replaces the softmax by the unnormalized
-    all-ones causal matrix.
+    forward applies them. Table 9's linearized baseline (attention="linear") replaces the softmax by
+    the unnormalized all-ones causal matrix. Analysis reads the weights at `hook_pattern`, a
+    TransformerLens-style hook point: an identity module that a forward hook can watch.
 
-    Training runs faster code that computes the same numbers, up to float rounding, without ever
-    holding the (T, T) pattern:
-    - `fused_softmax`: PyTorch's scaled_dot_product_attention kernel;
-    - `running_sum`: the linearized baseline's all-ones pattern @ v is a cumulative sum;
-    - `project` with answer positions: the last block scores queries only where answers are.
-    tests/test_core.py checks that they agree with the reference. `scale` reaches both paths; the
-    fast paths read `mask` only at the answers and `pattern` never, so an edit to those reaches
-    training once forward's fast branches are replaced by the reference path.
+    This is the attention that trains. Where it computes what fast_attention (at the bottom of this
+    file) computes, a run trains that instead, which never holds the (T, T) pattern; an edit here
+    makes the two disagree, and the run then trains this code (GPT.fast).
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -63,84 +57,39 @@ class CausalSelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(head_size)
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.hook_pattern = nn.Identity()
 
     def pattern(self, q, k, mask):
-        """The attention weights (B, nh, A, T) that mix the values: softmax(q k^T / sqrt(d)) over
+        """The attention weights (B, nh, T, T) that mix the values: softmax(q k^T / sqrt(d)) over
         the keys each query sees (where mask is true); for the linearized baseline, 1 at every key
         the query sees."""
         if self.linear:
             return mask.to(q.dtype).expand(q.size(0), self.n_head, q.size(2), k.size(2))
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, A, T)
+        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, T, T)
         # A key the query must not see gets weight exp(-inf) = 0.
         scores = scores.masked_fill(~mask, float("-inf"))
         return scores.softmax(dim=-1)
 
     @staticmethod
-    def mask(T, pos, device):
-        """Which keys each query sees: (T, T) causal, or (B, 1, A, T) for queries at positions pos
-        (B, A)."""
+    def mask(T, device):
+        """(T, T): whether the query at row t sees the key at column s, s <= t."""
         keys = torch.arange(T, device=device)
-        if pos is None:
-            queries = keys[:, None]  # (T, 1)
-        else:
-            queries = pos[:, None, :, None]  # (B, 1, A, 1)
-        return keys <= queries
+        return keys <= keys[:, None]
 
-    def forward(self, x, cache=None, name="", pos=None, reference=False):
-        """x (B, T, C) -> (B, T, C), or with pos (B, A) the output at those positions only,
-        (B, A, C). With a cache to fill, or reference=True, the reference path runs."""
+    def forward(self, x):
+        """x (B, T, C) -> (B, T, C)."""
         B, T, C = x.shape
-        q, k, v = self.project(x, pos)  # q (B, nh, A, hs); k, v (B, nh, T, hs)
-        if reference or cache is not None:
-            # The reference: the paper's attention, written out.
-            pattern = self.pattern(q, k, self.mask(T, pos, x.device))  # (B, nh, A, T)
-            if cache is not None:
-                cache[f"{name}.attn.pattern"] = pattern
-            y = pattern @ v
-        elif self.linear:
-            y = self.running_sum(v, pos)
-        else:
-            y = self.fused_softmax(q, k, v, pos)
-        y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)  # (B, A, C)
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, nh, T, hs)
+        pattern = self.hook_pattern(self.pattern(q, k, self.mask(T, x.device)))  # (B, nh, T, T)
+        y = pattern @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
-
-    def project(self, x, pos):
-        """Queries, keys and values, split into heads: q (B, nh, A, hs) at positions pos (B, A), or
-        at every position without pos; k and v (B, nh, T, hs) at every position.
-
-        Equivalent to running c_attn everywhere and keeping the queries at pos: with pos, only
-        c_attn's query third runs at pos, since no other query is ever scored.
-        """
-        C = x.size(2)
-        if pos is None:
-            q, k, v = self.c_attn(x).split(C, dim=2)
-        else:
-            w, b = self.c_attn.weight, self.c_attn.bias
-            q = F.linear(rows_at(x, pos), w[:C], b[:C])
-            k, v = F.linear(x, w[C:], b[C:]).split(C, dim=2)
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
     def split_heads(self, t):
         """(B, T, C) -> (B, nh, T, hs)."""
         B, T, C = t.shape
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-
-    def running_sum(self, v, pos):
-        """Equivalent to the reference's pattern @ v for the linearized baseline: each query's
-        all-ones causal row adds up the values at and before it, a cumulative sum."""
-        y = v.cumsum(dim=2)  # (B, nh, T, hs)
-        if pos is None:
-            return y
-        return y.gather(2, pos[:, None, :, None].expand(-1, self.n_head, -1, y.size(-1)))
-
-    def fused_softmax(self, q, k, v, pos):
-        """Equivalent to the reference's pattern @ v for softmax attention, by PyTorch's fused
-        scaled_dot_product_attention kernel: the kernel's own causal mask for queries at every
-        position, or `mask` for queries at pos."""
-        if pos is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        mask = self.mask(k.size(2), pos, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
 
 
 class MLP(nn.Module):
@@ -156,7 +105,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Analysis reads
+    the residual stream at the hook points `hook_resid_pre` (the block's input) and
+    `hook_resid_post` (its output)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -164,14 +115,14 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg)
+        self.hook_resid_pre = nn.Identity()
+        self.hook_resid_post = nn.Identity()
 
-    def forward(self, x, cache=None, name="", pos=None, reference=False):
-        """pos (B, A): compute the block's output at those positions only, (B, A, C)."""
-        attended = self.attn(self.ln_1(x), cache, name, pos, reference)
-        if pos is not None:
-            x = rows_at(x, pos)
-        x = x + attended
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x):
+        x = self.hook_resid_pre(x)
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return self.hook_resid_post(x)
 
 
 class GPT(nn.Module):
@@ -198,6 +149,10 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # forward runs fast_forward instead of the code below where this is true: a run sets it
+        # where the two agree on a probe batch (fast_paths_agree), so that what trains is always
+        # what this file says.
+        self.fast = False
         self.init_weights()
 
     @torch.no_grad()
@@ -219,43 +174,28 @@ class GPT(nn.Module):
             else:
                 p.normal_(0.0, 0.02)
 
-    def forward(self, idx, pos=None, cache=None, reference=False):
-        """Logits for tokens idx (B, T): (B, T, vocab), or (B, A, vocab) at positions pos (B, A)
-        only.
+    def positions(self, T):
+        """(T, C): the positional embedding of positions 0..T-1."""
+        if self.cfg.positional == "sinusoidal":
+            return self.wpe[:T]
+        return self.wpe(torch.arange(T, device=self.wpe.weight.device))
 
-        cache: a dict to fill with activations for analysis, named like TransformerLens: "embed" and
-        "blocks.{i}.resid_post" (B, T, C), "blocks.{i}.attn.pattern" (B, nh, T, T).
-        reference: run the written-out attention at every position (what a cache runs too), not the
-        fast paths training runs; the tests hold the fast paths to it.
-        """
-        B, T = idx.shape
+    def forward(self, idx, pos=None):
+        """Logits (B, T, vocab) for tokens idx (B, T); with pos (B, A), the logits at those
+        positions only (B, A, vocab): the answers, where a task scores them."""
+        T = idx.size(1)
         if T > self.cfg.n_positions:
             raise ValueError(
                 f"sequence of {T} tokens is longer than the model's {self.cfg.n_positions} "
                 "positions"
             )
-        if self.cfg.positional == "sinusoidal":
-            positions = self.wpe[:T]
-        else:
-            positions = self.wpe(torch.arange(T, device=idx.device))
-        x = self.wte(idx) + positions  # (B, T, C)
-        if cache is not None:
-            cache["embed"] = x
-        # Nothing after the last block mixes positions, so where logits are wanted at a few
-        # positions (the answers) its queries, MLP and unembedding run only there: an equivalent of
-        # running it everywhere and keeping those positions. Analysis (cache) and the reference
-        # want every position; language modeling scores every one anyway.
-        last_at_pos = pos is not None and cache is None and not reference and pos.size(1) < T
-        for i, block in enumerate(self.h):
-            block_pos = None
-            if last_at_pos and i == len(self.h) - 1:
-                # the last block runs at pos only: its output (B, A, C) is there
-                block_pos = pos
-            x = block(x, cache, f"blocks.{i}", block_pos, reference)
-            if cache is not None:
-                cache[f"blocks.{i}.resid_post"] = x
-        if pos is not None and not last_at_pos:
-            x = rows_at(x, pos)
+        if self.fast:
+            return fast_forward(self, idx, pos)
+        x = self.wte(idx) + self.positions(T)  # (B, T, C)
+        for block in self.h:
+            x = block(x)
+        if pos is not None:
+            x = rows_at(x, pos)  # (B, A, C)
         return self.lm_head(self.ln_f(x))
 
 
@@ -288,15 +228,13 @@ class LSTM(nn.Module):
         self.lstm = nn.LSTM(cfg.n_embd, cfg.n_embd, num_layers=cfg.n_layer, batch_first=True)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size)
 
-    def forward(self, idx, pos=None, cache=None):
-        """As GPT.forward; cache gets "embed" and "lstm.out" (B, T, C), the last layer's hidden
-        states."""
+    def forward(self, idx, pos=None):
+        """As GPT.forward."""
         x = self.wte(idx)  # (B, T, C)
         h, _ = self.lstm(x)  # (B, T, C)
-        if cache is not None:
-            cache["embed"] = x
-            cache["lstm.out"] = h
-        return self.lm_head(h if pos is None else rows_at(h, pos))  # (B, T or A, vocab)
+        if pos is not None:
+            h = rows_at(h, pos)  # (B, A, C)
+        return self.lm_head(h)
 
 
 def new_model(arch, vocab_size, n_positions, width, layers, heads, positional="learned"):
@@ -312,6 +250,114 @@ def new_model(arch, vocab_size, n_positions, width, layers, heads, positional="l
     if arch == "lstm":
         return LSTM(shape)
     return GPT(shape)
+
+
+# ---------------------------------------------------------------------------
+# Fast paths: what GPT.forward computes, computed faster
+# ---------------------------------------------------------------------------
+# Each function below equals a piece of the written-out code above, up to float rounding, and says
+# which. A run holds them to it (fast_paths_agree) on a probe batch before its first step and trains
+# them only where they agree, so an edit to the code above always reaches training: at worst it
+# trains the slower written-out code, and the run's first line says so.
+
+# The largest difference the check lets pass, relative to the size of the written-out output:
+# float rounding differs between kernels by about 1e-6; an edit moves an output by far more.
+AGREEMENT = 1e-4
+
+
+def fast_forward(model, idx, pos=None):
+    """GPT.forward, with each block's attention by fast_attention and, where logits are wanted at a
+    few positions (the answers), the last block run only there: nothing after it mixes positions,
+    so its queries, MLP and unembedding are needed at pos alone."""
+    T = idx.size(1)
+    x = model.wte(idx) + model.positions(T)  # (B, T, C)
+    answers_only = pos is not None and pos.size(1) < T
+    for i, block in enumerate(model.h):
+        if answers_only and i == len(model.h) - 1:
+            attended = fast_attention(block.attn, block.ln_1(x), pos)  # (B, A, C)
+            x = rows_at(x, pos) + attended
+        else:
+            x = x + fast_attention(block.attn, block.ln_1(x))
+        x = x + block.mlp(block.ln_2(x))
+    if pos is not None and not answers_only:
+        x = rows_at(x, pos)
+    return model.lm_head(model.ln_f(x))
+
+
+def fast_attention(attn, x, pos=None):
+    """CausalSelfAttention.forward (attn's), or its output at positions pos (B, A) alone, without
+    the (T, T) pattern: PyTorch's fused scaled_dot_product_attention kernel for softmax attention,
+    a cumulative sum for the linearized baseline (each query's all-ones causal row adds up the
+    values at and before it). With pos, only c_attn's query third runs at pos, since no other
+    query is scored."""
+    B, T, C = x.shape
+    if pos is None:
+        q, k, v = attn.c_attn(x).split(C, dim=2)
+    else:
+        w, b = attn.c_attn.weight, attn.c_attn.bias
+        q = F.linear(rows_at(x, pos), w[:C], b[:C])  # (B, A, C)
+        k, v = F.linear(x, w[C:], b[C:]).split(C, dim=2)
+    q, k, v = attn.split_heads(q), attn.split_heads(k), attn.split_heads(v)  # (B, nh, A or T, hs)
+    if attn.linear:
+        y = v.cumsum(dim=2)  # (B, nh, T, hs)
+        if pos is not None:
+            y = y.gather(2, pos[:, None, :, None].expand(-1, attn.n_head, -1, y.size(-1)))
+    elif pos is None:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scale)
+    else:
+        mask = attn.mask(T, x.device)[pos][:, None]  # (B, 1, A, T): the mask's rows at pos
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
+    y = y.transpose(1, 2).contiguous().view(B, y.size(2), C)  # (B, A or T, C)
+    return attn.c_proj(y)
+
+
+@torch.no_grad()
+def fast_paths_agree(model, idx, pos) -> bool:
+    """Whether the fast paths compute what the written-out code computes, on a probe batch idx
+    (B, T) with answers at pos (B, A), in fp32: each block's fast_attention against its attention
+    module, on every query and on the answers alone, then the whole fast_forward against the
+    written-out forward. Attention alone is compared because at the random init its share of the
+    logits is small: an edit to it can move the logits less than it moves its own output. False for
+    a model with no fast paths (the LSTM)."""
+    if not isinstance(model, GPT):
+        return False
+    fast = model.fast
+    model.fast = False
+    inputs, outputs, hooks = [], [], []
+
+    def keep(module, args, output):
+        inputs.append(args[0])
+        outputs.append(output)
+
+    for block in model.h:
+        hooks.append(block.attn.register_forward_hook(keep))
+    try:
+        with torch.autocast(idx.device.type, enabled=False):
+            written = model(idx, pos)
+            compared = [(fast_forward(model, idx, pos), written)]
+            for block, x, y in zip(model.h, inputs, outputs):
+                compared.append((fast_attention(block.attn, x), y))
+                compared.append((fast_attention(block.attn, x, pos), rows_at(y, pos)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.fast = fast
+    for fast_output, written_output in compared:
+        difference = (fast_output - written_output).norm() / written_output.norm()
+        if not difference <= AGREEMENT:  # a NaN disagrees too
+            return False
+    return True
+
+
+def forward_path(model) -> str:
+    """Which of this file's code a model's forward runs, as a run records it: "fast paths"
+    (GPT.fast), "edited" (a GPT whose fast paths disagree with its written-out code) or
+    "written-out" (a model with no fast paths: the LSTM)."""
+    if not isinstance(model, GPT):
+        return "written-out"
+    if model.fast:
+        return "fast paths"
+    return "edited"
 
 
 # What each training mode of the paper trains (docs/protocol.md §2). Every parameter is an embedding

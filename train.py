@@ -25,8 +25,10 @@ from machinery.devices import Ranks, autocast, choose_threads, compile_model, de
 from machinery.errors import UsageError, usage_errors
 from machinery.lifecycle import Run, resumed_config, seed_state, write_seed_summary
 from machinery.rundir import check_start, recorded_threads
-from model import apply_training_mode, new_model
+from model import apply_training_mode, fast_paths_agree, new_model
 from tasks import Batch
+
+PROBE_ROWS = 8  # rows of the batch that checks the fast paths
 
 
 def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
@@ -51,6 +53,10 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
         raise UsageError(str(e)) from None
     model.to(device)
+    # What trains is what model.py says: its fast paths only where they compute what its
+    # written-out code computes, which an edit to that code stops. Evaluation runs the same path.
+    probe = spare_batch(task, cfg, device)[:PROBE_ROWS]
+    model.fast = fast_paths_agree(model, probe.x, probe.pos)
 
     test = task.test_set()
     task = ranks.shard_task(task)

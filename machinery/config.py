@@ -177,7 +177,16 @@ class TrainConfig:
 
 # What run_record adds to the settings, and settings that earlier versions saved
 # (batched_seeds.py is its own command now): ignored.
-IGNORED_KEYS = {"parameters", "device", "resolved_dtype", "threads", "torch", "batched_seeds"}
+IGNORED_KEYS = {
+    "parameters",
+    "device",
+    "resolved_dtype",
+    "threads",
+    "torch",
+    "batched_seeds",
+    "forward",
+    "code",
+}
 RENAMED_KEYS = {"train": "mode"}  # earlier versions' names of settings
 
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from machinery.cli import command_line
+from machinery.code import code_state
 from machinery.config import (
     CPU_VARIANTS,
     TrainConfig,
@@ -40,7 +41,7 @@ from machinery.rundir import (
     start_or_resume,
 )
 from machinery.tables import aggregate
-from model import model_name
+from model import forward_path, model_name
 
 
 def write_seed_summary(runs):
@@ -104,9 +105,11 @@ class Run:
     def open(self, resume, model, optimizer, generator) -> "StartPoint":
         """Stage a new run's directory, or restore a stopped one's model, optimizer and RNGs from
         its checkpoint (start_or_resume); hold its lock. Returns where the loop starts."""
-        record = run_record(self.cfg, self.counts, self.device, self.threads)
+        self.forward = forward_path(model)
+        code, diff = code_state()
+        record = run_record(self.cfg, self.counts, self.device, self.threads, self.forward, code)
         self.start = start_or_resume(
-            self.cfg, resume, model, optimizer, generator, record, self.ranks.lead
+            self.cfg, resume, model, optimizer, generator, record, self.ranks.lead, diff
         )
         self.metrics = self.start.metrics
         self.losses = self.start.losses
@@ -123,10 +126,11 @@ class Run:
         )
         return self.start
 
-    def first_line(self, seconds) -> str:
+    def first_line(self, seconds, slowdown=None) -> str:
         """What trains, from which step, and how long it will take here (a step takes `seconds`);
-        the plateau a committed record of the same settings sat on, if any (plateau_note); then
-        the sizes."""
+        the plateau a committed record of the same settings sat on, if any (plateau_note); which
+        of model.py's code trains (slowdown: the written-out code's step over the fast paths', where
+        they disagree); then the sizes."""
         steps_left = self.cfg.steps - self.start.step
         line = first_line(
             self.cfg,
@@ -140,6 +144,7 @@ class Run:
         note = plateau_note(self.cfg)
         if note:
             line += "\n" + note
+        line += "\n" + forward_note(self.forward, slowdown)
         return (
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
             f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"
@@ -287,6 +292,21 @@ class Run:
 # Fewer steps than this make a rough pace: a process's first steps allocate, and a resumed run's
 # first lap holds only the steps from the stop to the next evaluation.
 SHORT_LAP = 50
+
+
+def forward_note(forward, slowdown=None) -> str:
+    """Which of model.py's code trains (model.forward_path), in words."""
+    if forward == "fast paths":
+        return "model.py: its fast paths train, equal to its written-out code on a probe batch"
+    if forward == "written-out":
+        return "model.py: its written-out code trains (the model has no fast paths)"
+    line = (
+        "model.py: your written-out code trains, as you edited it: the fast paths disagree with "
+        "it on a probe batch"
+    )
+    if slowdown:
+        line += f"; about {slowdown:.1f}x slower than they were"
+    return line
 
 
 def pace_words(steps, seconds) -> str:

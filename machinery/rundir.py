@@ -49,6 +49,7 @@ from machinery.files import (
 # are its *.png): --overwrite deletes a directory only if it holds nothing else.
 RUN_FILES = {
     "config.json",
+    "code.diff",
     "metrics.jsonl",
     "checkpoint.pt",
     "model.pt",
@@ -105,11 +106,14 @@ class StartPoint:
             lock.release()
 
 
-def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True) -> StartPoint:
+def start_or_resume(
+    cfg, resume, model, optimizer, generator, record, lead=True, code_diff=""
+) -> StartPoint:
     """Prepare the run directory for the loop, holding its lock (a second process on the run is
     refused), and return where the loop starts: a new run staged, so that a failed start leaves
     nothing and an old run it would --overwrite survives any failure; a resumed one at its
-    checkpoint. Only rank 0 touches files."""
+    checkpoint. Only rank 0 touches files. code_diff: a new run's uncommitted edits to the code
+    (machinery/code.py), kept beside its config.json as code.diff."""
     # checked again, though train.py checked before timing a step: another process may have
     # started a run there since
     check_start(cfg, resume, lead)
@@ -136,6 +140,8 @@ def start_or_resume(cfg, resume, model, optimizer, generator, record, lead=True)
             write_swap_mark(staged, cfg.out)
             start.locks.append(RunLock(staged))
             write_json(os.path.join(staged, "config.json"), record)
+            if code_diff:
+                write_text(os.path.join(staged, "code.diff"), code_diff)
     except BaseException:
         start.close()
         raise
@@ -647,9 +653,10 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
         )
 
 
-def run_record(cfg, counts: dict, device, threads: int) -> dict:
-    """config.json: cfg, the parameter counts, and what cfg resolved to here (device, dtype, CPU
-    threads, torch version)."""
+def run_record(cfg, counts: dict, device, threads: int, forward: str, code: dict) -> dict:
+    """config.json: cfg, the parameter counts, what cfg resolved to here (device, dtype, CPU
+    threads, torch version), which of model.py's code trained (forward: "fast paths" or
+    "written-out") and the code itself (machinery/code.py's record)."""
     return {
         **asdict(cfg),
         "parameters": counts,
@@ -657,6 +664,8 @@ def run_record(cfg, counts: dict, device, threads: int) -> dict:
         "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32",
         "threads": threads,
         "torch": torch.__version__,
+        "forward": forward,
+        "code": code,
     }
 
 

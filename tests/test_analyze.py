@@ -600,7 +600,7 @@ def test_logits_from_any_layers_states_are_the_models_logits_on_rows_cut_after_t
     )
     model.eval()
     test = task.test_set()
-    names = ["embed", "blocks.0.resid_post", "blocks.1.resid_post"]
+    names = ["h.0.hook_resid_pre", "h.0.hook_resid_post", "h.1.hook_resid_post"]
     chunks = [chunk for chunk, _ in test.length_chunks()]
     assert min(chunk.x.size(1) for chunk in chunks) < test.x.size(1)  # some rows are cut
     with torch.no_grad():

@@ -13,7 +13,15 @@ import analyze
 import train
 from machinery import cli, config, lifecycle
 from machinery.config import TrainConfig
-from model import GPT, TRAINING_MODES, GPTConfig, apply_training_mode, parameter_group
+from model import (
+    GPT,
+    TRAINING_MODES,
+    GPTConfig,
+    apply_training_mode,
+    fast_attention,
+    fast_paths_agree,
+    parameter_group,
+)
 from tasks import ADD_PAD, CLOSE, EQUALS, OPEN, PLUS, QUERY, SUM_DIGIT0, SUM_END, make_task
 
 
@@ -293,20 +301,22 @@ def test_zero_heads_is_an_explained_error_not_a_division_by_zero():
 
 
 @pytest.mark.parametrize("attention", ["softmax", "linear"])
-def test_fast_attention_paths_agree_with_the_written_out_reference(attention):
-    # Training runs the fused SDPA kernel (or a running sum for the linearized baseline), with the
-    # last block's queries only at the answers; reference=True runs softmax(q k^T / sqrt(d)) v,
-    # written out, at every position.
+def test_the_fast_paths_agree_with_the_written_out_code(attention):
+    # model.fast runs the fused SDPA kernel (or a running sum for the linearized baseline), with the
+    # last block's queries only at the answers; the written-out code runs softmax(q k^T / sqrt(d))
+    # v at every position. The run's own check says they agree.
     torch.manual_seed(0)
     model = GPT(GPTConfig(50, 20, n_embd=32, n_layer=2, n_head=4, attention=attention))
     x = torch.randint(50, (3, 20))
     pos = torch.tensor([[3, 7], [0, 19], [5, 5]])
     with torch.no_grad():
-        assert torch.allclose(model(x), model(x, reference=True), atol=1e-5)
-        at_answers = model(x, pos)
-        reference = model(x, pos, reference=True)
-    assert at_answers.shape == reference.shape == (3, 2, 50)
-    assert torch.allclose(at_answers, reference, atol=1e-5)
+        written, written_at_answers = model(x), model(x, pos)
+        model.fast = True
+        fast, at_answers = model(x), model(x, pos)
+    assert torch.allclose(fast, written, atol=1e-5)
+    assert at_answers.shape == written_at_answers.shape == (3, 2, 50)
+    assert torch.allclose(at_answers, written_at_answers, atol=1e-5)
+    assert fast_paths_agree(model, x, pos)
 
 
 def test_the_reference_is_softmax_of_scaled_scores_times_values():
@@ -324,8 +334,8 @@ def test_the_reference_is_softmax_of_scaled_scores_times_values():
         ys.append(scores.softmax(-1) @ v[..., columns])
     expected = attn.c_proj(torch.cat(ys, dim=2))
     with torch.no_grad():
-        assert torch.allclose(attn(x, reference=True), expected, atol=1e-6)
         assert torch.allclose(attn(x), expected, atol=1e-6)
+        assert torch.allclose(fast_attention(attn, x), expected, atol=1e-6)
 
 
 def test_later_tokens_never_change_earlier_logits():
@@ -342,28 +352,35 @@ def test_later_tokens_never_change_earlier_logits():
 
 @pytest.mark.parametrize("attention", ["softmax", "linear"])
 def test_logits_and_gradients_at_answer_positions_equal_the_full_models(attention):
-    # With pos the last block runs only there; nothing may change but the cost.
+    # With pos the fast path runs the last block only there; nothing may change but the cost.
     torch.manual_seed(0)
     model = GPT(GPTConfig(50, 20, n_embd=32, n_head=4, attention=attention))
     x, pos = torch.randint(50, (3, 20)), torch.tensor([[3, 7], [0, 19], [5, 5]])
     full = model(x).gather(1, pos[..., None].expand(-1, -1, 50))
     full_grads = torch.autograd.grad(full.square().sum(), list(model.parameters()))
+    model.fast = True
     picked = model(x, pos)
     picked_grads = torch.autograd.grad(picked.square().sum(), list(model.parameters()))
     assert torch.allclose(picked, full, atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(picked_grads, full_grads))
 
 
-def test_analysis_cache_matches_the_fused_path():
+def test_analysis_hooks_read_the_written_out_forward():
     torch.manual_seed(0)
     model = GPT(GPTConfig(50, 20, n_embd=32, n_head=4))
-    x, cache = torch.randint(50, (2, 20)), {}
-    with torch.no_grad():
-        assert torch.allclose(model(x), model(x, cache=cache), atol=1e-5)
-    pattern = cache["blocks.1.attn.pattern"]
+    x = torch.randint(50, (2, 20))
+    names = ["h.0.hook_resid_pre", "h.1.hook_resid_post", "h.1.attn.hook_pattern"]
+    cache = analyze.run_with_cache(model, x, names)
+    pattern = cache["h.1.attn.hook_pattern"]
     assert pattern.shape == (2, 4, 20, 20) and torch.allclose(pattern.sum(-1), torch.ones(2, 4, 20))
     assert torch.all(pattern.triu(1) == 0)
-    assert cache["embed"].shape == cache["blocks.0.resid_post"].shape == (2, 20, 32)
+    embedded = model.wte(x) + model.wpe.weight[:20]
+    assert torch.equal(cache["h.0.hook_resid_pre"], embedded)
+    with torch.no_grad():
+        logits = model.lm_head(model.ln_f(cache["h.1.hook_resid_post"]))
+    assert torch.equal(logits, model(x))
+    # the hooks are gone after: a later forward keeps nothing
+    assert all(not module._forward_hooks for module in model.modules())
 
 
 @pytest.mark.parametrize("mode", list(TRAINING_MODES))
@@ -600,14 +617,15 @@ def test_one_attention_path_trains_and_is_analyzed():
         TrainConfig(task="needle", mode="frozen", width=32, heads=4, max_pairs=3, test_size=50)
     )
     batch = task.sample(16, torch.Generator().manual_seed(0))
-    names = ["blocks.0.attn.pattern", "blocks.1.attn.pattern"]
+    names = ["h.0.attn.hook_pattern", "h.1.attn.hook_pattern"]
+    model.fast = True
 
     def observed():
         with torch.no_grad():
             logits = model(batch.x, batch.pos)
             patterns = analyze.run_with_cache(model, batch.x, names)
-            # the two kernels agree
-            assert torch.allclose(logits, model(batch.x, batch.pos, cache={}), atol=1e-5)
+        # the fast paths agree with the written-out code analysis reads
+        assert fast_paths_agree(model, batch.x, batch.pos)
         return task.loss(logits, batch), patterns
 
     loss, patterns = observed()

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+import analyze
 import sample
 import train
 from machinery import config
@@ -235,9 +236,9 @@ def test_linear_attention_is_an_unnormalized_prefix_sum():
     q, k, v = attn.c_attn(x).split(32, dim=2)
     summed = torch.ones(12, 12).tril() @ v  # per head or not: heads only split the channels
     torch.testing.assert_close(attn(x), attn.c_proj(summed))
-    cache = {}
-    model(torch.zeros(2, 12, dtype=torch.long), cache=cache)
-    assert torch.equal(cache["blocks.1.attn.pattern"][1, 3], torch.ones(12, 12).tril())
+    names = ["h.1.attn.hook_pattern"]
+    patterns = analyze.run_with_cache(model, torch.zeros(2, 12, dtype=torch.long), names)
+    assert torch.equal(patterns["h.1.attn.hook_pattern"][1, 3], torch.ones(12, 12).tril())
 
 
 @pytest.mark.parametrize("arch", ["lstm", "linear"])

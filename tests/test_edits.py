@@ -1,0 +1,183 @@
+"""What a student edits is what trains: an edit to model.py's written-out code reaches training and
+evaluation (its fast paths step aside where they disagree with it), and a run records the code it
+ran, which compare.py shows as a setting that differs."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import compare
+import model
+import train
+from machinery import code
+from machinery.config import TrainConfig
+
+
+def tiny_run(tmp_path, name, **overrides):
+    """A tiny frozen parens run: (its config.json, its metrics.jsonl records)."""
+    settings = dict(
+        task="parens",
+        mode="frozen",
+        width=16,
+        heads=2,
+        steps=8,
+        batch_size=32,
+        lr=3e-3,
+        warmup=2,
+        eval_every=4,
+        max_parens=10,
+        test_size=200,
+        device="cpu",
+        out=str(tmp_path / name),
+    )
+    train.train(TrainConfig(**{**settings, **overrides}))
+    with open(tmp_path / name / "config.json") as f:
+        record = json.load(f)
+    with open(tmp_path / name / "metrics.jsonl") as f:
+        metrics = [json.loads(line) for line in f]
+    return record, metrics
+
+
+def uniform_pattern(self, q, k, mask):
+    """Every key a query sees weighs the same: attention without its scores."""
+    weights = mask.to(q.dtype) / mask.sum(-1, keepdim=True)
+    return weights.expand(q.size(0), self.n_head, q.size(2), k.size(2))
+
+
+def test_an_edited_attention_pattern_is_what_trains_and_is_evaluated(tmp_path, monkeypatch, capsys):
+    record, metrics = tiny_run(tmp_path, "unedited")
+    assert record["forward"] == "fast paths"
+    monkeypatch.setattr(model.CausalSelfAttention, "pattern", uniform_pattern)
+    capsys.readouterr()
+    edited_record, edited = tiny_run(tmp_path, "edited")
+    assert edited_record["forward"] == "edited"
+    assert "your written-out code trains, as you edited it" in capsys.readouterr().out
+    # step 0 is evaluated before any step: the edit reached the evaluation
+    assert edited[0]["test_loss"] != metrics[0]["test_loss"]
+    # and the training losses after it
+    assert edited[1]["loss"] != metrics[1]["loss"]
+
+
+def test_an_edited_mlp_is_what_trains(tmp_path, monkeypatch):
+    _, metrics = tiny_run(tmp_path, "unedited")
+
+    def relu_mlp(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)))
+
+    monkeypatch.setattr(model.MLP, "forward", relu_mlp)
+    record, edited = tiny_run(tmp_path, "edited")
+    # the fast paths run the model's own MLP, so they agree with the edit and keep training fast
+    assert record["forward"] == "fast paths"
+    assert edited[0]["test_loss"] != metrics[0]["test_loss"]
+    assert edited[1]["loss"] != metrics[1]["loss"]
+
+
+def test_an_edited_block_is_what_trains(tmp_path, monkeypatch):
+    _, metrics = tiny_run(tmp_path, "unedited")
+
+    def attention_only(self, x):
+        return x + self.attn(self.ln_1(x))  # the MLP left out
+
+    monkeypatch.setattr(model.Block, "forward", attention_only)
+    record, edited = tiny_run(tmp_path, "edited")
+    assert record["forward"] == "edited"
+    assert edited[1]["loss"] != metrics[1]["loss"]
+
+
+def test_the_written_out_code_trains_what_the_fast_paths_train(tmp_path, monkeypatch):
+    # Unedited, the run trains the fast paths; made to train the written-out code instead, it
+    # computes the same up to float rounding.
+    record, metrics = tiny_run(tmp_path, "fast")
+    assert record["forward"] == "fast paths"
+
+    def disagree(*args):
+        return False
+
+    monkeypatch.setattr(train, "fast_paths_agree", disagree)
+    record, written = tiny_run(tmp_path, "written")
+    assert record["forward"] == "edited"
+    for a, b in zip(metrics, written):
+        assert a["step"] == b["step"]
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "linear"])
+def test_the_check_catches_an_edit_the_logits_barely_show(attention, monkeypatch):
+    # At the random init the attention's share of the logits is small; the check compares each
+    # block's attention output itself, so uniform attention is caught even where softmax over
+    # nearly equal scores is nearly uniform already (width 16).
+    torch.manual_seed(0)
+    gpt = model.GPT(model.GPTConfig(50, 20, n_embd=16, n_layer=2, n_head=2, attention=attention))
+    x, pos = torch.randint(50, (4, 20)), torch.tensor([[3], [9], [15], [19]])
+    assert model.fast_paths_agree(gpt, x, pos)
+    # for the linearized baseline, its all-ones rows normalized
+    monkeypatch.setattr(model.CausalSelfAttention, "pattern", uniform_pattern)
+    assert not model.fast_paths_agree(gpt, x, pos)
+    assert not gpt.fast  # the check leaves the model as it found it
+
+
+def git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_a_run_records_its_commit_and_its_uncommitted_edits(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "model.py").write_text("width = 16\n")
+    (repo / "tests" / "test_model.py").write_text("x = 1\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    monkeypatch.setattr(code, "REPOSITORY", str(repo))
+    record, diff = code.code_state()
+    assert len(record["commit"]) == 7 and record["edited"] == [] and record["edits"] is None
+    assert diff == ""
+    assert code.code_text(record) == record["commit"]
+
+    (repo / "model.py").write_text("width = 32\n")
+    (repo / "tests" / "test_model.py").write_text("x = 2\n")  # a test is no code a run ran
+    (repo / "ablation.py").write_text("import model\n")
+    record, diff = code.code_state()
+    assert record["edited"] == ["ablation.py", "model.py"]
+    assert "+width = 32" in diff and "new file ablation.py" in diff and "x = 2" not in diff
+    assert record["edits"] == code.short_hash(diff)
+    assert code.code_text(record) == (
+        f"{record['commit']} + ablation.py, model.py edited ({record['edits']})"
+    )
+
+    outside = tmp_path / "copy"
+    outside.mkdir()
+    (outside / "model.py").write_text("width = 32\n")
+    monkeypatch.setattr(code, "REPOSITORY", str(outside))
+    record, diff = code.code_state()
+    assert record["commit"] is None and len(record["files"]) == 8 and diff == ""
+    assert code.code_text(record) == f"no git checkout (files {record['files']})"
+
+
+def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(tmp_path, monkeypatch):
+    def clean():
+        return {"commit": "8341827", "edited": [], "edits": None}, ""
+
+    def edited():
+        diff = "--- a/model.py\n+++ b/model.py\n-old\n+new\n"
+        return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
+
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean)
+    record, _ = tiny_run(tmp_path, "baseline")
+    assert record["code"]["commit"] == "8341827"
+    assert not os.path.exists(tmp_path / "baseline" / "code.diff")
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    record, _ = tiny_run(tmp_path, "ablation")
+    diff = (tmp_path / "ablation" / "code.diff").read_text()
+    assert diff == edited()[1]
+    text = compare.table(
+        compare.seed_groups([compare.load(str(tmp_path / n)) for n in ("baseline", "ablation")])
+    )
+    header, _, baseline, ablation = text.splitlines()
+    assert "| code |" in header
+    assert "| 8341827 |" in baseline
+    assert f"| 8341827 + model.py edited ({record['code']['edits']}) |" in ablation
