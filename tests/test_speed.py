@@ -135,6 +135,25 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.parametrize(
+    "asked, backend, device", [("cpu", "gloo", "cpu"), ("cuda", "nccl", "cuda:1")]
+)
+def test_torchrun_joins_on_the_backend_of_the_runs_device_not_the_machines(
+    asked, backend, device, monkeypatch
+):
+    # On a machine with a GPU, a --device cpu torchrun joined on nccl, which carries no CPU
+    # tensors, and its rank 1 failed. Rank 1 of 2 here, on a machine faked to have CUDA.
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(devices.dist, "is_initialized", lambda: False)
+    joined = []
+    monkeypatch.setattr(devices.dist, "init_process_group", joined.append)
+    ranks = devices.Ranks()
+    assert joined == []  # not before the run's device is known
+    assert ranks.device(asked) == torch.device(device) and joined == [backend]
+
+
 # rows with unequal answer counts; length chunks
 @pytest.mark.parametrize("task", ["addition", "parens"])
 @pytest.mark.slow
