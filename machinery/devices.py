@@ -254,11 +254,13 @@ class ShardedTask:
     def sample(self, batch_size, generator):
         batch = self.task.sample(batch_size, generator)
         rows = torch.arange(len(batch), device=batch.x.device).tensor_split(self.world)[self.rank]
-        self.share = (batch.y[rows] >= 0).sum() / (batch.y >= 0).sum()
+        # a number, not a tensor: on CUDA, train.Batches draws on a stream of its own, whose
+        # memory the next draw takes back while the step may still read this one
+        self.share = ((batch.y[rows] >= 0).sum() / (batch.y >= 0).sum()).item()
         return batch[rows]
 
     def loss(self, logits, batch):
-        return self.task.loss(logits, batch) * self.share.to(logits.device)
+        return self.task.loss(logits, batch) * self.share
 
     def __getattr__(self, name):  # everything else (test set, metrics, summary) is the task's own
         return getattr(self.task, name)
