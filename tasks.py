@@ -142,7 +142,7 @@ class Task:
     eval_batch_size = 1000  # test examples per forward pass
     # A CUDA run draws its training batches on the GPU (train.Batches), except for a task whose
     # draw waits on the device many times a batch: that one draws them on the CPU, where a wait
-    # costs nothing. Its batches then come from a CPU generator, not a CUDA one: other batches.
+    # costs nothing, from a CPU generator: the batches a CPU run of the same seed trains on.
     draws_on_host = False
 
     def test_set(self) -> Batch:
@@ -450,7 +450,7 @@ class Parens(StreamTask):
     name = "parens"
     vocab_size = 4
     n_positions = 80
-    draws_on_host = True  # balanced_strings waits on the device once a level, up to 30 times
+    draws_on_host = True  # balanced_strings waits once a level: up to max_parens / 2 times a batch
 
     @property
     def seq_len(self):

@@ -150,6 +150,7 @@ class Batches:
         return batch.apply(kept_for_the_step)
 
     def copy_to_gpu(self, tensor):
+        """tensor on the GPU, its copy queued: from pinned memory it need not be waited for."""
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
 
