@@ -42,7 +42,7 @@ from machinery.rundir import (
 )
 from model import fast_paths_agree
 from tasks import Batch, join_batches
-from train import PROBE_ROWS, evaluate, lr_at, make_optimizer, set_lr, spare_batch
+from train import PROBE_ROWS, Batches, evaluate, lr_at, make_optimizer, set_lr, spare_batch
 
 
 def seed_model(base, params, i):
@@ -108,7 +108,8 @@ def train_batched(cfg) -> list:
     trainable = []
     for group in optimizer.param_groups:
         trainable.extend(group["params"])
-    generators = [torch.Generator(device=device).manual_seed(run.seed) for run in seeds]
+    # each seed's batches are those its own train.py run draws
+    seed_batches = [Batches(task, cfg.batch_size, run.seed, device) for run in seeds]
     test = task.test_set()
     precision = autocast(device, cfg.dtype)
     # one seed's forward and backward passes, timed for the first line (train.train does the same)
@@ -138,8 +139,7 @@ def train_batched(cfg) -> list:
             if last or run.stop_requested:
                 break
             set_lr(optimizer, lr_at(step, cfg))
-            seed_batches = [task.sample(cfg.batch_size, g).to(device) for g in generators]
-            batch = join_batches(seed_batches, torch.stack)
+            batch = join_batches([batches.next() for batches in seed_batches], torch.stack)
             loss = stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, precision)
             run.losses.append(loss)  # for the next log line's mean training loss
             run.bar.update()

@@ -9,14 +9,16 @@ Takes train.py's flags (config.py), unset ones at the paper's settings for the t
 
 Serves the paper's experimental protocol (section 4, appendix D): thousands of small trainings
 and a few large ones, so the cost of a step decides what can be reproduced. `--pipeline ours`
-times train.train_step, the training loop's own step (sample on the device, length-chunked
-forward and backward, clip, AdamW). `--pipeline authors` times a stand-in for the authors' setup
-on needle: Hugging Face GPT-2 (without `transformers`, our GPT run the same way: "emulated"),
-sequences padded to n_positions = 100, logits at every position with the loss masked afterwards,
-examples built one at a time in Python with `random`; leaving out the HF Trainer's own overhead
-flatters it.
+times the training loop's own step: its batch drawn by train.Batches while the step before runs,
+then train.train_step (length-chunked forward and backward, clip, AdamW). `--pipeline authors`
+times a stand-in for the authors' setup on needle: Hugging Face GPT-2 (without `transformers`, our
+GPT run the same way: "emulated"), sequences padded to n_positions = 100, logits at every position
+with the loss masked afterwards, examples built one at a time in Python with `random`; leaving out
+the HF Trainer's own overhead flatters it.
 
-FLOP/s counts useful_flops; MFU divides it by --peak-tflops, or by measured_peak.
+FLOP/s counts useful_flops; MFU divides it by --peak-tflops, or by measured_peak. The data share
+is the part of a step's time that its data adds: the step timed drawing a batch each time, as the
+loop does, against the step timed on one batch drawn beforehand.
 """
 
 import argparse
@@ -40,7 +42,7 @@ from machinery.errors import UsageError, usage_errors
 from machinery.tables import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
-from train import make_optimizer, train_step
+from train import Batches, make_optimizer, train_step
 
 
 def best_seconds(fn, calls, repeats, device):
@@ -126,8 +128,9 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 # ---------------------------------------------------------------------------
-# The two pipelines: each returns (label, step, make_data, rows), where rows(make_data()) gives
-# that batch's (lengths through the last answer, answer positions) for useful_flops.
+# The two pipelines: each returns (label, step, make_data, rows), where step(make_data()) is one
+# training step, and rows(make_data()) gives that batch's (lengths through the last answer, answer
+# positions) for useful_flops.
 # ---------------------------------------------------------------------------
 
 
@@ -135,25 +138,17 @@ def ours(cfg, task, model, device):
     compile_model(model.to(device), device, cfg.compile, cfg.deterministic)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip = Ranks().clipper(model.parameters(), cfg.clip)  # train.py's clipping, in one process
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    batches = Batches(task, cfg.batch_size, cfg.seed, device)  # as train.py draws them
 
-    def make_data():
-        return task.sample(cfg.batch_size, generator).to(device)
-
-    def step():
+    def step(batch):
         train_step(
-            model,
-            task.loss,
-            make_data().length_chunks(),
-            optimizer,
-            clip,
-            autocast(device, cfg.dtype),
+            model, task.loss, batch.length_chunks(), optimizer, clip, autocast(device, cfg.dtype)
         )
 
     def rows(batch):
         return batch.pos.amax(1) + 1, batch.pos[batch.y >= 0]
 
-    return "ours", step, make_data, rows
+    return "ours", step, batches.next, rows
 
 
 def authors(cfg, task, model, device):
@@ -227,9 +222,9 @@ def authors(cfg, task, model, device):
             labels.append(padded_labels[: task.n_positions])
         return torch.tensor(inputs, device=device), torch.tensor(labels, device=device)
 
-    def step():
+    def step(data):
+        x, labels = data
         with autocast(device, cfg.dtype):
-            x, labels = make_data()
             loss = forward(x, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
@@ -293,13 +288,24 @@ def main(argv=None):
 
 def report(args, cfg, task, device, bf16, label, step, make_data, rows):
     """Time the step and its data, and print the figure table."""
+
+    def step_on_its_own_batch():
+        step(make_data())
+
+    drawn = make_data()
+
+    def step_on_a_batch_drawn_before():
+        step(drawn)
+
     # what --deterministic costs is a figure worth timing
     with deterministic_kernels(cfg.deterministic):
         for _ in range(args.warmup_steps):
-            step()
-        seconds = best_seconds(step, args.steps_timed, args.repeats, device)
-        # its data alone
-        data_seconds = best_seconds(make_data, args.steps_timed, args.repeats, device)
+            step_on_its_own_batch()
+        seconds = best_seconds(step_on_its_own_batch, args.steps_timed, args.repeats, device)
+        # the step without its data: what drawing a batch adds is the rest
+        bare_seconds = best_seconds(
+            step_on_a_batch_drawn_before, args.steps_timed, args.repeats, device
+        )
     lengths, answer_pos = rows(make_data())
     flops = useful_flops(cfg, task.vocab_size, lengths, answer_pos)
     if args.peak_tflops:
@@ -322,7 +328,7 @@ def report(args, cfg, task, device, bf16, label, step, make_data, rows):
         "TFLOP/s": f"{flops / seconds / 1e12:.3g}",
         "peak TFLOP/s": peak_text,
         "MFU": f"{flops / seconds / peak:.1%}",
-        "data share": f"{data_seconds / seconds:.1%}",
+        "data share": f"{(seconds - bare_seconds) / seconds:.1%}",
     }
     print(
         "\n".join(

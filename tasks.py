@@ -140,6 +140,10 @@ class Task:
     lr, weight_decay = 1e-3, 1e-3
     width, layers, heads = 1024, 2, 4  # the model the paper trains on it (docs/protocol.md §1, §3)
     eval_batch_size = 1000  # test examples per forward pass
+    # A CUDA run draws its training batches on the GPU (train.Batches), except for a task whose
+    # draw waits on the device many times a batch: that one draws them on the CPU, where a wait
+    # costs nothing, from a CPU generator: the batches a CPU run of the same seed trains on.
+    draws_on_host = False
 
     def test_set(self) -> Batch:
         """The fixed evaluation set `self.test` (CPU), identical across runs, seeds and
@@ -446,6 +450,7 @@ class Parens(StreamTask):
     name = "parens"
     vocab_size = 4
     n_positions = 80
+    draws_on_host = True  # balanced_strings waits once a level: up to max_parens / 2 times a batch
 
     @property
     def seq_len(self):

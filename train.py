@@ -63,7 +63,8 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip = ranks.clipper(model.parameters(), cfg.clip)
     precision = autocast(device, cfg.dtype)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the training data
+    batches = Batches(task, cfg.batch_size, cfg.seed, device)  # the training data
+    generator = batches.generator  # its state is a checkpoint's: a resumed run draws what follows
 
     # How long a step takes here, for the first line's estimate (and on a CPU, how many threads make
     # it fastest): forward and backward passes on a batch of its own, not the run's data.
@@ -92,7 +93,7 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
             if last or step == stop_after or run.stop_requested:
                 break
             set_lr(optimizer, lr_at(step, cfg))
-            batch = task.sample(cfg.batch_size, generator).to(device)
+            batch = batches.next()
             loss = train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
             run.losses.append(loss)  # for the next log line's mean training loss
             run.bar.update()
@@ -107,6 +108,56 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
         if run.stop_requested:
             raise KeyboardInterrupt
     return run.metrics
+
+
+class Batches:
+    """The training batches, drawn from a generator seeded with the run's seed, each while the step
+    before it runs.
+
+    On CUDA a step's kernels run after the call that queued them has returned, so the next batch is
+    drawn while they run, provided the draw never waits for them. A task drawn on the GPU draws on
+    a stream of its own: each time the draw waits for its own results (how many rows it kept) it
+    waits for nothing of the step's. A task drawn on the host (Task.draws_on_host) draws from a CPU
+    generator into pinned memory, and its copy to the GPU returns at once. On a CPU there is no step
+    running to draw beside: the batch is task.sample's, drawn there and then."""
+
+    def __init__(self, task, batch_size: int, seed: int, device: torch.device):
+        self.task = task
+        self.batch_size = batch_size
+        self.device = device
+        self.on_host = device.type == "cuda" and task.draws_on_host
+        drawn_on = device
+        if self.on_host:
+            drawn_on = torch.device("cpu")
+        self.generator = torch.Generator(device=drawn_on).manual_seed(seed)
+        self.stream = None  # a CUDA draw's own stream, made at the first draw
+
+    def next(self) -> Batch:
+        """The next training batch, on the run's device."""
+        if self.device.type != "cuda":
+            return self.task.sample(self.batch_size, self.generator).to(self.device)
+        if self.on_host:
+            return self.task.sample(self.batch_size, self.generator).apply(self.copy_to_gpu)
+        step_stream = torch.cuda.current_stream(self.device)
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+            # What the step's stream made before the first draw (a task's test set, cached on the
+            # GPU at its first draw anywhere) is there before the draws read it.
+            self.stream.wait_stream(step_stream)
+        with torch.cuda.stream(self.stream):
+            batch = self.task.sample(self.batch_size, self.generator)
+        step_stream.wait_stream(self.stream)  # the step starts once its batch is drawn
+
+        def kept_for_the_step(tensor):
+            # its memory goes back to the draws only once the step's stream is done with it
+            tensor.record_stream(step_stream)
+            return tensor
+
+        return batch.apply(kept_for_the_step)
+
+    def copy_to_gpu(self, tensor):
+        """tensor on the GPU, its copy queued: from pinned memory it need not be waited for."""
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
 
 def spare_batch(task, cfg, device) -> Batch:

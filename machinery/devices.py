@@ -22,22 +22,29 @@ from machinery.errors import UsageError
 
 
 def pick_device(name: str) -> torch.device:
-    """The device a run asks for; auto takes the first of cuda, mps and cpu this machine has."""
-    available = {
-        "cuda": torch.cuda.is_available(),
-        "mps": torch.backends.mps.is_available(),
-        "cpu": True,
-    }
-    if name == "auto":
-        for kind, present in available.items():
-            if present:
-                name = kind
-                break
-    if name not in available:
+    """The device a run asks for; auto takes the first of cuda, mps and cpu this machine has.
+
+    Only auto and the device asked for are looked up: asking whether CUDA is there starts CUDA's
+    driver in this process, and a process forked after that cannot use it. A `--device cpu` run
+    touches no CUDA state, so a test may fork it, and so may a forked worker train."""
+    if name not in ("auto", "cuda", "mps", "cpu"):
         raise UsageError(f"unknown device {name!r}; choose from auto, cpu, cuda, mps")
-    if not available[name]:
+    if name == "auto":
+        for kind in ("cuda", "mps", "cpu"):
+            if present(kind):
+                return torch.device(kind)
+    if not present(name):
         raise UsageError(f"device {name} is not available on this machine")
     return torch.device(name)
+
+
+def present(kind: str) -> bool:
+    """Whether this machine has a device of this kind."""
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "mps":
+        return torch.backends.mps.is_available()
+    return True
 
 
 THREADS = torch.get_num_threads()  # torch's own choice, a thread per core, before any run chooses
@@ -183,16 +190,18 @@ class Ranks:
         self.world = int(os.environ.get("WORLD_SIZE", 1))
         self.rank = int(os.environ.get("RANK", 0))
         self.lead = self.rank == 0
-        if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
     def device(self, name: str) -> torch.device:
+        """The device this process computes on (pick_device's; under torchrun, this rank's GPU),
+        and under torchrun the process group joined, on the backend that carries that device's
+        tensors: nccl for CUDA, gloo for the CPU, whatever else the machine has."""
         device = pick_device(name)
-        return (
-            torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun's GPU for this rank
-            if device.type == "cuda" and self.world > 1
-            else device
-        )
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda" and self.world > 1:
+            # torchrun's GPU for this rank
+            return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        return device
 
     def shard_task(self, task):
         return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
@@ -245,11 +254,13 @@ class ShardedTask:
     def sample(self, batch_size, generator):
         batch = self.task.sample(batch_size, generator)
         rows = torch.arange(len(batch), device=batch.x.device).tensor_split(self.world)[self.rank]
-        self.share = (batch.y[rows] >= 0).sum() / (batch.y >= 0).sum()
+        # a number, not a tensor: on CUDA, train.Batches draws on a stream of its own, whose
+        # memory the next draw takes back while the step may still read this one
+        self.share = ((batch.y[rows] >= 0).sum() / (batch.y >= 0).sum()).item()
         return batch[rows]
 
     def loss(self, logits, batch):
-        return self.task.loss(logits, batch) * self.share.to(logits.device)
+        return self.task.loss(logits, batch) * self.share
 
     def __getattr__(self, name):  # everything else (test set, metrics, summary) is the task's own
         return getattr(self.task, name)

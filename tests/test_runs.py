@@ -2107,3 +2107,20 @@ def test_a_kill_before_any_write_of_a_resume_or_an_overwrite_the_next_command_co
     assert (
         n > 10
     )  # every write of the command was a kill point (14 for --resume, 35 for --overwrite)
+
+
+def test_a_cpu_run_and_its_resume_touch_no_cuda_state(tmp_path, monkeypatch, capsys):
+    # Asking whether CUDA is there starts its driver, and a process forked after that (the kill
+    # tests above) cannot use CUDA: on a GPU machine the forked child failed before its first
+    # write. So a --device cpu run asks nothing of CUDA, whether it starts, stops or resumes.
+    def touched(*args, **kwargs):
+        raise AssertionError("a --device cpu run touched CUDA")
+
+    for name in ("is_available", "device_count", "init", "_lazy_init"):
+        monkeypatch.setattr(torch.cuda, name, touched)
+    args = TINY_ARGS + ["--device", "cpu"]
+    train.main(args + ["--out", str(tmp_path / "whole")])
+    train.train(cli.parse_args(args + ["--out", str(tmp_path / "cut")])[0], stop_after=4)
+    train.main(["--resume", str(tmp_path / "cut")])
+    capsys.readouterr()
+    assert records(tmp_path / "cut") == records(tmp_path / "whole")

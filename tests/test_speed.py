@@ -81,14 +81,36 @@ def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
     assert all(chunk.x.size(1) == chunk.pos.max() + 1 for chunk, _ in seen)
 
 
+CUDA = pytest.param(
+    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("name", ["needle", "parens", "addition", "modadd"])
+def test_batches_drawn_beside_the_step_are_the_tasks_own_draws_from_the_seed(
+    name, device, tmp_path
+):
+    # train.Batches draws on CUDA on a stream of its own, or on the host: the batches are still
+    # task.sample's, from a generator of the seed on the device that Batches draws on
+    _, task = config.resolve(tiny(tmp_path, task=name, device=device))
+    batches = train.Batches(task, 16, 3, torch.device(device))
+    drawn_on = device
+    if task.draws_on_host:
+        drawn_on = "cpu"
+    generator = torch.Generator(device=drawn_on).manual_seed(3)
+    for _ in range(3):
+        drawn, expected = batches.next(), task.sample(16, generator).to(device)
+        for a, b in zip(vars(drawn).values(), vars(expected).values()):
+            assert (a is None and b is None) or (a.device == b.device and torch.equal(a, b))
+    assert batches.generator.device.type == torch.device(drawn_on).type
+
+
 @pytest.mark.parametrize(
     "device",
     [
         "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-        ),
+        CUDA,
     ],
 )
 # on CUDA through the math attention kernel
@@ -133,6 +155,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "asked, backend, device", [("cpu", "gloo", "cpu"), ("cuda", "nccl", "cuda:1")]
+)
+def test_torchrun_joins_on_the_backend_of_the_runs_device_not_the_machines(
+    asked, backend, device, monkeypatch
+):
+    # On a machine with a GPU, a --device cpu torchrun joined on nccl, which carries no CPU
+    # tensors, and its rank 1 failed. Rank 1 of 2 here, on a machine faked to have CUDA.
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(devices.dist, "is_initialized", lambda: False)
+    joined = []
+    monkeypatch.setattr(devices.dist, "init_process_group", joined.append)
+    ranks = devices.Ranks()
+    assert joined == []  # not before the run's device is known
+    assert ranks.device(asked) == torch.device(device) and joined == [backend]
 
 
 # rows with unequal answer counts; length chunks
