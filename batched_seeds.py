@@ -40,9 +40,8 @@ from machinery.rundir import (
     save_final,
     start_or_resume,
 )
-from model import fast_paths_agree
 from tasks import Batch, join_batches
-from train import PROBE_ROWS, Batches, evaluate, lr_at, make_optimizer, set_lr, spare_batch
+from train import Batches, choose_forward, evaluate, lr_at, make_optimizer, set_lr, spare_batch
 
 
 def seed_model(base, params, i):
@@ -89,8 +88,7 @@ def train_batched(cfg) -> list:
     # {name: (N, ...)}; frozen tensors stay without grad; Module.to moves each model in place
     params, _ = torch.func.stack_module_state([model.to(device) for model in models])
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
-    probe = spare_batch(task, cfg, device)[:PROBE_ROWS]
-    base.fast = fast_paths_agree(base, probe.x, probe.pos)  # as train.train decides it
+    choose_forward(base, task, cfg, device)  # one seed's check holds for all: they share code
 
     # the seeds' forward(x, pos), base vmapped over the stacked params: (N, B, ...) -> (N, B, A, V)
     def forward(x, pos):

@@ -42,7 +42,7 @@ from machinery.errors import UsageError, usage_errors
 from machinery.tables import markdown_table
 from model import TRAINING_MODES
 from tasks import Needle
-from train import Batches, make_optimizer, train_step
+from train import Batches, choose_forward, make_optimizer, train_step
 
 
 def best_seconds(fn, calls, repeats, device):
@@ -135,7 +135,9 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 def ours(cfg, task, model, device):
-    compile_model(model.to(device), device, cfg.compile, cfg.deterministic)
+    model.to(device)
+    choose_forward(model, task, cfg, device)  # as train.py chooses it
+    compile_model(model, device, cfg.compile, cfg.deterministic)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     clip = Ranks().clipper(model.parameters(), cfg.clip)  # train.py's clipping, in one process
     batches = Batches(task, cfg.batch_size, cfg.seed, device)  # as train.py draws them

@@ -53,10 +53,8 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
         raise UsageError(str(e)) from None
     model.to(device)
-    # What trains is what model.py says: its fast paths only where they compute what its
-    # written-out code computes, which an edit to that code stops. Evaluation runs the same path.
-    probe = spare_batch(task, cfg, device)[:PROBE_ROWS]
-    model.fast = fast_paths_agree(model, probe.x, probe.pos)
+    # What trains is what model.py says: evaluation runs the same path.
+    choose_forward(model, task, cfg, device)
 
     test = task.test_set()
     task = ranks.shard_task(task)
@@ -158,6 +156,13 @@ class Batches:
     def copy_to_gpu(self, tensor):
         """tensor on the GPU, its copy queued: from pinned memory it need not be waited for."""
         return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+def choose_forward(model, task, cfg, device) -> None:
+    """model.fast: its fast paths train where they compute what model.py's written-out code
+    computes (an edit to that code stops them), checked on PROBE_ROWS rows of a spare batch."""
+    probe = spare_batch(task, cfg, device)[:PROBE_ROWS]
+    model.fast = fast_paths_agree(model, probe.x, probe.pos)
 
 
 def spare_batch(task, cfg, device) -> Batch:

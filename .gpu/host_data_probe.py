@@ -22,7 +22,7 @@ sys.path.insert(0, os.getcwd())
 from bench import best_seconds  # noqa: E402
 from machinery.config import TrainConfig, build_seeded  # noqa: E402
 from machinery.devices import Ranks, autocast, compile_model  # noqa: E402
-from train import Batches, make_optimizer, train_step  # noqa: E402
+from train import Batches, choose_forward, make_optimizer, train_step  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("tasks", nargs="+")
@@ -40,7 +40,9 @@ for name in args.tasks:
         if args.width:
             settings.update(width=args.width, heads=2, scale="cpu")
         cfg, task, model, _ = build_seeded(TrainConfig(**settings))
-        compile_model(model.to(device), device, args.compile)
+        model.to(device)
+        choose_forward(model, task, cfg, device)
+        compile_model(model, device, args.compile)
         optimizer = make_optimizer(model.parameters(), cfg, device)
         clip = Ranks().clipper(model.parameters(), cfg.clip)
         precision = autocast(device, cfg.dtype)
