@@ -107,6 +107,7 @@ class Run:
         its checkpoint (start_or_resume); hold its lock. Returns where the loop starts."""
         self.forward = forward_path(model)
         code, diff = code_state()
+        self.code_edited = bool(code.get("edited"))
         record = run_record(self.cfg, self.counts, self.device, self.threads, self.forward, code)
         self.start = start_or_resume(
             self.cfg, resume, model, optimizer, generator, record, self.ranks.lead, diff
@@ -141,7 +142,10 @@ class Run:
             threads=self.threads,
             done=self.start.step,
         )
-        note = plateau_note(self.cfg)
+        # a committed record's plateau says nothing of a run of edited code
+        note = None
+        if not self.code_edited:
+            note = plateau_note(self.cfg)
         if note:
             line += "\n" + note
         line += "\n" + forward_note(self.forward, slowdown)

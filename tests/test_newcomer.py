@@ -68,6 +68,14 @@ def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeyp
     (record / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     monkeypatch.setattr(lifecycle, "REPOSITORY", str(tmp_path))
     monkeypatch.setattr(lifecycle, "PLATEAU_RECORDS", ("record",))
+
+    def clean():
+        return {"commit": "8341827", "edited": [], "edits": None}, ""
+
+    def edited():
+        return {"commit": "8341827", "edited": ["model.py"], "edits": "1a2b3c4d"}, "a diff"
+
+    monkeypatch.setattr(lifecycle, "code_state", clean)
     capsys.readouterr()
     train.train(replace(cfg, out=str(tmp_path / "again")))
     out = capsys.readouterr().out.splitlines()
@@ -75,7 +83,12 @@ def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeyp
         "needle: the committed record of these settings (record) sat at 30-33% test accuracy "
         "until step 6 and passed 90% by step 8: expect the same plateau, not a broken run"
     )
+    # of edited code the record says nothing
+    monkeypatch.setattr(lifecycle, "code_state", edited)
+    train.train(replace(cfg, out=str(tmp_path / "edited")))
+    assert "committed record" not in capsys.readouterr().out
     # without the record, no such line
+    monkeypatch.setattr(lifecycle, "code_state", clean)
     shutil.rmtree(record)
     train.train(replace(cfg, out=str(tmp_path / "third")))
     assert "committed record" not in capsys.readouterr().out
