@@ -9,7 +9,8 @@ from machinery.files import (
     read_metrics,
     write_atomic,
 )
-from machinery.tables import CURVE_TABLES, median_range
+from machinery.seeds import median_range
+from machinery.tables import CURVE_TABLES
 
 
 def save_figure(plt, fig, path, **savefig):

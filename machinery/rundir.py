@@ -577,7 +577,7 @@ def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, pace="",
     """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill
     between the two leaves a line newer than the checkpoint, which resuming drops (roll_back) before
     logging it again. For a log file, also a line on stdout, which ends with pace (the lap's
-    steps/s in words, lifecycle.pace_words): the progress bar shows only on a terminal."""
+    steps/s in words, console.pace_words): the progress bar shows only on a terminal."""
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, "a") as f:

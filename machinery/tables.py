@@ -13,7 +13,6 @@ import math
 import os
 import platform
 import re
-import statistics
 from dataclasses import dataclass, field, replace
 from datetime import date
 
@@ -33,11 +32,11 @@ from machinery.errors import UsageError
 from machinery.files import (
     FINAL_KEYS,
     NUMBER,
-    is_json_type,
     read_json,
     read_metrics,
 )
 from machinery.rundir import run_state
+from machinery.seeds import median_range
 
 # the tables whose pictures include training curves (results/NAME-SCALE-curves.png)
 CURVE_TABLES = ("table1", "table2", "table9")
@@ -295,31 +294,6 @@ def results_text(
             if lines != old:
                 lines[index] = redrawn
     return "\n".join(lines)
-
-
-# The seeds of a cell: how every table reports a cell of several runs
-
-
-def aggregate(run_dirs) -> dict:
-    """Median, min and max over runs of each numeric metric in their final.json; names the runs."""
-    paths = [os.path.join(run_dir, "final.json") for run_dir in run_dirs]
-    first = read_json(paths[0], optional=FINAL_KEYS)
-    names = {k: NUMBER for k, v in first.items() if is_json_type(v, NUMBER)}
-    finals = [first] + [read_json(path, keys=names) for path in paths[1:]]
-    return {
-        "runs": list(run_dirs),
-        "metrics": {
-            name: dict(
-                zip(("median", "min", "max"), median_range([final[name] for final in finals]))
-            )
-            for name in names
-        },
-    }
-
-
-def median_range(values) -> tuple:
-    """(median, min, max) of seeds' values: how every table reports a cell of several seeds."""
-    return statistics.median(values), min(values), max(values)
 
 
 # ---------------------------------------------------------------------------

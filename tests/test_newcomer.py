@@ -16,7 +16,7 @@ from test_core import tiny
 import batched_seeds
 import compare
 import train
-from machinery import cli, config, lifecycle
+from machinery import cli, config, console, lifecycle, plateau
 from machinery.errors import UsageError
 from machinery.files import read_metrics
 
@@ -34,17 +34,17 @@ def test_plateau_is_the_evaluations_near_the_first_until_a_climb():
     def records(*accuracies):
         return [{"step": 100 * (i + 1), "test_accuracy": a} for i, a in enumerate(accuracies)]
 
-    assert lifecycle.plateau(records(0.52, 0.51, 0.57, 0.74, 0.96)) == (300, 0.51, 0.57, 500)
-    assert lifecycle.plateau(records(0.52, 0.53, 0.60, 0.70)) is None  # never passes 90%
-    assert lifecycle.plateau(records(0.52, 0.95, 1.0)) is None  # one evaluation is no plateau
+    assert plateau.plateau(records(0.52, 0.51, 0.57, 0.74, 0.96)) == (300, 0.51, 0.57, 500)
+    assert plateau.plateau(records(0.52, 0.53, 0.60, 0.70)) is None  # never passes 90%
+    assert plateau.plateau(records(0.52, 0.95, 1.0)) is None  # one evaluation is no plateau
 
 
 def test_canonical_needle_run_names_the_plateau_its_committed_record_sat_on():
     record = os.path.join(TABLE1_CPU, "needle-random-512-s0")
     if not os.path.isdir(record):
         pytest.skip("the committed Table 1 record is not in this checkout")
-    end, low, high, climbed = lifecycle.plateau(read_metrics(record))
-    note = lifecycle.plateau_note(canonical())
+    end, low, high, climbed = plateau.plateau(read_metrics(record))
+    note = plateau.plateau_note(canonical())
     assert note == (
         "needle: the committed record of these settings "
         "(runs/reproduce/table1-cpu/needle-random-512-s0) sat at "
@@ -53,8 +53,8 @@ def test_canonical_needle_run_names_the_plateau_its_committed_record_sat_on():
     )
     assert "until step 1,800" in note  # the record as committed
     # other settings, or a seed without a record: nothing is said
-    assert lifecycle.plateau_note(canonical("--layers", "1")) is None
-    assert lifecycle.plateau_note(canonical("--seed", "7")) is None
+    assert plateau.plateau_note(canonical("--layers", "1")) is None
+    assert plateau.plateau_note(canonical("--seed", "7")) is None
 
 
 def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeypatch, capsys):
@@ -66,8 +66,8 @@ def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeyp
     for line, accuracy in zip(lines, (0.30, 0.33, 0.31, 0.95)):
         line["test_accuracy"] = accuracy
     (record / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    monkeypatch.setattr(lifecycle, "REPOSITORY", str(tmp_path))
-    monkeypatch.setattr(lifecycle, "PLATEAU_RECORDS", ("record",))
+    monkeypatch.setattr(plateau, "REPOSITORY", str(tmp_path))
+    monkeypatch.setattr(plateau, "PLATEAU_RECORDS", ("record",))
     capsys.readouterr()
     train.train(replace(cfg, out=str(tmp_path / "again")))
     out = capsys.readouterr().out.splitlines()
@@ -82,22 +82,22 @@ def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeyp
 
 
 def test_a_resumed_run_says_where_it_resumes():
-    line = lifecycle.first_line(
+    line = console.first_line(
         canonical(), {"trainable": 1, "frozen": 1}, torch.device("cpu"), 0.25, 3906, done=2094
     )
     assert "resuming at step 2,094 of 6,000: 3,906 steps of 64 left, about 16 min on this CPU" in (
         line
     )
-    fresh = lifecycle.first_line(
+    fresh = console.first_line(
         canonical(), {"trainable": 1, "frozen": 1}, torch.device("cpu"), 0.25, 6000
     )
     assert "resuming" not in fresh and "6,000 steps of 64, about 25 min" in fresh
 
 
 def test_a_short_laps_pace_says_how_few_steps_it_was_timed_over():
-    assert lifecycle.pace_words(300, 100.0) == "3.00 steps/s"
-    assert lifecycle.pace_words(6, 2.0) == "3.00 steps/s over 6 steps"
-    assert lifecycle.pace_words(0, 2.0) == ""
+    assert console.pace_words(300, 100.0) == "3.00 steps/s"
+    assert console.pace_words(6, 2.0) == "3.00 steps/s over 6 steps"
+    assert console.pace_words(0, 2.0) == ""
 
 
 def test_a_resumed_lap_prints_and_records_the_pace_of_its_own_steps(tmp_path, monkeypatch, capsys):
@@ -151,14 +151,14 @@ def test_a_refused_start_is_refused_before_the_step_is_timed(tmp_path, monkeypat
 
 def test_result_line_names_the_settings_a_run_leaves_its_scale_in():
     metrics = {"accuracy": 0.996, "loss": 0.01}
-    assert lifecycle.result_line(canonical(), metrics).startswith(
+    assert console.result_line(canonical(), metrics).startswith(
         "needle, random 512 (cpu variant): 99.6% test accuracy; the paper's random 1024: 100"
     )
-    one_layer = lifecycle.result_line(canonical("--layers", "1"), metrics)
+    one_layer = console.result_line(canonical("--layers", "1"), metrics)
     assert one_layer.startswith("needle, random 512 (cpu variant with layers 1 not 2): 99.6%")
     flags = "--task addition --frozen --scale paper --pos sinusoidal --lr 3e-3 --eval-every 50"
     cfg, _ = cli.parse_args(flags.split())
-    line = lifecycle.result_line(config.resolve(cfg)[0], metrics)
+    line = console.result_line(config.resolve(cfg)[0], metrics)
     # how often it evaluates changes no number
     assert line.startswith(
         "addition, random 1024 (the paper's protocol with lr 0.003 not 0.001, pos sinusoidal not "

@@ -26,7 +26,7 @@ from machinery import cli, config, paper, plots, sweep, tables
 from machinery.config import TrainConfig
 from machinery.errors import UsageError
 from machinery.files import write_json
-from machinery.tables import aggregate
+from machinery.seeds import aggregate
 
 
 def write_final(run_dir, **metrics):

@@ -25,7 +25,18 @@ import compare
 import reproduce
 import sample
 import train
-from machinery import cli, config, corpus, devices, errors, files, lifecycle, rundir, tables
+from machinery import (
+    cli,
+    config,
+    console,
+    corpus,
+    devices,
+    errors,
+    files,
+    lifecycle,
+    rundir,
+    tables,
+)
 from machinery.config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1076,7 +1087,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", mode="frozen")
-    line = lifecycle.first_line(
+    line = console.first_line(
         config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990
     )
     assert "about 25.8 h on this CPU" in line
@@ -1084,12 +1095,12 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
         "; the task's laptop variant shows its result in under an hour: "
         "python train.py --task needle --train frozen --scale cpu"
     )
-    hint = lifecycle.slow_run_hint(cfg, 9.3 * 9990)
+    hint = console.slow_run_hint(cfg, 9.3 * 9990)
     suggested, _ = cli.parse_args(hint.split("python train.py ")[1].split())
     assert (
         suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
     )
-    full = lifecycle.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
+    full = console.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
     suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
     # the fully trained wide model's own lr
     assert suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4
@@ -1155,10 +1166,10 @@ def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
     assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(
         task="parens", scale="paper"
     )
-    assert lifecycle.slow_run_hint(cfg, 0.1 * 9990) is None
+    assert console.slow_run_hint(cfg, 0.1 * 9990) is None
     # no variant to suggest to the variant itself
-    assert lifecycle.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
-    assert "--task lm --scale cpu" in lifecycle.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
+    assert console.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
+    assert "--task lm --scale cpu" in console.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
@@ -1885,7 +1896,7 @@ def test_a_checkpoint_whose_time_is_no_time_is_refused_in_one_line(tmp_path, ela
 
 def test_a_zero_step_runs_first_line_claims_no_timing(tmp_path, monkeypatch, capsys):
     # it said "a step timed, 0 s, 2 threads (faster here than 1)", a comparison that never ran
-    monkeypatch.setattr(lifecycle, "threads_chosen", lambda: True)
+    monkeypatch.setattr(console, "threads_chosen", lambda: True)
     train.train(tiny(tmp_path, steps=0))
     first = capsys.readouterr().out.splitlines()[0]
     assert "no steps to take on this CPU" in first

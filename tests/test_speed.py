@@ -16,7 +16,7 @@ import batched_seeds
 import bench
 import tasks
 import train
-from machinery import config, devices, lifecycle
+from machinery import config, console, devices, lifecycle
 from machinery.config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -422,17 +422,17 @@ def test_a_cpu_run_keeps_the_faster_of_the_default_threads_and_one(monkeypatch):
     model = ClockedModel(clock, seconds_for=seconds_for)
     monkeypatch.setattr(devices.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(devices, "THREADS", 2)
-    monkeypatch.setattr(lifecycle, "THREADS", 2)
+    monkeypatch.setattr(console, "THREADS", 2)
     cpu = torch.device("cpu")
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         chosen = devices.choose_threads(model, sum_loss, OneChunk(), nullcontext(), cpu)
         assert chosen == (1, pytest.approx(0.6)) and torch.get_num_threads() == 1
-        assert "1 thread (faster here than 2)" in lifecycle.thread_text(1)
+        assert "1 thread (faster here than 2)" in console.thread_text(1)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's word: kept, nothing timed twice
         torch.set_num_threads(2)
         chosen = devices.choose_threads(model, sum_loss, OneChunk(), nullcontext(), cpu)
         assert chosen == (2, pytest.approx(4.0))
-        assert lifecycle.thread_text(2) == ", 2 threads"
+        assert console.thread_text(2) == ", 2 threads"
     finally:
         torch.set_num_threads(before)
