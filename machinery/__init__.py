@@ -14,6 +14,7 @@ package holds what keeps runs safe and turns them into the paper's tables:
     plateau.py   the plateau a committed record sat on, which a run's first lines warn of
     seeds.py     a --seeds command's runs, and the median and range every table reports
     sweep.py     training every run of a table, resumably, a worker per core or GPU
+    flops.py     the model FLOPs of a training step, for bench.py's MFU and --plan
     tables.py    the tables' markdown, RESULTS.md's claims and citations
     plots.py     the tables' and figures' pictures
     paper.py     the paper's published numbers
