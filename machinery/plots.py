@@ -33,9 +33,6 @@ def pyplot():
 LINE_FIGURES = ("fig4", "fig6", "fig7", "projection")
 
 
-# the task tables, whose learning curves are drawn too
-
-
 COLORS = {
     "Random": "tab:red",
     "Normal": "tab:blue",  # and the projection table's lines:

@@ -661,7 +661,7 @@ def run_record(cfg, counts: dict, device, threads: int) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# The operations beside train.py's loop: the run's directory, logs, progress and stops
+# A run read back: a finished run's model, the threads a run recorded
 # ---------------------------------------------------------------------------
 
 

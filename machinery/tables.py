@@ -1,12 +1,12 @@
-"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and reproduce.py's
-pictures and markdown.
+"""The tables of runs: a table's cells and how a cell's seeds are read (Table), its markdown beside
+the paper's numbers, and RESULTS.md's claims table with every number the documents cite from the
+records (claims, cited).
 
-    python reproduce.py table1 --scale cpu   # results/table1-cpu.png (plot_seeds), -curves.png
-    python compare.py runs/a runs/b          # draws runs/compare-a-vs-b.png
+    python reproduce.py table1 --scale cpu --redraw   # results/table1-cpu.md from the records
+    python reproduce.py claims                        # RESULTS.md's claims and cited numbers anew
 
-reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and
-RESULTS.md's claims table read their numbers through the same Table.seed_values. Nothing here
-trains.
+reproduce.py's results/<table>-<scale>.md, its pictures (plots.py) and RESULTS.md's claims table
+read their numbers through the same Table.seed_values. Nothing here trains or draws.
 """
 
 import math
@@ -107,11 +107,6 @@ def markdown_table(header, rows) -> list:
     cells."""
     lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
     return lines[:1] + ["|---" * len(header) + "|"] + lines[1:]
-
-
-# ---------------------------------------------------------------------------
-# reproduce.py's pictures
-# ---------------------------------------------------------------------------
 
 
 # ---------------------------------------------------------------------------
