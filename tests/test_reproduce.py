@@ -207,19 +207,6 @@ def test_cell_commands_parse_back_to_the_cells_configs():
                 assert cli.seed_configs(cfg) == cell, (name, scale)
 
 
-def test_bad_input_is_one_line_and_exit_2(capsys):
-    for argv in (
-        ["table1", "--seeds", "0"],
-        ["table1", "--plan"],
-        ["claims", "--scale", "paper", "--plan"],
-        ["table1", "--scale", "paper", "--plan", "--print-commands"],
-    ):
-        with pytest.raises(SystemExit) as e:
-            reproduce.main(argv)
-        assert e.value.code == 2
-        assert capsys.readouterr().err.count("\n") == 1, argv
-
-
 def write_fake_runs(table, runs):
     """Every run of the table finished, with made-up metrics that differ by cell and seed."""
     for i, cell in enumerate(runs.values()):
