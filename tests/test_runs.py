@@ -613,7 +613,7 @@ def redraw_records(root):
         )
         if callable(analysis):
             # an analysis of the run's own label, changed
-            analysis = analysis(reproduce.run_label(config.resolve(cell)[0]))
+            analysis = analysis(analyze.run_label(config.resolve(cell)[0]))
         if analysis:
             (run / "analysis.json").write_text(json.dumps(analysis))
 
