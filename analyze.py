@@ -391,9 +391,8 @@ def projection_markdown(result):
         [
             "Test accuracy (%) when the hidden states at one layer keep only their mean plus their "
             "projection onto the top k principal components (PCs) or the top k highest-variance "
-            "neurons of the states the explained variance reads, the later layers unchanged; k "
-            "= the "
-            "width projects nothing.",
+            "neurons of the states the explained variance reads, the later layers unchanged; "
+            "k = the width projects nothing.",
             "",
             *markdown_table(["layer", "directions"] + [f"k={k}" for k in result["k"]], rows),
             "",
@@ -986,73 +985,11 @@ def training_curves_markdown(result):
 
 
 # ---------------------------------------------------------------------------
-# Command line
+# The analyses by name, and the command line
 # ---------------------------------------------------------------------------
 
-# Which runs an analysis applies to.
 
-
-def any_run(run) -> bool:
-    """Every run has a training log (a run without one is skipped with a note)."""
-    return True
-
-
-def is_transformer(run) -> bool:
-    """Attention and hidden states are read from the GPT's cache: the LSTM has neither."""
-    return isinstance(run.model, GPT)
-
-
-def is_projection_task(run) -> bool:
-    """The projection test scores a transformer on a test set with one answer a row."""
-    if not isinstance(run.model, GPT):
-        return False
-    return run.cfg.task in ("modadd", "needle", "addition", "parens")
-
-
-def is_modadd(run) -> bool:
-    return run.cfg.task == "modadd"
-
-
-def is_memorize(run) -> bool:
-    return run.cfg.task == "memorize"
-
-
-def is_parens(run) -> bool:
-    return run.cfg.task == "parens"
-
-
-def is_lm(run) -> bool:
-    return run.cfg.task == "lm"
-
-
-# What each analysis computes: compute(run, args) -> the numbers analysis.json keeps.
-
-
-def compute_curves(run, args) -> dict:
-    """Training curves: the training loss and every test metric against step, and where test
-    accuracy turns flat (Figure 8's test of convergence)."""
-    return training_curves(run)
-
-
-def compute_variance(run, args) -> dict:
-    """Explained variance, section 6 (Tables 4, 5, 7): the share of the hidden states' variance in
-    their top 10 principal components and top 10 neurons, per layer."""
-    return explained_variance(run, args.examples)
-
-
-def compute_projection(run, args) -> dict:
-    """Subspace selection tested causally (not in the paper): test accuracy with one layer's hidden
-    states projected onto their top k directions."""
-    return projection(run, args.examples)
-
-
-def compute_embedding(run, args) -> dict:
-    """Embedding geometry, section 4.2 (Figure 3): the modular-addition token embedding on its
-    principal components, and how circular it is."""
-    return embedding_geometry(run)
-
-
-def compute_clock_pizza(run, args) -> dict:
+def clock_pizza(run) -> dict:
     """Clock vs Pizza, section 4.2 (Zhong et al. 2023): gradient symmetricity and distance
     irrelevance of a modular-addition model."""
     return {
@@ -1074,28 +1011,6 @@ def clock_pizza_markdown(result):
     return text
 
 
-def compute_attention(run, args) -> dict:
-    """Attention patterns, section 4.2 (needle's are Figure 2): every head's pattern on one input,
-    and for needle and addition each head's score on the steps of the task's circuit."""
-    return attention_patterns(run, args.tokens)
-
-
-def compute_memorization(run, args) -> dict:
-    """Memorization capacity, section 5 (Table 3): bits memorized per trainable parameter."""
-    return memorization(run)
-
-
-def compute_lengths(run, args) -> dict:
-    """Parentheses accuracy by string length and answer (not in the paper): whether misses fall
-    where the test-set exclusion rule keeps strings out of training."""
-    return parens_lengths(run)
-
-
-def compute_samples(run, args) -> dict:
-    """Language-model samples, section 5 (Figure 5): continuations of a few fixed prompts."""
-    return samples(run)
-
-
 def samples_markdown(result):
     paragraphs = []
     for prompt, text in zip(result["prompts"], result["continuations"]):
@@ -1108,49 +1023,75 @@ class Analysis:
     """One section of analysis.md, and its numbers in analysis.json."""
 
     title: str
-    applies: Callable  # applies(run): whether the analysis means anything for this run
-    compute: Callable  # compute(run, args): the numbers
+    compute: Callable  # compute(run, *options): the numbers
     render: Callable  # render(numbers): the section's markdown
+    options: tuple = ()  # the analyze.py flags compute takes after the run, by name
+    # the tasks whose runs it means anything for (every task's where empty)
+    tasks: tuple = ()
+    # attention and hidden states are read from the GPT's cache: the LSTM has neither
+    transformer: bool = False
+
+    def applies(self, run) -> bool:
+        """Whether the analysis means anything for this run (every run has a training log; a run
+        without one is skipped with a note)."""
+        if self.transformer and not isinstance(run.model, GPT):
+            return False
+        return not self.tasks or run.cfg.task in self.tasks
 
 
 # name -> its analysis, in the report's order
 ANALYSES = {
-    "curves": Analysis("Training curves", any_run, compute_curves, training_curves_markdown),
+    # Figure 8's test of convergence: where test accuracy turns flat
+    "curves": Analysis("Training curves", training_curves, training_curves_markdown),
+    # section 6: the share of the hidden states' variance in their top 10 principal components and
+    # top 10 neurons, per layer
     "variance": Analysis(
         "Explained variance (Tables 4, 5, 7)",
-        is_transformer,
-        compute_variance,
+        explained_variance,
         explained_variance_markdown,
+        options=("examples",),
+        transformer=True,
     ),
+    # subspace selection tested causally (not in the paper); the test scores a transformer on a
+    # test set with one answer a row
     "projection": Analysis(
         "Accuracy in the top k directions (subspace selection, causally)",
-        is_projection_task,
-        compute_projection,
+        projection,
         projection_markdown,
+        options=("examples",),
+        tasks=("modadd", "needle", "addition", "parens"),
+        transformer=True,
     ),
+    # section 4.2: the modular-addition token embedding on its principal components
     "embedding": Analysis(
-        "Embedding geometry (Figure 3)", is_modadd, compute_embedding, embedding_markdown
+        "Embedding geometry (Figure 3)", embedding_geometry, embedding_markdown, tasks=("modadd",)
     ),
-    "clock_pizza": Analysis("Clock vs Pizza", is_modadd, compute_clock_pizza, clock_pizza_markdown),
+    "clock_pizza": Analysis("Clock vs Pizza", clock_pizza, clock_pizza_markdown, tasks=("modadd",)),
+    # section 4.2 (needle's are Figure 2)
     "attention": Analysis(
         "Attention patterns, and each head's scores",
-        is_transformer,
-        compute_attention,
+        attention_patterns,
         attention_markdown,
+        options=("tokens",),
+        transformer=True,
     ),
+    # section 5: bits memorized per trainable parameter
     "memorization": Analysis(
         "Memorization capacity (Table 3)",
-        is_memorize,
-        compute_memorization,
+        memorization,
         memorization_markdown,
+        tasks=("memorize",),
     ),
+    # not in the paper: whether misses fall where the test-set exclusion rule keeps strings out of
+    # training
     "lengths": Analysis(
         "Accuracy by string length (parentheses)",
-        is_parens,
-        compute_lengths,
+        parens_lengths,
         parens_lengths_markdown,
+        tasks=("parens",),
     ),
-    "samples": Analysis("Samples (Figure 5)", is_lm, compute_samples, samples_markdown),
+    # section 5: continuations of a few fixed prompts
+    "samples": Analysis("Samples (Figure 5)", samples, samples_markdown, tasks=("lm",)),
 }
 
 
@@ -1225,7 +1166,10 @@ def analyze(run: SavedRun, results: dict, args):
     for name, analysis in ANALYSES.items():
         if args.only not in (None, name) or not analysis.applies(run):
             continue
-        results[name] = analysis.compute(run, args)
+        options = []
+        for option in analysis.options:
+            options.append(getattr(args, option))
+        results[name] = analysis.compute(run, *options)
         # the model it was made of: a redraw refuses an analysis of another (reproduce.py)
         results[name].setdefault("label", run.label)
         if "skipped" in results[name]:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from machinery.cli import parse_args, seed_configs
 from machinery.config import build_seeded
+from machinery.console import first_line
 from machinery.devices import (
     Ranks,
     autocast,
@@ -31,7 +32,7 @@ from machinery.devices import (
     pick_device,
 )
 from machinery.errors import UsageError, usage_errors
-from machinery.lifecycle import Run, first_line, write_seed_summary
+from machinery.lifecycle import Run
 from machinery.rundir import (
     check_start,
     log_eval,
@@ -40,6 +41,7 @@ from machinery.rundir import (
     save_final,
     start_or_resume,
 )
+from machinery.seeds import write_seed_summary
 from tasks import Batch, join_batches
 from train import Batches, choose_forward, evaluate, lr_at, make_optimizer, set_lr, spare_batch
 

@@ -26,7 +26,8 @@ from machinery.config import MAX_NAME, digest, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import FINAL_KEYS, read_json, read_metrics
 from machinery.plots import pyplot, save_figure
-from machinery.tables import markdown_table, median_range
+from machinery.seeds import median_range
+from machinery.tables import markdown_table
 from tasks import TASKS
 
 # where a run was written and whether it replaced another: not what it ran; nor the scale, which

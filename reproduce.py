@@ -24,7 +24,8 @@ from functools import partial
 
 import torch
 
-from analyze import flat_from, projection_ks, run_label
+import analyze
+import train
 from machinery import paper
 from machinery.config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from machinery.corpus import validation_path
@@ -36,10 +37,11 @@ from machinery.files import (
     read_analysis,
     read_json,
     read_metrics,
+    write_json,
     write_text,
 )
 from machinery.plots import render_picture
-from machinery.rundir import run_state
+from machinery.rundir import load_run, run_state
 from machinery.sweep import check_same_config, plan, print_commands, sweep
 from machinery.tables import Table, claims, results_text
 
@@ -500,7 +502,7 @@ def projection(scale):
     for model in models:
         for i, layer in enumerate(["Emb", "L1", "L2"]):
             for key, name in (("pc", "PCs"), ("neuron", "neurons")):
-                for k in projection_ks(models["Random"].width):
+                for k in analyze.projection_ks(models["Random"].width):
                     row = f"{model} {layer} {name}"
                     read[row, f"k={k}"] = analysis_reader("projection", accuracy(key, i, k))
     return Table(
@@ -631,7 +633,7 @@ def fig8(scale):
         def read(run_dir):
             if run_state(run_dir) != "finished":
                 return None
-            found = flat_from(read_metrics(run_dir))
+            found = analyze.flat_from(read_metrics(run_dir))
             if found is None:
                 return None
             return found[i]
@@ -748,8 +750,34 @@ def reproduce(name: str, args, command: str):
         args.seeds,
         command,
         args.results,
-        trained=0 if args.redraw else sweep(table, runs, args.jobs),
+        trained=0 if args.redraw else sweep(table, runs, args.jobs, finish_run),
     )
+
+
+def finish_run(cfg, state: str, analyses):
+    """A sweep's work for one run in its run_state (sweep.train_one, in a pool worker or here):
+    train it unless it has finished (fresh, or resumed from its checkpoint); then, where Table 2
+    reads it, score it on its training split, and make the analyze.py analyses its table reads."""
+    if state != "finished":
+        train.train(replace(cfg, overwrite=True), resume=state == "resume")
+    split = os.path.join(cfg.out, "train_split.json")
+    # Table 2's train accuracy: the run scored on its training split
+    if cfg.task == "modadd" and not os.path.exists(split):
+        saved, task, model, _ = load_run(cfg.out)
+        write_json(
+            split,
+            train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype),
+        )
+    # now, while model.pt is here: git keeps a run's analysis.json, not its weights
+    has_model = os.path.exists(os.path.join(cfg.out, "model.pt"))
+    saved = saved_config(cfg.out)
+    if has_model and saved is not None:
+        label = analyze.run_label(saved)
+        for name in analyses:
+            result = read_analysis(cfg.out, name)
+            # none yet, or one made of the model at another point (while it trained) or of another
+            if result is None or result.get("label", label) != label:
+                analyze.main([cfg.out, "--only", name])
 
 
 def check_records(runs: dict):
@@ -785,7 +813,7 @@ def check_records(runs: dict):
             continue
         # the finished run's own label (analyses older than labels on every result are not
         # checked where they carry none)
-        expected = {"width": saved.width, "label": run_label(saved)}
+        expected = {"width": saved.width, "label": analyze.run_label(saved)}
         for result in read_json(analysis_path).values():
             if not isinstance(result, dict):
                 continue

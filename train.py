@@ -23,8 +23,9 @@ from machinery.cli import parse_args, seed_configs
 from machinery.config import resolve
 from machinery.devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
 from machinery.errors import UsageError, usage_errors
-from machinery.lifecycle import Run, resumed_config, seed_state, write_seed_summary
+from machinery.lifecycle import Run, resumed_config
 from machinery.rundir import check_start, recorded_threads
+from machinery.seeds import seed_state, write_seed_summary
 from model import apply_training_mode, fast_paths_agree, new_model
 from tasks import Batch
 

@@ -9,9 +9,13 @@ package holds what keeps runs safe and turns them into the paper's tables:
     devices.py   the device, bf16, torch.compile, threads, data parallelism
     files.py     atomic writes; JSON read back with checks
     rundir.py    a run directory and its files: staging and the swap, the lock, checkpoints, logs
-    lifecycle.py a training run beside train.py's loop (Run), its first and last lines
+    lifecycle.py a training run beside train.py's loop (Run), and the config --resume continues
+    console.py   a run's first and last lines on the console, and its pace
+    plateau.py   the plateau a committed record sat on, which a run's first lines warn of
+    seeds.py     a --seeds command's runs, and the median and range every table reports
     sweep.py     training every run of a table, resumably, a worker per core or GPU
-    tables.py    the tables' markdown, seed medians, RESULTS.md's claims and citations
+    flops.py     the model FLOPs of a training step, for bench.py's MFU and --plan
+    tables.py    the tables' markdown, RESULTS.md's claims and citations
     plots.py     the tables' and figures' pictures
     paper.py     the paper's published numbers
     corpus.py    TinyStories and its tokenizer, for the language-model task

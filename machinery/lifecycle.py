@@ -1,10 +1,7 @@
 """A training run's lifecycle beside train.py's loop: Run (its directory opened, logs, checkpoints,
-the stop and the final save, each one plain call), the first line (what trains and how long it will
-take here) and the last (the result beside the paper's), and what train.py does with each seed of
-a --seeds command."""
+the stop and the final save, each one plain call), and the config a --resume continues."""
 
 import math
-import os
 import signal
 import sys
 import threading
@@ -13,50 +10,22 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
-from machinery.cli import command_line
 from machinery.code import code_state
-from machinery.config import (
-    CPU_VARIANTS,
-    TrainConfig,
-    changed_settings,
-    cpu_variant,
-    resolve,
-    saved_config,
-    settings_differing,
-)
-from machinery.devices import THREADS, threads_chosen
-from machinery.errors import Diverged, UsageError
-from machinery.files import read_metrics, write_json
-from machinery.paper import test_number
+from machinery.config import saved_config
+from machinery.console import first_line, forward_note, pace_words, result_line
+from machinery.errors import Diverged
+from machinery.plateau import plateau_note
 from machinery.rundir import (
     StartPoint,
     finish_swap,
     log_eval,
-    remove_kill_leftovers,
     replace_old_run,
     run_record,
-    run_state,
     save_checkpoint,
     save_final,
     start_or_resume,
 )
-from machinery.tables import aggregate
-from model import forward_path, model_name
-
-
-def write_seed_summary(runs):
-    """aggregate() of finished seed runs, written to <out>-seeds.json beside them."""
-    path = runs[0].out.removesuffix(f"-s{runs[0].seed}") + "-seeds.json"
-    summary = aggregate([run.out for run in runs])
-    write_json(path, summary)
-    print(
-        f"{len(runs)} seeds -> {path}: "
-        + ", ".join(
-            f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]"
-            for k, v in summary["metrics"].items()
-            if k not in ("step", "elapsed")
-        )
-    )
+from model import forward_path
 
 
 class Run:
@@ -293,260 +262,8 @@ class Run:
         self.start.close()
 
 
-# Fewer steps than this make a rough pace: a process's first steps allocate, and a resumed run's
-# first lap holds only the steps from the stop to the next evaluation.
-SHORT_LAP = 50
-
-
-def forward_note(forward, slowdown=None) -> str:
-    """Which of model.py's code trains (model.forward_path), in words."""
-    if forward == "fast paths":
-        return "model.py: its fast paths train, equal to its written-out code on a probe batch"
-    if forward == "written-out":
-        return "model.py: its written-out code trains (the model has no fast paths)"
-    line = (
-        "model.py: your written-out code trains, as you edited it: the fast paths disagree with "
-        "it on a probe batch"
-    )
-    if slowdown:
-        line += f"; about {slowdown:.1f}x slower than they were"
-    return line
-
-
-def pace_words(steps, seconds) -> str:
-    """A lap's pace for the console, "3.52 steps/s", with the steps it was timed over where they
-    are fewer than SHORT_LAP; "" where the lap took no step here."""
-    if steps < 1:
-        return ""
-    words = f"{steps / seconds:.2f} steps/s"
-    if steps == 1:
-        words += " over 1 step"
-    elif steps < SHORT_LAP:
-        words += f" over {steps} steps"
-    return words
-
-
 def resumed_config(run_dir):
     """The config of the interrupted run in run_dir, which --resume continues, after completing what
     a kill left of a swap there (finish_swap)."""
     finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completes first
     return replace(saved_config(run_dir, required=True), out=run_dir)
-
-
-def seed_state(cfg, seeds: int) -> str:
-    """What train.py does with one of `seeds` seed runs: new (trains it; train() refuses another
-    run's directory), resume (it was stopped) or finished (skips it, and says so). So the same
-    --seeds command, run again, goes on with each seed."""
-    if seeds == 1 or cfg.overwrite:
-        return "new"
-    cfg = resolve(cfg)[0]  # its directory named
-    state = "new" if changed_settings(cfg, cfg.out) else run_state(cfg.out)
-    if state == "finished":
-        remove_kill_leftovers(cfg.out)  # what a kill after its final.json left
-        print(f"{cfg.out} finished before; skipped")
-    return state
-
-
-def model_words(cfg) -> str:
-    """The model a run trains, as its first and last lines name it: the LSTM, or the mode's model
-    (model.model_name), linearized where its attention is."""
-    if cfg.arch == "lstm":
-        return "LSTM"
-    return ("linearized " if cfg.arch == "linear" else "") + model_name(cfg.mode).lower()
-
-
-def result_line(cfg, metrics) -> str:
-    """A finished run's result (cfg resolved) beside the paper's comparable number, where it has
-    one."""
-    scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(
-        cfg.scale, "its own settings"
-    )
-    what = f"{cfg.task}, {model_words(cfg)} {cfg.width} ({scale})"
-    # an untrained (0-step) run stands for no model of the paper's: they all train
-    published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width) if cfg.steps else None
-    if published is None or published[1] not in metrics:
-        return (
-            f"{what}: "
-            + ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items())
-            + "; the paper has no comparable number"
-        )
-    name, metric, value, table = published
-    apart = settings_apart(cfg)
-    if apart:
-        # a --layers 1 run beside the paper's 2-layer number says so
-        what = f"{cfg.task}, {model_words(cfg)} {cfg.width} ({scale} with {apart})"
-    return (
-        f"{what}: {100 * metrics[metric]:.3g}% test {metric}; the paper's {name}: {value:g} "
-        f"({table})"
-    )
-
-
-def settings_apart(cfg) -> str:
-    """Where a run (cfg resolved) leaves the settings of its scale, the cpu variant or the paper's
-    protocol, at its width (the result line names the scale and the width): "layers 1 not 2, test
-    size 50 not 1,000", or "" (also for a run of its own settings). Settings that change no number,
-    the seed and how often it evaluates, are left out."""
-    model = TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)
-    if cfg.scale == "cpu":
-        reference = replace(cpu_variant(model), width=cfg.width)
-    elif cfg.scale == "paper":
-        reference = replace(model, width=cfg.width, scale="paper")
-    else:
-        return ""
-    reference = resolve(reference)[0]
-    differing = settings_differing(cfg, reference)
-    differing.pop("eval_every", None)
-    if cfg.pos != reference.pos:  # not among the settings a run's name lists
-        differing["pos"] = cfg.pos
-    apart = []
-    for name, value in differing.items():
-        apart.append(
-            f"{name.replace('_', ' ')} {setting_text(value)} not "
-            f"{setting_text(getattr(reference, name))}"
-        )
-    return ", ".join(apart)
-
-
-def setting_text(value) -> str:
-    """A setting's value in a line: 0.001, 6,000, sinusoidal."""
-    if type(value) is float:
-        return f"{value:g}"
-    if type(value) is int:
-        return f"{value:,}"
-    return str(value)
-
-
-def slow_run_hint(cfg, seconds):
-    """For a CPU run of over an hour that is not its task's laptop variant: the command that runs
-    the variant; else None."""
-    if seconds <= 3600:
-        return None
-    is_variant = True
-    for name, value in CPU_VARIANTS[cfg.task].items():
-        # the variant may run narrower, with the lr its width gets (config.cpu_variant): neither
-        # makes it another run
-        if name not in ("width", "lr") and getattr(cfg, name) != value:
-            is_variant = False
-    if is_variant:
-        return None
-    return (
-        "the task's laptop variant shows its result in under an hour: "
-        f"{command_line(TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch))} --scale cpu"
-    )
-
-
-def thread_text(threads) -> str:
-    """How many threads a CPU run uses, and whether choose_threads (devices.py) chose them."""
-    text = f", {threads} thread"
-    if threads > 1:
-        text += "s"
-    if threads_chosen():
-        text += f" (faster here than {THREADS + 1 - threads})"
-    return text
-
-
-# Committed records of the canonical cpu-scale runs whose test accuracy sits on a plateau before it
-# climbs (RESULTS.md, Table 1), one per seed: a run of the same settings says so on its first
-# lines, so that nobody stops it as broken.
-PLATEAU_RECORDS = (
-    os.path.join("runs", "reproduce", "table1-cpu", "needle-random-512-s{seed}"),
-    os.path.join("runs", "reproduce", "table1-cpu", "addition-random-512-s{seed}"),
-)
-# the records are the repository's, wherever a run starts
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLATEAU_POINTS = 0.06  # an evaluation on the plateau: within 6 points of the first's accuracy
-CLIMB = 0.9  # a plateau the run left: a later evaluation passes 90%
-
-
-def plateau(records):
-    """(last step, lowest and highest test accuracy, first step past CLIMB) of the plateau a run's
-    evaluations (metrics.jsonl's records) begin on, or None. The rule: the plateau is the
-    evaluations from the first on while each one's accuracy stays within PLATEAU_POINTS of the
-    first's; it counts if it holds two evaluations or more and a later one passes CLIMB."""
-    steps, accuracies = [], []
-    for record in records:
-        if record.get("test_accuracy") is not None:
-            steps.append(record["step"])
-            accuracies.append(record["test_accuracy"])
-    held = 0
-    while held < len(accuracies) and abs(accuracies[held] - accuracies[0]) <= PLATEAU_POINTS:
-        held += 1
-    climbed = None
-    for step, accuracy in zip(steps[held:], accuracies[held:]):
-        if accuracy > CLIMB:
-            climbed = step
-            break
-    if held < 2 or climbed is None:
-        return None
-    return steps[held - 1], min(accuracies[:held]), max(accuracies[:held]), climbed
-
-
-def plateau_note(cfg):
-    """A line for a run (cfg resolved) whose settings are those of a committed record in
-    PLATEAU_RECORDS: the plateau the record sat on (plateau) and when it climbed; None where no
-    record there has them."""
-    for pattern in PLATEAU_RECORDS:
-        record = pattern.format(seed=cfg.seed)
-        path = os.path.join(REPOSITORY, record)
-        try:
-            if saved_config(path) is None or changed_settings(cfg, path):
-                continue
-            found = plateau(read_metrics(path))
-        except UsageError:  # a damaged record costs the note, never the run
-            continue
-        if found is None:
-            continue
-        end, low, high, climbed = found
-        return (
-            f"{cfg.task}: the committed record of these settings ({record}) sat at "
-            f"{100 * low:.0f}-{100 * high:.0f}% test accuracy until step {end:,} and passed "
-            f"{100 * CLIMB:.0f}% by step {climbed:,}: expect the same plateau, not a broken run"
-        )
-    return None
-
-
-def first_line(
-    cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1, done=0
-) -> str:
-    """What the run trains, by whose protocol, and how long it will take on this machine; done:
-    the steps a resumed run took before (it says where it resumes)."""
-    model = f"the {model_words(cfg)}" + ("" if cfg.arch == "lstm" else " transformer")
-    protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
-        cfg.scale, "its saved settings"
-    )
-    minutes = seconds * steps_left / 60
-    if minutes < 1:
-        took = f"{60 * minutes:.0f} s"
-    elif minutes < 90:
-        took = f"{minutes:.0f} min"
-    else:
-        took = f"{minutes / 60:.1f} h"
-    hint = None
-    if cfg.scale == "cpu":
-        hint = "--scale paper insists on the paper's protocol"
-    elif device.type == "cpu":
-        hint = slow_run_hint(cfg, seconds * steps_left)
-    what = (
-        f"{cfg.task}, {model} (width {cfg.width}; {counts['trainable']:,} of "
-        f"{counts['trainable'] + counts['frozen']:,} parameters train), {protocol}: "
-    )
-    resuming = ""
-    if done:
-        resuming = f"resuming at step {done:,} of {cfg.steps:,}: "
-    if steps_left == 0:
-        # nothing to train, so nothing was timed and no thread count was compared
-        when = f"{resuming}no steps to take on this {device.type.upper()}"
-    else:
-        threads_said = ""
-        if device.type == "cpu":
-            threads_said = thread_text(threads)
-        steps = f"{steps_left:,} steps of {cfg.batch_size}"
-        if done:
-            steps += " left"
-        when = (
-            f"{resuming}{steps}, about {took} on this {device.type.upper()} ({timed}, "
-            f"{seconds:.2g} s{threads_said})"
-        )
-    if hint:
-        return what + when + f"; {hint}"
-    return what + when

@@ -2,7 +2,7 @@
 given).
 
 Everything that sets our results beside the paper's reads them here: the line a finished run
-prints (lifecycle.result_line), the tables (reproduce.py) and the analyses (analyze.py).
+prints (console.result_line), the tables (reproduce.py) and the analyses (analyze.py).
 """
 
 # The paper's two models by the training mode that makes each (model.py's modes): Random, whose

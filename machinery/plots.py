@@ -9,7 +9,8 @@ from machinery.files import (
     read_metrics,
     write_atomic,
 )
-from machinery.tables import CURVE_TABLES, median_range
+from machinery.seeds import median_range
+from machinery.tables import CURVE_TABLES
 
 
 def save_figure(plt, fig, path, **savefig):
@@ -30,9 +31,6 @@ def pyplot():
 
 # drawn as lines over width (or k); the tables as seeds per column
 LINE_FIGURES = ("fig4", "fig6", "fig7", "projection")
-
-
-# the task tables, whose learning curves are drawn too
 
 
 COLORS = {

@@ -583,7 +583,7 @@ def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, pace="",
     """Append one evaluation to out/metrics.jsonl, before the step's checkpoint is saved: a kill
     between the two leaves a line newer than the checkpoint, which resuming drops (roll_back) before
     logging it again. For a log file, also a line on stdout, which ends with pace (the lap's
-    steps/s in words, lifecycle.pace_words): the progress bar shows only on a terminal."""
+    steps/s in words, console.pace_words): the progress bar shows only on a terminal."""
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, "a") as f:
@@ -670,7 +670,7 @@ def run_record(cfg, counts: dict, device, threads: int, forward: str, code: dict
 
 
 # ---------------------------------------------------------------------------
-# The operations beside train.py's loop: the run's directory, logs, progress and stops
+# A run read back: a finished run's model, the threads a run recorded
 # ---------------------------------------------------------------------------
 
 

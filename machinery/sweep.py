@@ -4,10 +4,12 @@
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a scheduler
 
 Serves every table and figure reproduce.py regenerates. sweep trains each unfinished run with
-train.train, in this process or in a pool of --jobs worker processes (one per GPU by default),
-longest first. --print-commands hands the runs to a scheduler instead, a line each, for a SLURM job
-array (`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`) or `xargs -d '\\n' -n 1 -P 8 bash -c <
-commands.txt`; the plain command then draws the tables. --plan prices each run.
+the work its caller hands it (reproduce.finish_run: train.train, then the analyses), in this
+process or in a pool of --jobs worker processes (one per GPU by default), longest first.
+--print-commands hands the runs to a scheduler instead, a line each, for a SLURM job array
+(`sed -n ${SLURM_ARRAY_TASK_ID}p commands.txt | bash`) or
+`xargs -d '\\n' -n 1 -P 8 bash -c < commands.txt`; the plain command then draws the tables. --plan
+prices each run.
 """
 
 import ctypes
@@ -26,9 +28,6 @@ from dataclasses import replace
 
 import torch
 
-import analyze
-import train
-from bench import useful_flops
 from machinery.cli import command_line
 from machinery.config import (
     TrainConfig,
@@ -39,8 +38,9 @@ from machinery.config import (
     with_paper_defaults,
 )
 from machinery.errors import UsageError
-from machinery.files import FINAL_KEYS, NUMBER, read_analysis, read_json, read_metrics, write_json
-from machinery.rundir import load_run, run_state
+from machinery.files import FINAL_KEYS, NUMBER, read_json, read_metrics
+from machinery.flops import useful_flops
+from machinery.rundir import run_state
 from tasks import TASKS, StreamTask
 
 # ---------------------------------------------------------------------------
@@ -64,47 +64,28 @@ def check_same_config(cfg: TrainConfig):
         )
 
 
-def train_one(cfg: TrainConfig, k=1, n=1, analyses=()):
-    """The unit of work of a sweep's pool: finish run k of n (fresh, or resumed from its checkpoint)
-    and make the analyze.py analyses its table reads; returns (its final.json, its run_state before,
-    seconds)."""
+def train_one(finish, cfg: TrainConfig, k=1, n=1, analyses=()):
+    """The unit of work of a sweep's pool: run k of n finished by finish(cfg, state, analyses), the
+    caller's work for a run in its run_state (reproduce.finish_run: train it, fresh or from its
+    checkpoint, then make the analyses its table reads); returns (its final.json, its run_state
+    before, seconds)."""
     state = run_state(cfg.out)
     start = time.time()
-    if state != "finished":
-        if state == "resume":
-            print(f"run {k} of {n}: {cfg.out} (resuming)", flush=True)
-        else:
-            print(f"run {k} of {n}: {cfg.out} (starting)", flush=True)
-        try:
-            train.train(replace(cfg, overwrite=True), resume=state == "resume")
-        except KeyboardInterrupt:
-            if multiprocessing.parent_process() is not None:
-                # A pool worker stopped by a signal, its checkpoint saved: reproduce.py was
-                # stopped (its end sends this signal, start_worker). The pool would hand it the
-                # next run, or leave it waiting for one from a parent that is gone: it ends.
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(130)
-            raise
-    split = os.path.join(cfg.out, "train_split.json")
-    # Table 2's train accuracy: the run scored on its training split
-    if cfg.task == "modadd" and not os.path.exists(split):
-        saved, task, model, _ = load_run(cfg.out)
-        write_json(
-            split,
-            train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype),
-        )
-    # now, while model.pt is here: git keeps a run's analysis.json, not its weights
-    has_model = os.path.exists(os.path.join(cfg.out, "model.pt"))
-    saved = saved_config(cfg.out)
-    if has_model and saved is not None:
-        label = analyze.run_label(saved)
-        for name in analyses:
-            result = read_analysis(cfg.out, name)
-            # none yet, or one made of the model at another point (while it trained) or of another
-            if result is None or result.get("label", label) != label:
-                analyze.main([cfg.out, "--only", name])
-
+    if state == "resume":
+        print(f"run {k} of {n}: {cfg.out} (resuming)", flush=True)
+    elif state != "finished":
+        print(f"run {k} of {n}: {cfg.out} (starting)", flush=True)
+    try:
+        finish(cfg, state, analyses)
+    except KeyboardInterrupt:
+        if multiprocessing.parent_process() is not None:
+            # A pool worker stopped by a signal, its checkpoint saved: reproduce.py was
+            # stopped (its end sends this signal, start_worker). The pool would hand it the
+            # next run, or leave it waiting for one from a parent that is gone: it ends.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        raise
     return (
         read_json(
             os.path.join(cfg.out, "final.json"),
@@ -136,9 +117,10 @@ def run_cost(cfg: TrainConfig) -> float:
     return steps * (cfg.batch_size or 1000) * seq_len * (cfg.width or 1024) ** 2 * gradients
 
 
-def sweep(table, runs: dict, jobs: int) -> int:
+def sweep(table, runs: dict, jobs: int, finish) -> int:
     """Train the table's unfinished runs, longest first, printing a line per run; returns how many
-    it trained (or resumed)."""
+    it trained (or resumed). finish(cfg, state, analyses): the caller's work for each run
+    (train_one)."""
     by_directory = {}  # a run that several cells share trains once
     for cell in runs.values():
         for cfg in cell:
@@ -155,6 +137,7 @@ def sweep(table, runs: dict, jobs: int) -> int:
     with worker_pool(jobs) if jobs > 1 else nullcontext() as pool, workers_stopped_with(pool):
         results = (pool.map if pool else map)(
             train_one,
+            [finish] * len(todo),
             todo,
             range(1, len(todo) + 1),
             [len(todo)] * len(todo),
@@ -303,7 +286,7 @@ the pace, else assumed.
   H100.
 
 - Tokens: those through each row's last answer in one batch drawn at the run's batch size, times
-  the steps. Model FLOPs: bench.py's useful_flops of that batch (its docstring says what counts),
+  the steps. Model FLOPs: flops.py's useful_flops of that batch (its docstring says what counts),
   times the steps: frozen blocks still carry the embeddings' gradients, so a random transformer
   costs about 2x its forward, a fully trained one and the LSTM 3x. Evaluation not counted.
 - Time per run: {RUN_START / 60:.0f} min to start (build, test set, torch.compile), plus the

@@ -1,19 +1,18 @@
-"""The plotting helpers that compare.py, reproduce.py and analyze.py share, and reproduce.py's
-pictures and markdown.
+"""The tables of runs: a table's cells and how a cell's seeds are read (Table), its markdown beside
+the paper's numbers, and RESULTS.md's claims table with every number the documents cite from the
+records (claims, cited).
 
-    python reproduce.py table1 --scale cpu   # results/table1-cpu.png (plot_seeds), -curves.png
-    python compare.py runs/a runs/b          # draws runs/compare-a-vs-b.png
+    python reproduce.py table1 --scale cpu --redraw   # results/table1-cpu.md from the records
+    python reproduce.py claims                        # RESULTS.md's claims and cited numbers anew
 
-reproduce.py's pictures (its Tables in the paper's form), its results/<table>-<scale>.md and
-RESULTS.md's claims table read their numbers through the same Table.seed_values. Nothing here
-trains.
+reproduce.py's results/<table>-<scale>.md, its pictures (plots.py) and RESULTS.md's claims table
+read their numbers through the same Table.seed_values. Nothing here trains or draws.
 """
 
 import math
 import os
 import platform
 import re
-import statistics
 from dataclasses import dataclass, field, replace
 from datetime import date
 
@@ -33,11 +32,11 @@ from machinery.errors import UsageError
 from machinery.files import (
     FINAL_KEYS,
     NUMBER,
-    is_json_type,
     read_json,
     read_metrics,
 )
 from machinery.rundir import run_state
+from machinery.seeds import median_range
 
 # the tables whose pictures include training curves (results/NAME-SCALE-curves.png)
 CURVE_TABLES = ("table1", "table2", "table9")
@@ -108,11 +107,6 @@ def markdown_table(header, rows) -> list:
     cells."""
     lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
     return lines[:1] + ["|---" * len(header) + "|"] + lines[1:]
-
-
-# ---------------------------------------------------------------------------
-# reproduce.py's pictures
-# ---------------------------------------------------------------------------
 
 
 # ---------------------------------------------------------------------------
@@ -297,36 +291,11 @@ def results_text(
     return "\n".join(lines)
 
 
-# The seeds of a cell: how every table reports a cell of several runs
-
-
-def aggregate(run_dirs) -> dict:
-    """Median, min and max over runs of each numeric metric in their final.json; names the runs."""
-    paths = [os.path.join(run_dir, "final.json") for run_dir in run_dirs]
-    first = read_json(paths[0], optional=FINAL_KEYS)
-    names = {k: NUMBER for k, v in first.items() if is_json_type(v, NUMBER)}
-    finals = [first] + [read_json(path, keys=names) for path in paths[1:]]
-    return {
-        "runs": list(run_dirs),
-        "metrics": {
-            name: dict(
-                zip(("median", "min", "max"), median_range([final[name] for final in finals]))
-            )
-            for name in names
-        },
-    }
-
-
-def median_range(values) -> tuple:
-    """(median, min, max) of seeds' values: how every table reports a cell of several seeds."""
-    return statistics.median(values), min(values), max(values)
-
-
 # ---------------------------------------------------------------------------
 # RESULTS.md: the claims table, and the results/ tables it shows
 # ---------------------------------------------------------------------------
 
-# {table/row/col[/words]} or {runs/.../NAME/words}: see cited
+# {table/row/col[/words]} or {runs/.../NAME/words}: see parse_citation
 CELL_REFERENCE = re.compile(r"\{([^{}]+)\}")
 # a number in prose, rendered after its reference
 PROSE_CITATION = re.compile(r"<!--\{([^{}]+)\}-->.*?<!--/-->")
@@ -375,13 +344,29 @@ def value_at_path(record, path: str):
     return record
 
 
-def cited(claimed_cell, reference: str, where: str) -> str:
-    """The number that `reference` stands for, read from the records. table/row/col: the cell's
-    median; table/row/col/words or runs/.../NAME/words (one run directory): words name a final.json
-    metric (the table's own if none), s<k> (seed k alone), where else the number is read: step<N>
-    (the metric at that evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from
-    step N on), to<N> (every one up to step N), FILE:PATH (the value at the dotted PATH in each
-    run's FILE, value_at_path, e.g. train_split.json:accuracy, analysis.json:lengths.unseen.test or
+@dataclass
+class Citation:
+    """A {reference} parsed (parse_citation): the runs it reads and the words that say how."""
+
+    table: Table
+    cell: list  # the configs of the runs it reads, each once
+    row: str
+    col: str
+    one_run: bool  # runs/.../NAME: one run directory the documents name, which must exist
+    summary: list  # the summary words: range, gap, minutes, summed or runs
+    when: tuple  # (kind, N), kind step, from or to: which evaluations of a log; or None
+    source: list  # [FILE, PATH] of a FILE:PATH word, or None
+    metric: str  # a final.json metric's name, or None for the table's own
+    percent: bool  # % : a FILE:PATH fraction in %
+
+
+def parse_citation(claimed_cell, reference: str, where: str) -> Citation:
+    """What `reference` cites. table/row/col: the cell's median; table/row/col/words or
+    runs/.../NAME/words (one run directory): words name a final.json metric (the table's own if
+    none), s<k> (seed k alone), where else the number is read: step<N> (the metric at that
+    evaluation of metrics.jsonl, its test_ key), from<N> (every evaluation from step N on), to<N>
+    (every one up to step N), FILE:PATH (the value at the dotted PATH in each run's FILE,
+    value_at_path, e.g. train_split.json:accuracy, analysis.json:lengths.unseen.test or
     analysis.json:variance.pc_top10.0, a list's first item; or in each record of a .jsonl log,
     which step<N>, from<N> or to<N> choose: metrics.jsonl:loss is the training loss), % (a
     FILE:PATH fraction in %, where value_at_path does not); and at most one summary: range
@@ -428,69 +413,92 @@ def cited(claimed_cell, reference: str, where: str) -> str:
         cell = [cfg for cfg in cell if cfg.seed == seed[0]]
     # each run once (a cell may list it twice)
     cell = list({cfg.out: cfg for cfg in cell}.values())
-    if summary and summary[0] in ("minutes", "summed", "runs"):
-        minutes = []
-        for cfg in cell:
-            if run_state(cfg.out) != "finished":
-                continue
-            final_path = os.path.join(cfg.out, "final.json")
-            final = read_json(final_path, keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
-            minutes.append(final["elapsed"] / 60)
-        if not minutes:
-            return "(not run)"
-        if summary[0] == "runs":
-            return str(len(minutes))
-        if summary[0] == "summed":
-            return f"{sum(minutes):.0f}"
-        low, high = f"{min(minutes):.1f}", f"{max(minutes):.1f}"
-        if low == high:
-            return low
-        return f"{low}-{high}"
-    if "*" in (row, col):
+    if "*" in (row, col) and not (summary and summary[0] in ("minutes", "summed", "runs")):
         raise UsageError(
             f"{where}: {{{reference}}} takes a whole row or column, which only minutes, summed or "
             "runs summarise"
         )
-    if source or when:
-        if source:
-            name, path = source
-        else:
-            # the test metric at evaluations of the training log
-            name, path = "metrics.jsonl", "test_" + (metric or table.metric)
-        if "%" in words:
-            scale = 100
-        else:
-            scale = 1
-        values = []
-        for cfg in cell:
-            if parts[0] == "runs" and not os.path.exists(os.path.join(cfg.out, name)):
-                raise UsageError(
-                    f"{where}: {{{reference}}} reads {cfg.out}/{name}, which is not there"
-                )
-            for record in run_records(cfg.out, name):
-                if when is not None:
-                    kind, step = when
-                    if kind == "step" and record["step"] != step:
-                        continue
-                    if kind == "from" and record["step"] < step:
-                        continue
-                    if kind == "to" and record["step"] > step:
-                        continue
-                value = value_at_path(record, path)
-                if value is not None:
-                    values.append(value * scale)
+    return Citation(
+        table, cell, row, col, parts[0] == "runs", summary, when, source, metric, "%" in words
+    )
+
+
+def cited(claimed_cell, reference: str, where: str) -> str:
+    """The number that `reference` stands for (parse_citation says what it may say), read from the
+    records; "(not run)" where they hold none."""
+    citation = parse_citation(claimed_cell, reference, where)
+    summary = citation.summary
+    if summary and summary[0] in ("minutes", "summed", "runs"):
+        return minutes_text(citation.cell, summary[0])
+    if citation.source or citation.when:
+        values = logged_values(citation, reference, where)
     else:
-        values = table.seed_values(row, col, cell, metric)
+        table = citation.table
+        values = table.seed_values(citation.row, citation.col, citation.cell, citation.metric)
     if not values:
         return "(not run)"
     if summary == ["gap"]:
-        return f"{median_range(values)[0] - table.paper[row, col]:+.1f}"
+        paper = citation.table.paper[citation.row, citation.col]
+        return f"{median_range(values)[0] - paper:+.1f}"
     median, low, high = map(number, median_range(values))
     if not summary:
         return median
     if low == high:
         return low
     return f"{low}-{high}"
+
+
+def minutes_text(cell: list, summary: str) -> str:
+    """The finished runs of cell by their training minutes, as a citation's summary word says:
+    minutes (min-max, one number where they agree), summed (their total) or runs (how many)."""
+    minutes = []
+    for cfg in cell:
+        if run_state(cfg.out) != "finished":
+            continue
+        final_path = os.path.join(cfg.out, "final.json")
+        final = read_json(final_path, keys={"elapsed": NUMBER}, optional=FINAL_KEYS)
+        minutes.append(final["elapsed"] / 60)
+    if not minutes:
+        return "(not run)"
+    if summary == "runs":
+        return str(len(minutes))
+    if summary == "summed":
+        return f"{sum(minutes):.0f}"
+    low, high = f"{min(minutes):.1f}", f"{max(minutes):.1f}"
+    if low == high:
+        return low
+    return f"{low}-{high}"
+
+
+def logged_values(citation: Citation, reference: str, where: str) -> list:
+    """The values a citation with a FILE:PATH or step<N>, from<N> or to<N> word reads from each of
+    its runs' records (run_records, value_at_path), in % where it says %."""
+    if citation.source:
+        name, path = citation.source
+    else:
+        # the test metric at evaluations of the training log
+        name, path = "metrics.jsonl", "test_" + (citation.metric or citation.table.metric)
+    if citation.percent:
+        scale = 100
+    else:
+        scale = 1
+    values = []
+    for cfg in citation.cell:
+        if citation.one_run and not os.path.exists(os.path.join(cfg.out, name)):
+            raise UsageError(f"{where}: {{{reference}}} reads {cfg.out}/{name}, which is not there")
+        for record in run_records(cfg.out, name):
+            if citation.when is not None:
+                kind, step = citation.when
+                if kind == "step" and record["step"] != step:
+                    continue
+                if kind == "from" and record["step"] < step:
+                    continue
+                if kind == "to" and record["step"] > step:
+                    continue
+            value = value_at_path(record, path)
+            if value is not None:
+                values.append(value * scale)
+    return values
 
 
 def claims(claimed_cell, results: str, scale: str) -> dict:

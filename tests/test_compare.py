@@ -10,30 +10,26 @@ import pytest
 
 import compare
 import train
-from machinery.config import TrainConfig
+
+# conftest's TINY with this file's settings: needle, 4 steps evaluated every 2
+NEEDLE = dict(
+    task="needle", steps=4, batch_size=8, warmup=1, eval_every=2, max_pairs=2, test_size=50
+)
 
 
-def tiny(out, **overrides):
-    settings = dict(
-        task="needle",
-        mode="frozen",
-        width=16,
-        heads=2,
-        steps=4,
-        batch_size=8,
-        lr=3e-3,
-        warmup=1,
-        eval_every=2,
-        max_pairs=2,
-        test_size=50,
-        device="cpu",
-        out=str(out),
-    )
-    return TrainConfig(**{**settings, **overrides})
+@pytest.fixture(scope="session")
+def tiny(tiny):
+    """conftest's tiny with NEEDLE's settings, written to the run directory given (compare names
+    its rows after it)."""
+
+    def needle(out, **settings):
+        return tiny(out, **{**NEEDLE, "out": str(out), **settings})
+
+    return needle
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
+def root(tmp_path_factory, tiny):
     """needle-a-s0 and -s1 (two seeds of one setting), needle-b-s0 (another width and lr),
     needle-stopped-s0 (killed after its first evaluation)."""
     root = tmp_path_factory.mktemp("compare")
@@ -162,7 +158,7 @@ def test_bad_run_is_a_one_line_error(root, tmp_path, capsys, broken, message):
     assert out == "" and not (tmp_path / "c.png").exists()
 
 
-def test_imitation_runs_draw_their_kl_in_a_panel_that_says_so(tmp_path, monkeypatch):
+def test_imitation_runs_draw_their_kl_in_a_panel_that_says_so(tmp_path, monkeypatch, tiny):
     run = tmp_path / "imitate-s0"
     train.train(
         tiny(run, task="imitate", target_width=4, layers=1, steps=2, eval_every=1, test_size=8)
@@ -184,7 +180,7 @@ def test_imitation_runs_draw_their_kl_in_a_panel_that_says_so(tmp_path, monkeypa
     assert drawn["test KL divergence (imitate)"] == [pytest.approx(kl)] and len(kl) == 2
 
 
-def test_addition_panels_say_per_token_and_draw_exact_sums_dashed(tmp_path, monkeypatch):
+def test_addition_panels_say_per_token_and_draw_exact_sums_dashed(tmp_path, monkeypatch, tiny):
     run = tmp_path / "addition-s0"
     train.train(tiny(run, task="addition", digits=2, steps=2, eval_every=1, test_size=20))
     drawn = {}
@@ -217,7 +213,7 @@ def test_a_run_given_in_several_spellings_is_one_row(
     assert sorted(rows) == ["needle-a-s0", "needle-b-s0"]
 
 
-def test_a_mask_holding_a_bar_or_a_line_break_stays_in_its_cell(tmp_path, capsys, table_only):
+def test_a_mask_holding_a_bar_or_a_line_break_stays_in_its_cell(tmp_path, capsys, table_only, tiny):
     train.train(tiny(tmp_path / "bar", mode="[|w]te,\n*lm_head"))
     train.train(tiny(tmp_path / "plain"))
     compare.main(

@@ -416,7 +416,7 @@ def test_one_step_changes_exactly_the_trained_tensors(mode):
     ],
 )
 def test_a_mask_trains_exactly_the_tensors_it_names_and_leaves_the_rest_bit_identical(
-    mask, trained, tmp_path
+    mask, trained, tmp_path, tiny
 ):
     cfg = tiny(tmp_path, task="needle", mode=mask, steps=2, max_pairs=3, test_size=50)
     torch.manual_seed(cfg.seed)
@@ -486,26 +486,7 @@ def test_learning_rate_warms_up_linearly_then_decays_to_zero():
 # ---------------------------------------------------------------------------
 
 
-def tiny(tmp_path, **overrides):
-    settings = dict(
-        task="parens",
-        mode="frozen",
-        width=16,
-        heads=2,
-        steps=8,
-        batch_size=32,
-        lr=3e-3,
-        warmup=2,
-        eval_every=4,
-        max_parens=10,
-        test_size=200,
-        device="cpu",
-        out=str(tmp_path / "run"),
-    )
-    return TrainConfig(**{**settings, **overrides})
-
-
-def test_run_writes_config_metrics_final_and_model(tmp_path):
+def test_run_writes_config_metrics_final_and_model(tmp_path, tiny):
     metrics = train.train(tiny(tmp_path))
     run = tmp_path / "run"
     config = json.loads((run / "config.json").read_text())
@@ -526,7 +507,7 @@ CUDA = pytest.param(
 
 # on CUDA, the RNG states a checkpoint restores must come back to the CPU
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
+def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device, tiny):
     # On CUDA bit-equal weights need deterministic kernels (--deterministic); without them they
     # agree to rounding.
     exact = device == "cuda"
@@ -553,7 +534,7 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device):
     assert steps == [4, 8]
 
 
-def test_zero_steps_only_builds_counts_and_evaluates(tmp_path):
+def test_zero_steps_only_builds_counts_and_evaluates(tmp_path, tiny):
     metrics = train.train(tiny(tmp_path, steps=0))
     assert 0 <= metrics["accuracy"] <= 1
     assert json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 0
@@ -565,7 +546,7 @@ def test_zero_steps_only_builds_counts_and_evaluates(tmp_path):
 
 
 @pytest.mark.slow
-def test_frozen_model_learns_parentheses(tmp_path):
+def test_frozen_model_learns_parentheses(tmp_path, tiny):
     # Long strings, so that the test set (whose strings never occur in training) does not
     # swallow every string of a short length; measured: 0.70 against a majority rate of 0.52.
     test_set = make_task("parens", max_parens=40, test_size=500).test_set()
@@ -590,7 +571,7 @@ def test_frozen_model_learns_parentheses(tmp_path):
 
 
 @pytest.mark.slow
-def test_frozen_model_learns_needle(tmp_path):
+def test_frozen_model_learns_needle(tmp_path, tiny):
     metrics = train.train(
         tiny(
             tmp_path,

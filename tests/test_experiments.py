@@ -7,6 +7,7 @@ Tiny CPU shapes throughout; the tests that train assert results far beyond chanc
 
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -20,22 +21,27 @@ from machinery.corpus import write_story_corpus
 from model import GPT, LSTM, GPTConfig, apply_training_mode
 from tasks import Imitation, LanguageModeling, imitation_target, make_task, memorization_capacity
 
+# conftest's TINY with this file's settings: runs that learn in seconds on a slow CPU core, at the
+# task's own mode, heads and lr
+EXPERIMENTS = dict(
+    mode=TrainConfig.mode,
+    heads=TrainConfig.heads,
+    lr=TrainConfig.lr,
+    max_parens=TrainConfig.max_parens,
+    width=32,
+    steps=200,
+    batch_size=100,
+    warmup=20,
+    eval_every=10_000,
+    compile=False,
+    overwrite=True,
+)
 
-def tiny(tmp_path, **overrides):
-    """A config small enough to train in seconds on a slow CPU core."""
-    settings = dict(
-        width=32,
-        steps=200,
-        batch_size=100,
-        warmup=20,
-        test_size=200,
-        eval_every=10_000,
-        compile=False,
-        device="cpu",
-        out=str(tmp_path / "run"),
-        overwrite=True,
-    )
-    return TrainConfig(**{**settings, **overrides})
+
+@pytest.fixture(scope="session")
+def tiny(tiny):
+    """conftest's tiny, with EXPERIMENTS' settings."""
+    return partial(tiny, **EXPERIMENTS)
 
 
 # ---------------------------------------------------------------------------
@@ -77,7 +83,7 @@ def test_memorization_map_is_fixed_by_the_seed_not_the_run():
 
 
 @pytest.mark.slow
-def test_memorize_run_reports_bits_per_trainable_parameter(tmp_path):
+def test_memorize_run_reports_bits_per_trainable_parameter(tmp_path, tiny):
     cfg = tiny(tmp_path, task="memorize", keys=8, batch_size=64, steps=150, lr=1e-2)
     metrics = train.train(cfg)
     assert metrics["accuracy"] > 0.5  # 64 pairs; chance is 1/512
@@ -127,7 +133,7 @@ def test_kl_of_the_target_against_itself_is_zero():
 
 
 @pytest.mark.slow
-def test_frozen_student_imitates_a_narrow_target(tmp_path):
+def test_frozen_student_imitates_a_narrow_target(tmp_path, tiny):
     cfg = tiny(
         tmp_path, task="imitate", mode="frozen", target_width=4, layers=2, steps=150, lr=1e-2
     )
@@ -190,7 +196,7 @@ def test_missing_validation_file_is_a_one_line_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys):
+def test_tiny_full_lm_learns_and_generates(tmp_path, corpus, capsys, tiny):
     cfg = tiny(
         tmp_path, task="lm", data=corpus, vocab=600, context=64, batch_size=16, steps=80, lr=3e-3
     )
@@ -243,7 +249,7 @@ def test_linear_attention_is_an_unnormalized_prefix_sum():
 
 @pytest.mark.parametrize("arch", ["lstm", "linear"])
 @pytest.mark.slow
-def test_baselines_learn_parentheses_above_chance(tmp_path, arch):
+def test_baselines_learn_parentheses_above_chance(tmp_path, arch, tiny):
     # Strings of up to 20: with fewer, the few short strings all land in the test set and
     # training, which never sees a test string, meets a different distribution.
     cfg = tiny(tmp_path, task="parens", arch=arch, max_parens=20, steps=200, lr=1e-2)

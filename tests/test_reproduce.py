@@ -26,7 +26,7 @@ from machinery import cli, config, paper, plots, sweep, tables
 from machinery.config import TrainConfig
 from machinery.errors import UsageError
 from machinery.files import write_json
-from machinery.tables import aggregate
+from machinery.seeds import aggregate
 
 
 def write_final(run_dir, **metrics):
@@ -96,12 +96,12 @@ def test_finished_runs_are_skipped_and_unfinished_ones_trained(tmp_path, monkeyp
         trained.append((cfg.out, resume))
         write_final(cfg.out, accuracy=1.0, loss=0.0)
 
-    monkeypatch.setattr(sweep.train, "train", train)
-    sweep.sweep(table, runs, jobs=1)
+    monkeypatch.setattr(reproduce.train, "train", train)
+    sweep.sweep(table, runs, 1, reproduce.finish_run)
     parens = runs["parens", "Softmax random"] + runs["parens", "Linearized random"]
     assert sorted(trained) == sorted((cfg.out, False) for cfg in parens)
     trained.clear()
-    sweep.sweep(table, runs, jobs=1)  # everything finished now
+    sweep.sweep(table, runs, 1, reproduce.finish_run)  # everything finished now
     assert trained == []
 
 
@@ -117,8 +117,8 @@ def test_a_sweep_starts_the_longest_runs_first(tmp_path, monkeypatch):
         # modadd's, written after training
         write_json(os.path.join(cfg.out, "train_split.json"), {})
 
-    monkeypatch.setattr(sweep.train, "train", fake_train)
-    sweep.sweep(table, runs, jobs=1)
+    monkeypatch.setattr(reproduce.train, "train", fake_train)
+    sweep.sweep(table, runs, 1, reproduce.finish_run)
     assert len(trained) == 20
     assert [cfg.width for cfg in trained[:12]] == [config.CPU_WIDTH] * 12
     assert {cfg.width for cfg in trained[12:]} == {16}
@@ -161,8 +161,8 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
         calls.append(resume)
         write_final(cfg.out, accuracy=1.0)
 
-    monkeypatch.setattr(sweep.train, "train", train)
-    sweep.train_one(cfg)
+    monkeypatch.setattr(reproduce.train, "train", train)
+    sweep.train_one(reproduce.finish_run, cfg)
     assert calls == [True]
     assert reproduce.run_state(cfg.out) == "finished"
 
@@ -205,19 +205,6 @@ def test_cell_commands_parse_back_to_the_cells_configs():
                 cfg, resume = cli.parse_args(tables.train_command(cell[0], 2).split()[2:])
                 assert not resume
                 assert cli.seed_configs(cfg) == cell, (name, scale)
-
-
-def test_bad_input_is_one_line_and_exit_2(capsys):
-    for argv in (
-        ["table1", "--seeds", "0"],
-        ["table1", "--plan"],
-        ["claims", "--scale", "paper", "--plan"],
-        ["table1", "--scale", "paper", "--plan", "--print-commands"],
-    ):
-        with pytest.raises(SystemExit) as e:
-            reproduce.main(argv)
-        assert e.value.code == 2
-        assert capsys.readouterr().err.count("\n") == 1, argv
 
 
 def write_fake_runs(table, runs):
@@ -315,7 +302,7 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
 
     visited = []
 
-    def fake_sweep(table, runs, jobs):
+    def fake_sweep(table, runs, jobs, finish):
         visited.append(table.name)
         write_fake_runs(table, runs)
 
@@ -754,7 +741,7 @@ def test_printed_commands_finish_each_run_after_a_kill_and_the_plain_command_the
         assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
 
     monkeypatch.setattr(
-        sweep.train,
+        reproduce.train,
         "train",
         lambda *args, **kwargs: pytest.fail("a finished run was trained again"),
     )
@@ -768,7 +755,9 @@ def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sweep.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained"))
+    monkeypatch.setattr(
+        reproduce.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained")
+    )
     monkeypatch.setattr(
         tasks.LanguageModeling,
         "__post_init__",

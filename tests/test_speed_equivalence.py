@@ -7,6 +7,7 @@ import subprocess
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -16,30 +17,19 @@ import batched_seeds
 import bench
 import tasks
 import train
-from machinery import config, devices, lifecycle
-from machinery.config import TrainConfig
+from machinery import config, console, devices, lifecycle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tiny(tmp_path, **overrides):
-    settings = dict(
-        task="parens",
-        mode="frozen",
-        width=16,
-        heads=2,
-        steps=6,
-        batch_size=32,
-        lr=3e-3,
-        warmup=2,
-        eval_every=3,
-        max_parens=20,
-        test_size=200,
-        device="cpu",
-        dtype="fp32",
-        out=str(tmp_path / "run"),
-    )
-    return TrainConfig(**{**settings, **overrides})
+# conftest's TINY with this file's settings: fp32, 6 steps evaluated every 3, longer strings
+SPEED = dict(steps=6, eval_every=3, max_parens=20, dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny):
+    """conftest's tiny, with SPEED's settings."""
+    return partial(tiny, **SPEED)
 
 
 def gradients(model):
@@ -47,7 +37,7 @@ def gradients(model):
 
 
 @pytest.mark.parametrize("task", ["needle", "parens", "addition"])
-def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path):
+def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path, tiny):
     cfg = tiny(tmp_path, task=task, mode="full")
     torch.manual_seed(0)
     cfg, task, model, _ = config.build(cfg)
@@ -70,7 +60,7 @@ def test_length_chunked_gradient_equals_the_padded_batch_gradient(task, tmp_path
         assert torch.allclose(padded[name], chunked[name], rtol=1e-4, atol=1e-7), name
 
 
-def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path):
+def test_chunks_are_sorted_by_length_and_cut_after_their_last_answer(tmp_path, tiny):
     _, task, _, _ = config.build(tiny(tmp_path, task="needle"))
     batch = task.sample(64, torch.Generator().manual_seed(1))
     seen = list(batch.length_chunks())
@@ -114,7 +104,7 @@ def test_batches_drawn_beside_the_step_are_the_tasks_own_draws_from_the_seed(
     ],
 )
 # on CUDA through the math attention kernel
-def test_batched_seeds_match_separate_runs(tmp_path, capsys, device):
+def test_batched_seeds_match_separate_runs(tmp_path, capsys, device, tiny):
     cfg = tiny(tmp_path, seeds=2, device=device, out=str(tmp_path / "batched"))
     batched = batched_seeds.train_batched(cfg)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
@@ -179,7 +169,7 @@ def test_torchrun_joins_on_the_backend_of_the_runs_device_not_the_machines(
 # rows with unequal answer counts; length chunks
 @pytest.mark.parametrize("task", ["addition", "parens"])
 @pytest.mark.slow
-def test_distributed_two_process_loss_equals_one_process(task, tmp_path):
+def test_distributed_two_process_loss_equals_one_process(task, tmp_path, tiny):
     cfg = tiny(tmp_path, task=task, digits=3, steps=4, eval_every=2, batch_size=16)
     single = train.train(replace(cfg, out=str(tmp_path / "single")))
     argv = [
@@ -359,7 +349,7 @@ def test_bench_scale_cpu_times_the_step_reproduce_trains(capsys):
 
 
 @pytest.mark.slow
-def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
+def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path, tiny):
     # Needle rows vary in length, so the chunks do: the first new length recompiles once
     # (automatic dynamic shapes) and no other change (a chunk's memory layout included) does.
     # The model is compiled in place, so evaluation (no grad: graphs of its own) runs compiled
@@ -382,7 +372,9 @@ def test_compiled_and_eager_training_agree_with_one_recompile_at_most(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_deterministic_compiled_run_compiles_every_length_at_once_and_resumes_exactly(tmp_path):
+def test_a_deterministic_compiled_run_compiles_every_length_at_once_and_resumes_exactly(
+    tmp_path, tiny
+):
     # On an H100 a compiled run's resumed copy ended with weights 1e-9 away from the whole run's:
     # automatic dynamic shapes gave the first chunk length kernels of its own, and a resumed run
     # starts at another length. Compiled dynamic from the first call, one graph serves every
@@ -463,17 +455,17 @@ def test_a_cpu_run_keeps_the_faster_of_the_default_threads_and_one(monkeypatch):
     model = ClockedModel(clock, seconds_for=seconds_for)
     monkeypatch.setattr(devices.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(devices, "THREADS", 2)
-    monkeypatch.setattr(lifecycle, "THREADS", 2)
+    monkeypatch.setattr(console, "THREADS", 2)
     cpu = torch.device("cpu")
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         chosen = devices.choose_threads(model, sum_loss, OneChunk(), nullcontext(), cpu)
         assert chosen == (1, pytest.approx(0.6)) and torch.get_num_threads() == 1
-        assert "1 thread (faster here than 2)" in lifecycle.thread_text(1)
+        assert "1 thread (faster here than 2)" in console.thread_text(1)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's word: kept, nothing timed twice
         torch.set_num_threads(2)
         chosen = devices.choose_threads(model, sum_loss, OneChunk(), nullcontext(), cpu)
         assert chosen == (2, pytest.approx(4.0))
-        assert lifecycle.thread_text(2) == ", 2 threads"
+        assert console.thread_text(2) == ", 2 threads"
     finally:
         torch.set_num_threads(before)

@@ -16,7 +16,6 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
-from test_core import tiny
 
 import analyze
 import batched_seeds
@@ -25,7 +24,18 @@ import compare
 import reproduce
 import sample
 import train
-from machinery import cli, config, corpus, devices, errors, files, lifecycle, rundir, tables
+from machinery import (
+    cli,
+    config,
+    console,
+    corpus,
+    devices,
+    errors,
+    files,
+    lifecycle,
+    rundir,
+    tables,
+)
 from machinery.config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,6 +162,13 @@ BAD_INPUTS = [
     ("reproduce.py", ["table1", "--scale", "gpu"], "invalid choice"),
     ("reproduce.py", ["table1", "--seeds", "0"], "--seeds and --jobs must be >= 1"),
     ("reproduce.py", ["table1", "--jobs", "0"], "--seeds and --jobs must be >= 1"),
+    ("reproduce.py", ["table1", "--plan"], "--plan predicts the paper scale's GPU time"),
+    ("reproduce.py", ["claims", "--scale", "paper", "--plan"], "take a table or all, not claims"),
+    (
+        "reproduce.py",
+        ["table1", "--scale", "paper", "--plan", "--print-commands"],
+        "--print-commands: not allowed with argument --plan",
+    ),
     ("reproduce.py", ["table1", "--results", "FILE"], "--results"),
     ("reproduce.py", ["table1", "--runs", "FILE"], "--runs"),
     (
@@ -409,7 +426,7 @@ BAD_INPUTS = [
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, tiny):
     """A directory of things for bad input to hit: a finished run (RUN), an interrupted one
     (STOPPED), broken copies of them, a plain FILE, a non-run directory, bad lm text."""
     root = tmp_path_factory.mktemp("world")
@@ -596,7 +613,7 @@ def redraw_records(root):
         )
         if callable(analysis):
             # an analysis of the run's own label, changed
-            analysis = analysis(reproduce.run_label(config.resolve(cell)[0]))
+            analysis = analysis(analyze.run_label(config.resolve(cell)[0]))
         if analysis:
             (run / "analysis.json").write_text(json.dumps(analysis))
 
@@ -708,8 +725,10 @@ def test_bad_input_is_one_line_exit_code_2_and_touches_nothing(
     assert snapshot(world) == before
 
 
-def test_the_bad_input_table_covers_every_command_forty_times_over():
-    assert len(BAD_INPUTS) >= 40 and {script for script, _, _ in BAD_INPUTS} == set(SCRIPTS)
+def test_the_bad_input_table_covers_every_command_and_holds_each_case_once():
+    assert {script for script, _, _ in BAD_INPUTS} == set(SCRIPTS)
+    cases = [(script, tuple(argv)) for script, argv, _ in BAD_INPUTS]
+    assert len(set(cases)) == len(cases)
 
 
 # ---------------------------------------------------------------------------
@@ -724,7 +743,7 @@ def run_cli(argv, capsys):
     return exit.value.code, err
 
 
-def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
+def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys, tiny):
     train.train(tiny(tmp_path, steps=0))
     before = (tmp_path / "run" / "config.json").read_text()
     code, err = run_cli(
@@ -737,7 +756,7 @@ def test_existing_run_is_never_overwritten_without_asking(tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["width"] == 8
 
 
-def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path):
+def test_auto_dtype_is_fp32_on_cpu_and_config_records_the_dtype_used(tmp_path, tiny):
     assert not devices.uses_bf16(torch.device("cpu"), "auto") and devices.uses_bf16(
         torch.device("cpu"), "bf16"
     )
@@ -789,7 +808,7 @@ def metric_steps(run):
     ],
 )
 def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(
-    name, step, partial, tmp_path, monkeypatch, capsys
+    name, step, partial, tmp_path, monkeypatch, capsys, tiny
 ):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     with monkeypatch.context() as m:
@@ -817,7 +836,7 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(
     assert sorted(os.listdir(cut)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
 
 
-def test_resume_drops_a_metrics_line_cut_short(tmp_path):
+def test_resume_drops_a_metrics_line_cut_short(tmp_path, tiny):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path), stop_after=4)
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
@@ -826,7 +845,7 @@ def test_resume_drops_a_metrics_line_cut_short(tmp_path):
     assert metric_steps(tmp_path / "run") == [4, 8]
 
 
-def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
+def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path, tiny):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path), stop_after=4)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
@@ -841,7 +860,7 @@ def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path):
     assert before["config.json"] == (tmp_path / "moved" / "config.json").read_bytes()
 
 
-def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
+def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys, tiny):
     train.train(tiny(tmp_path), stop_after=4)
     code, err = run_cli(
         ["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys
@@ -859,7 +878,7 @@ def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys):
 
 
 def test_overwrite_touches_nothing_until_the_new_run_is_valid_then_clears_everything(
-    tmp_path, capsys
+    tmp_path, capsys, tiny
 ):
     train.train(tiny(tmp_path, steps=4))
     run = tmp_path / "run"
@@ -905,7 +924,7 @@ def test_warmup_defaults_to_500_but_at_most_a_tenth_of_the_steps():
     assert "at most a tenth of --steps" in cli.make_parser().format_help()
 
 
-def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path, capsys):
+def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path, capsys, tiny):
     train.train(tiny(tmp_path))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert (
@@ -914,7 +933,7 @@ def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path,
     assert "steps/s" in lines[0]
 
 
-def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_path):
+def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_path, tiny):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
     train.train(tiny(tmp_path), stop_after=4)
     os.remove(tmp_path / "run" / "checkpoint.pt")
@@ -1076,7 +1095,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent,
 
 def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
     cfg = TrainConfig(task="needle", mode="frozen")
-    line = lifecycle.first_line(
+    line = console.first_line(
         config.resolve(cfg)[0], {"trainable": 1, "frozen": 1}, torch.device("cpu"), 9.3, 9990
     )
     assert "about 25.8 h on this CPU" in line
@@ -1084,12 +1103,12 @@ def test_a_cpu_run_of_hours_says_so_and_names_the_laptop_variant():
         "; the task's laptop variant shows its result in under an hour: "
         "python train.py --task needle --train frozen --scale cpu"
     )
-    hint = lifecycle.slow_run_hint(cfg, 9.3 * 9990)
+    hint = console.slow_run_hint(cfg, 9.3 * 9990)
     suggested, _ = cli.parse_args(hint.split("python train.py ")[1].split())
     assert (
         suggested == config.cpu_variant(cfg) and suggested.width == 512 and suggested.max_pairs == 4
     )
-    full = lifecycle.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
+    full = console.slow_run_hint(TrainConfig(task="addition", mode="full"), 9.3 * 9990)
     suggested, _ = cli.parse_args(full.split("python train.py ")[1].split())
     # the fully trained wide model's own lr
     assert suggested.digits == 6 and config.resolve(suggested)[0].lr == 3e-4
@@ -1155,10 +1174,10 @@ def test_scale_cpu_is_the_laptop_variant_under_the_flags_given():
     assert cli.parse_args(["--task", "parens", "--scale", "paper"])[0] == TrainConfig(
         task="parens", scale="paper"
     )
-    assert lifecycle.slow_run_hint(cfg, 0.1 * 9990) is None
+    assert console.slow_run_hint(cfg, 0.1 * 9990) is None
     # no variant to suggest to the variant itself
-    assert lifecycle.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
-    assert "--task lm --scale cpu" in lifecycle.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
+    assert console.slow_run_hint(config.cpu_variant(cfg), 9.3 * 5990) is None
+    assert "--task lm --scale cpu" in console.slow_run_hint(TrainConfig(task="lm"), 2.0 * 9990)
 
 
 def test_the_cpu_variant_gives_the_fully_trained_model_from_width_128_its_own_lr():
@@ -1323,7 +1342,9 @@ def test_a_ctrl_c_in_the_last_step_or_evaluation_saves_the_run_and_still_stops_t
     assert (tmp_path / "run-s0" / "final.json").exists() and os.listdir(tmp_path) == ["run-s0"]
 
 
-def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resume(tmp_path, capsys):
+def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resume(
+    tmp_path, capsys, tiny
+):
     train.train(tiny(tmp_path))
     run = tmp_path / "run"
     finished = snapshot(run)
@@ -1339,7 +1360,7 @@ def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resum
 
 
 def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_file(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, tiny
 ):
     train.train(tiny(tmp_path), stop_after=4)
     before = snapshot(tmp_path)
@@ -1437,7 +1458,7 @@ time.sleep(60)
 
 
 @pytest.mark.slow
-def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, capsys):
+def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, capsys, tiny):
     train.train(tiny(tmp_path), stop_after=4)
     run = tmp_path / "run"
     holder = subprocess.Popen(
@@ -1475,7 +1496,9 @@ train.main(sys.argv[2:])
 
 
 @pytest.mark.slow
-def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_nothing(tmp_path):
+def test_an_overwrite_that_fails_at_its_first_step_keeps_the_old_run_and_leaves_nothing(
+    tmp_path, tiny
+):
     run = tmp_path / "run"
     train.train(tiny(tmp_path))
     before = snapshot(tmp_path)
@@ -1616,7 +1639,7 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
     assert records(run) == records(tmp_path / "whole")
 
 
-def test_overwrite_replaces_the_old_run_only_after_the_first_step(tmp_path, monkeypatch):
+def test_overwrite_replaces_the_old_run_only_after_the_first_step(tmp_path, monkeypatch, tiny):
     train.train(tiny(tmp_path, steps=4))
     run = tmp_path / "run"
     seen = []
@@ -1721,7 +1744,7 @@ def test_a_table_of_finished_runs_with_a_final_json_lacking_elapsed_is_one_usage
         tables.render(table, "cpu", runs, 1, "python reproduce.py table9", "CPU")
 
 
-def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_path):
+def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_path, tiny):
     previous = os.umask(0o022)
     try:
         train.train(tiny(tmp_path))
@@ -1808,7 +1831,7 @@ def test_batched_seeds_interrupted_is_one_line_and_exit_130(tmp_path, monkeypatc
     )
 
 
-def test_resume_removes_only_its_own_temp_files(tmp_path):
+def test_resume_removes_only_its_own_temp_files(tmp_path, tiny):
     train.train(tiny(tmp_path), stop_after=4)
     run = tmp_path / "run"
     (run / ".notes.tmp").write_text("mine")
@@ -1819,7 +1842,7 @@ def test_resume_removes_only_its_own_temp_files(tmp_path):
     ).exists()
 
 
-def test_a_run_directory_spelled_another_way_is_the_same_run(tmp_path):
+def test_a_run_directory_spelled_another_way_is_the_same_run(tmp_path, tiny):
     train.train(tiny(tmp_path), stop_after=4)
     cfg = config.resolve(tiny(tmp_path))[0]
     assert (
@@ -1870,7 +1893,7 @@ def test_every_committed_run_config_still_reads():
 
 
 @pytest.mark.parametrize("elapsed", [float("nan"), float("inf"), -1.0])
-def test_a_checkpoint_whose_time_is_no_time_is_refused_in_one_line(tmp_path, elapsed):
+def test_a_checkpoint_whose_time_is_no_time_is_refused_in_one_line(tmp_path, elapsed, tiny):
     # a NaN time was resumed and reached final.json as "elapsed: NaN"
     cfg = tiny(tmp_path, steps=8, eval_every=4)
     train.train(cfg, stop_after=4)
@@ -1883,16 +1906,16 @@ def test_a_checkpoint_whose_time_is_no_time_is_refused_in_one_line(tmp_path, ela
     assert not (tmp_path / "run" / "final.json").exists()
 
 
-def test_a_zero_step_runs_first_line_claims_no_timing(tmp_path, monkeypatch, capsys):
+def test_a_zero_step_runs_first_line_claims_no_timing(tmp_path, monkeypatch, capsys, tiny):
     # it said "a step timed, 0 s, 2 threads (faster here than 1)", a comparison that never ran
-    monkeypatch.setattr(lifecycle, "threads_chosen", lambda: True)
+    monkeypatch.setattr(console, "threads_chosen", lambda: True)
     train.train(tiny(tmp_path, steps=0))
     first = capsys.readouterr().out.splitlines()[0]
     assert "no steps to take on this CPU" in first
     assert "timed" not in first and "faster" not in first
 
 
-def test_deterministic_kernels_leave_the_environment_as_they_found_it(tmp_path, monkeypatch):
+def test_deterministic_kernels_leave_the_environment_as_they_found_it(tmp_path, monkeypatch, tiny):
     # train.main([... "--deterministic"]) in-process left CUBLAS_WORKSPACE_CONFIG set afterwards
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     train.train(tiny(tmp_path, steps=2, deterministic=True))
@@ -1900,7 +1923,7 @@ def test_deterministic_kernels_leave_the_environment_as_they_found_it(tmp_path, 
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-def test_batched_seeds_train_with_deterministic_kernels_when_asked(tmp_path, monkeypatch):
+def test_batched_seeds_train_with_deterministic_kernels_when_asked(tmp_path, monkeypatch, tiny):
     # --deterministic was recorded in config.json but never switched on
     seen = []
     step = batched_seeds.stacked_step
@@ -1928,7 +1951,7 @@ def test_a_ctrl_c_while_bench_times_is_one_line_and_exit_130(monkeypatch, capsys
     assert capsys.readouterr().err.strip() == "bench.py: interrupted"
 
 
-def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, capsys):
+def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, capsys, tiny):
     # stopped on 1 thread and resumed with OMP_NUM_THREADS=2, it ended with other weights, silently
     cfg = tiny(tmp_path, steps=8, eval_every=4)
     before = torch.get_num_threads()
@@ -1958,7 +1981,7 @@ def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, 
     assert "resuming on 1 thread, as the run began, not 2" in capsys.readouterr().err
 
 
-def test_a_staged_folder_killed_before_its_mark_was_whole_is_recognised(tmp_path):
+def test_a_staged_folder_killed_before_its_mark_was_whole_is_recognised(tmp_path, tiny):
     # --overwrite killed between making .NAME.new and renaming its .swap mark into it left a folder
     # the next start refused ("lacks its .swap mark ... move it away"), though the program made it
     train.train(tiny(tmp_path, steps=2))
@@ -1975,7 +1998,7 @@ def test_a_staged_folder_killed_before_its_mark_was_whole_is_recognised(tmp_path
     assert (staged / "notes.txt").read_text() == "mine"
 
 
-def test_overwrite_of_a_run_named_with_a_dot_or_that_will_not_move(tmp_path, monkeypatch):
+def test_overwrite_of_a_run_named_with_a_dot_or_that_will_not_move(tmp_path, monkeypatch, tiny):
     # --out X/. gave a raw "Device or resource busy" and left a .swap mark inside the old run
     train.train(tiny(tmp_path, steps=2))
     train.train(tiny(tmp_path, steps=2, overwrite=True, out=str(tmp_path / "run" / ".")))

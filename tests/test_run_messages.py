@@ -11,12 +11,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_core import tiny
 
 import batched_seeds
 import compare
 import train
-from machinery import cli, config, lifecycle
+from machinery import cli, config, console, lifecycle, plateau
 from machinery.errors import UsageError
 from machinery.files import read_metrics
 
@@ -34,30 +33,27 @@ def test_plateau_is_the_evaluations_near_the_first_until_a_climb():
     def records(*accuracies):
         return [{"step": 100 * (i + 1), "test_accuracy": a} for i, a in enumerate(accuracies)]
 
-    assert lifecycle.plateau(records(0.52, 0.51, 0.57, 0.74, 0.96)) == (300, 0.51, 0.57, 500)
-    assert lifecycle.plateau(records(0.52, 0.53, 0.60, 0.70)) is None  # never passes 90%
-    assert lifecycle.plateau(records(0.52, 0.95, 1.0)) is None  # one evaluation is no plateau
+    assert plateau.plateau(records(0.52, 0.51, 0.57, 0.74, 0.96)) == (300, 0.51, 0.57, 500)
+    assert plateau.plateau(records(0.52, 0.53, 0.60, 0.70)) is None  # never passes 90%
+    assert plateau.plateau(records(0.52, 0.95, 1.0)) is None  # one evaluation is no plateau
 
 
 def test_canonical_needle_run_names_the_plateau_its_committed_record_sat_on():
     record = os.path.join(TABLE1_CPU, "needle-random-512-s0")
     if not os.path.isdir(record):
         pytest.skip("the committed Table 1 record is not in this checkout")
-    end, low, high, climbed = lifecycle.plateau(read_metrics(record))
-    note = lifecycle.plateau_note(canonical())
-    assert note == (
+    # the record as committed
+    assert plateau.plateau_note(canonical()) == (
         "needle: the committed record of these settings "
-        "(runs/reproduce/table1-cpu/needle-random-512-s0) sat at "
-        f"{100 * low:.0f}-{100 * high:.0f}% test accuracy until step {end:,} and passed 90% by "
-        f"step {climbed:,}: expect the same plateau, not a broken run"
+        "(runs/reproduce/table1-cpu/needle-random-512-s0) sat at 51-57% test accuracy until step "
+        "1,800 and passed 90% by step 2,400: expect the same plateau, not a broken run"
     )
-    assert "until step 1,800" in note  # the record as committed
     # other settings, or a seed without a record: nothing is said
-    assert lifecycle.plateau_note(canonical("--layers", "1")) is None
-    assert lifecycle.plateau_note(canonical("--seed", "7")) is None
+    assert plateau.plateau_note(canonical("--layers", "1")) is None
+    assert plateau.plateau_note(canonical("--seed", "7")) is None
 
 
-def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeypatch, capsys):
+def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeypatch, capsys, tiny):
     # a tiny run stands in for the committed record; its evaluations are edited to a plateau
     cfg = tiny(tmp_path, task="needle", max_pairs=2, test_size=50, steps=8, eval_every=2)
     record = tmp_path / "record"
@@ -66,8 +62,8 @@ def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeyp
     for line, accuracy in zip(lines, (0.30, 0.33, 0.31, 0.95)):
         line["test_accuracy"] = accuracy
     (record / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    monkeypatch.setattr(lifecycle, "REPOSITORY", str(tmp_path))
-    monkeypatch.setattr(lifecycle, "PLATEAU_RECORDS", ("record",))
+    monkeypatch.setattr(plateau, "REPOSITORY", str(tmp_path))
+    monkeypatch.setattr(plateau, "PLATEAU_RECORDS", ("record",))
 
     def clean():
         return {"commit": "8341827", "edited": [], "edits": None}, ""
@@ -95,25 +91,27 @@ def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeyp
 
 
 def test_a_resumed_run_says_where_it_resumes():
-    line = lifecycle.first_line(
+    line = console.first_line(
         canonical(), {"trainable": 1, "frozen": 1}, torch.device("cpu"), 0.25, 3906, done=2094
     )
     assert "resuming at step 2,094 of 6,000: 3,906 steps of 64 left, about 16 min on this CPU" in (
         line
     )
-    fresh = lifecycle.first_line(
+    fresh = console.first_line(
         canonical(), {"trainable": 1, "frozen": 1}, torch.device("cpu"), 0.25, 6000
     )
     assert "resuming" not in fresh and "6,000 steps of 64, about 25 min" in fresh
 
 
 def test_a_short_laps_pace_says_how_few_steps_it_was_timed_over():
-    assert lifecycle.pace_words(300, 100.0) == "3.00 steps/s"
-    assert lifecycle.pace_words(6, 2.0) == "3.00 steps/s over 6 steps"
-    assert lifecycle.pace_words(0, 2.0) == ""
+    assert console.pace_words(300, 100.0) == "3.00 steps/s"
+    assert console.pace_words(6, 2.0) == "3.00 steps/s over 6 steps"
+    assert console.pace_words(0, 2.0) == ""
 
 
-def test_a_resumed_lap_prints_and_records_the_pace_of_its_own_steps(tmp_path, monkeypatch, capsys):
+def test_a_resumed_lap_prints_and_records_the_pace_of_its_own_steps(
+    tmp_path, monkeypatch, capsys, tiny
+):
     cfg = tiny(tmp_path)  # 8 steps, evaluated at 4 and 8
     step = train.train_step
     taken = []
@@ -140,7 +138,7 @@ def test_a_resumed_lap_prints_and_records_the_pace_of_its_own_steps(tmp_path, mo
     assert recorded == pytest.approx(printed, abs=0.006)
 
 
-def test_a_refused_start_is_refused_before_the_step_is_timed(tmp_path, monkeypatch, capsys):
+def test_a_refused_start_is_refused_before_the_step_is_timed(tmp_path, monkeypatch, capsys, tiny):
     cfg = tiny(tmp_path, steps=2, eval_every=2, out=str(tmp_path / "run-s0"))
     train.train(cfg)
 
@@ -164,14 +162,14 @@ def test_a_refused_start_is_refused_before_the_step_is_timed(tmp_path, monkeypat
 
 def test_result_line_names_the_settings_a_run_leaves_its_scale_in():
     metrics = {"accuracy": 0.996, "loss": 0.01}
-    assert lifecycle.result_line(canonical(), metrics).startswith(
+    assert console.result_line(canonical(), metrics).startswith(
         "needle, random 512 (cpu variant): 99.6% test accuracy; the paper's random 1024: 100"
     )
-    one_layer = lifecycle.result_line(canonical("--layers", "1"), metrics)
+    one_layer = console.result_line(canonical("--layers", "1"), metrics)
     assert one_layer.startswith("needle, random 512 (cpu variant with layers 1 not 2): 99.6%")
     flags = "--task addition --frozen --scale paper --pos sinusoidal --lr 3e-3 --eval-every 50"
     cfg, _ = cli.parse_args(flags.split())
-    line = lifecycle.result_line(config.resolve(cfg)[0], metrics)
+    line = console.result_line(config.resolve(cfg)[0], metrics)
     # how often it evaluates changes no number
     assert line.startswith(
         "addition, random 1024 (the paper's protocol with lr 0.003 not 0.001, pos sinusoidal not "
