@@ -14,32 +14,22 @@ import compare
 import model
 import train
 from machinery import code
-from machinery.config import TrainConfig
 
 
-def tiny_run(tmp_path, name, **overrides):
-    """A tiny frozen parens run: (its config.json, its metrics.jsonl records)."""
-    settings = dict(
-        task="parens",
-        mode="frozen",
-        width=16,
-        heads=2,
-        steps=8,
-        batch_size=32,
-        lr=3e-3,
-        warmup=2,
-        eval_every=4,
-        max_parens=10,
-        test_size=200,
-        device="cpu",
-        out=str(tmp_path / name),
-    )
-    train.train(TrainConfig(**{**settings, **overrides}))
-    with open(tmp_path / name / "config.json") as f:
-        record = json.load(f)
-    with open(tmp_path / name / "metrics.jsonl") as f:
-        metrics = [json.loads(line) for line in f]
-    return record, metrics
+@pytest.fixture
+def tiny_run(tiny, tmp_path):
+    """tiny_run(name, **settings): a tiny run trained into tmp_path/name; (its config.json, its
+    metrics.jsonl records)."""
+
+    def run(name, **settings):
+        train.train(tiny(tmp_path, out=str(tmp_path / name), **settings))
+        with open(tmp_path / name / "config.json") as f:
+            record = json.load(f)
+        with open(tmp_path / name / "metrics.jsonl") as f:
+            metrics = [json.loads(line) for line in f]
+        return record, metrics
+
+    return run
 
 
 def uniform_pattern(self, q, k, mask):
@@ -48,12 +38,12 @@ def uniform_pattern(self, q, k, mask):
     return weights.expand(q.size(0), self.n_head, q.size(2), k.size(2))
 
 
-def test_an_edited_attention_pattern_is_what_trains_and_is_evaluated(tmp_path, monkeypatch, capsys):
-    record, metrics = tiny_run(tmp_path, "unedited")
+def test_an_edited_attention_pattern_is_what_trains_and_is_evaluated(tiny_run, monkeypatch, capsys):
+    record, metrics = tiny_run("unedited")
     assert record["forward"] == "fast paths"
     monkeypatch.setattr(model.CausalSelfAttention, "pattern", uniform_pattern)
     capsys.readouterr()
-    edited_record, edited = tiny_run(tmp_path, "edited")
+    edited_record, edited = tiny_run("edited")
     assert edited_record["forward"] == "edited"
     assert "your written-out code trains, as you edited it" in capsys.readouterr().out
     # step 0 is evaluated before any step: the edit reached the evaluation
@@ -62,43 +52,43 @@ def test_an_edited_attention_pattern_is_what_trains_and_is_evaluated(tmp_path, m
     assert edited[1]["loss"] != metrics[1]["loss"]
 
 
-def test_an_edited_mlp_is_what_trains(tmp_path, monkeypatch):
-    _, metrics = tiny_run(tmp_path, "unedited")
+def test_an_edited_mlp_is_what_trains(tiny_run, monkeypatch):
+    _, metrics = tiny_run("unedited")
 
     def relu_mlp(self, x):
         return self.c_proj(F.relu(self.c_fc(x)))
 
     monkeypatch.setattr(model.MLP, "forward", relu_mlp)
-    record, edited = tiny_run(tmp_path, "edited")
+    record, edited = tiny_run("edited")
     # the fast paths run the model's own MLP, so they agree with the edit and keep training fast
     assert record["forward"] == "fast paths"
     assert edited[0]["test_loss"] != metrics[0]["test_loss"]
     assert edited[1]["loss"] != metrics[1]["loss"]
 
 
-def test_an_edited_block_is_what_trains(tmp_path, monkeypatch):
-    _, metrics = tiny_run(tmp_path, "unedited")
+def test_an_edited_block_is_what_trains(tiny_run, monkeypatch):
+    _, metrics = tiny_run("unedited")
 
     def attention_only(self, x):
         return x + self.attn(self.ln_1(x))  # the MLP left out
 
     monkeypatch.setattr(model.Block, "forward", attention_only)
-    record, edited = tiny_run(tmp_path, "edited")
+    record, edited = tiny_run("edited")
     assert record["forward"] == "edited"
     assert edited[1]["loss"] != metrics[1]["loss"]
 
 
-def test_the_written_out_code_trains_what_the_fast_paths_train(tmp_path, monkeypatch):
+def test_the_written_out_code_trains_what_the_fast_paths_train(tiny_run, monkeypatch):
     # Unedited, the run trains the fast paths; made to train the written-out code instead, it
     # computes the same up to float rounding.
-    record, metrics = tiny_run(tmp_path, "fast")
+    record, metrics = tiny_run("fast")
     assert record["forward"] == "fast paths"
 
     def disagree(*args):
         return False
 
     monkeypatch.setattr(train, "fast_paths_agree", disagree)
-    record, written = tiny_run(tmp_path, "written")
+    record, written = tiny_run("written")
     assert record["forward"] == "edited"
     for a, b in zip(metrics, written):
         assert a["step"] == b["step"]
@@ -158,7 +148,9 @@ def test_a_run_records_its_commit_and_its_uncommitted_edits(tmp_path, monkeypatc
     assert code.code_text(record) == f"no git checkout (files {record['files']})"
 
 
-def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(tmp_path, monkeypatch):
+def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(
+    tiny_run, tmp_path, monkeypatch
+):
     def clean():
         return {"commit": "8341827", "edited": [], "edits": None}, ""
 
@@ -167,11 +159,11 @@ def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(tmp_path
         return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
 
     monkeypatch.setattr("machinery.lifecycle.code_state", clean)
-    record, _ = tiny_run(tmp_path, "baseline")
+    record, _ = tiny_run("baseline")
     assert record["code"]["commit"] == "8341827"
     assert not os.path.exists(tmp_path / "baseline" / "code.diff")
     monkeypatch.setattr("machinery.lifecycle.code_state", edited)
-    record, _ = tiny_run(tmp_path, "ablation")
+    record, _ = tiny_run("ablation")
     diff = (tmp_path / "ablation" / "code.diff").read_text()
     assert diff == edited()[1]
     text = compare.table(
