@@ -21,8 +21,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
 from machinery.cli import parse_args, seed_configs
+from machinery.code import code_state
 from machinery.config import build_seeded
-from machinery.console import first_line
+from machinery.console import first_line, forward_note
 from machinery.devices import (
     Ranks,
     autocast,
@@ -42,6 +43,7 @@ from machinery.rundir import (
     start_or_resume,
 )
 from machinery.seeds import write_seed_summary
+from model import forward_path
 from tasks import Batch, join_batches
 from train import Batches, choose_forward, evaluate, lr_at, make_optimizer, set_lr, spare_batch
 
@@ -205,10 +207,14 @@ class SeedRuns(Run):
 
     def open(self):
         """Every seed's directory checked and staged, or none."""
+        # every seed runs the first seed's forward, vmapped
+        self.forward = forward_path(self.models[0])
+        code, diff = code_state()
         try:
             for run, model, counts in zip(self.seeds, self.models, self.seed_counts):
-                record = run_record(run, counts, self.device, self.threads)
-                self.starts.append(start_or_resume(run, False, model, None, None, record))
+                record = run_record(run, counts, self.device, self.threads, self.forward, code)
+                start = start_or_resume(run, False, model, None, None, record, True, diff)
+                self.starts.append(start)
         except BaseException:
             self.close()
             raise
@@ -224,10 +230,11 @@ class SeedRuns(Run):
         line = first_line(
             self.cfg, counts, self.device, n * seconds, self.cfg.steps, timed, self.threads
         )
-        return (
-            line + f"\n{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable "
-            f"parameters each on {self.device}"
+        sizes = (
+            f"{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters "
+            f"each on {self.device}"
         )
+        return line + "\n" + forward_note(self.forward) + "\n" + sizes
 
     def take_place(self):
         if self.start.staged and not self.stop_requested:
