@@ -31,7 +31,7 @@ from machinery.config import build_seeded
 from machinery.devices import (
     Ranks,
     autocast,
-    compile_model,
+    compiled,
     deterministic_kernels,
     pick_device,
     uses_bf16,
@@ -132,9 +132,9 @@ def useful_flops(cfg, vocab, lengths, answer_pos):
 
 
 def ours(cfg, task, model, device):
-    compile_model(model.to(device), device, cfg.compile, cfg.deterministic)
+    model = compiled(model.to(device), device, cfg.compile, cfg.deterministic)
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip = Ranks().clipper(model.parameters(), cfg.clip)  # train.py's clipping, in one process
+    ranks = Ranks()  # one process: train_step's gradient sum does nothing
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     def make_data():
@@ -146,7 +146,8 @@ def ours(cfg, task, model, device):
             task.loss,
             make_data().length_chunks(),
             optimizer,
-            clip,
+            ranks,
+            cfg.clip,
             autocast(device, cfg.dtype),
         )
 

@@ -45,7 +45,7 @@ for name in args.tasks:
         cfg, task, model, _ = build_seeded(TrainConfig(**settings))
         model.to(device)
         optimizer = make_optimizer(model.parameters(), cfg, device)
-        clip = Ranks().clipper(model.parameters(), cfg.clip)
+        ranks = Ranks()
         precision = autocast(device, cfg.dtype)
         if where == "host":
             generator = torch.Generator().manual_seed(cfg.seed)
@@ -59,7 +59,9 @@ for name in args.tasks:
                 batch = batch.apply(to_device)
             else:
                 batch = batch.to(device)
-            train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
+            train_step(
+                model, task.loss, batch.length_chunks(), optimizer, ranks, cfg.clip, precision
+            )
 
         for _ in range(args.warmup):
             step()

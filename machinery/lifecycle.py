@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import replace
 
+import torch
 from tqdm import tqdm
 
 from machinery.cli import command_line
@@ -23,7 +24,7 @@ from machinery.config import (
     saved_config,
     settings_differing,
 )
-from machinery.devices import THREADS, threads_chosen
+from machinery.devices import THREADS, choose_threads, compiles, step_seconds, threads_chosen
 from machinery.errors import Diverged, UsageError
 from machinery.files import read_metrics, write_json
 from machinery.paper import test_number
@@ -31,6 +32,7 @@ from machinery.rundir import (
     StartPoint,
     finish_swap,
     log_eval,
+    recorded_threads,
     remove_kill_leftovers,
     replace_old_run,
     run_record,
@@ -67,9 +69,7 @@ class Run:
             ...
             run.log(step, lr, metrics)            # metrics.jsonl and the console
             run.save_checkpoint(step, model, optimizer, generator)
-            run.losses.append(loss)
-            run.bar.update()
-            run.take_place()                      # a new run takes its place after its first step
+            run.step_taken(loss)                  # the loss kept for the next log line, the bar
             ...
             run.save_stopped(...) or run.save_final(...)
 
@@ -123,10 +123,10 @@ class Run:
         )
         return self.start
 
-    def first_line(self, seconds) -> str:
-        """What trains, from which step, and how long it will take here (a step takes `seconds`);
-        the plateau a committed record of the same settings sat on, if any (plateau_note); then
-        the sizes."""
+    def first_line(self, seconds, warm_up=0.0) -> str:
+        """What trains, from which step, and how long it will take here (a step takes `seconds`,
+        after torch.compile took `warm_up`: time_training_step); the plateau a committed record of
+        the same settings sat on, if any (plateau_note); then the sizes."""
         steps_left = self.cfg.steps - self.start.step
         line = first_line(
             self.cfg,
@@ -136,6 +136,7 @@ class Run:
             steps_left,
             threads=self.threads,
             done=self.start.step,
+            warm_up=warm_up,
         )
         note = plateau_note(self.cfg)
         if note:
@@ -144,6 +145,14 @@ class Run:
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
             f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"
         )
+
+    def step_taken(self, loss):
+        """After each training step: its loss kept for the next log line's mean, the progress bar
+        moved on, and a new run put in its directory's place once this first step has succeeded
+        (take_place)."""
+        self.losses.append(loss)
+        self.bar.update()
+        self.take_place()
 
     def take_place(self):
         """Put a staged new run where it belongs once a step has succeeded (or it has no step to
@@ -372,8 +381,8 @@ def settings_apart(cfg) -> str:
     reference = resolve(reference)[0]
     differing = settings_differing(cfg, reference)
     differing.pop("eval_every", None)
-    if cfg.pos != reference.pos:  # not among the settings a run's name lists
-        differing["pos"] = cfg.pos
+    if cfg.positional != reference.positional:  # not among the settings a run's name lists
+        differing["positional"] = cfg.positional
     apart = []
     for name, value in differing.items():
         apart.append(
@@ -482,10 +491,11 @@ def plateau_note(cfg):
 
 
 def first_line(
-    cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1, done=0
+    cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1, done=0, warm_up=0.0
 ) -> str:
-    """What the run trains, by whose protocol, and how long it will take on this machine; done:
-    the steps a resumed run took before (it says where it resumes)."""
+    """What the run trains, by whose protocol, and how long it will take on this machine from this
+    line on; done: the steps a resumed run took before (it says where it resumes); warm_up: the
+    seconds torch.compile took before this line (time_training_step), said beside the step's."""
     model = f"the {model_words(cfg)}" + ("" if cfg.arch == "lstm" else " transformer")
     protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its saved settings"
@@ -519,10 +529,35 @@ def first_line(
         steps = f"{steps_left:,} steps of {cfg.batch_size}"
         if done:
             steps += " left"
+        compiling = ""
+        if warm_up:
+            compiling = f", after {warm_up:.0f} s of torch.compile"
         when = (
             f"{resuming}{steps}, about {took} on this {device.type.upper()} ({timed}, "
-            f"{seconds:.2g} s{threads_said})"
+            f"{seconds:.2g} s{threads_said}{compiling})"
         )
     if hint:
         return what + when + f"; {hint}"
     return what + when
+
+
+def time_training_step(model, task, cfg, precision, device, resume=False) -> tuple:
+    """(threads, seconds, warm_up): a training step's forward and backward passes timed here, for
+    the first line's estimate, and on a CPU the threads the run trains on (devices.choose_threads).
+    The batch is of the run's size, drawn from a generator of its own (seed + 1), so the run's data
+    stream is untouched; the model is the one that trains, compiled where the run compiles. Its
+    first compiled pass compiles the forward and backward graphs, each chunk length's, for the run
+    to use: warm_up is that pass's time less a step's, measured, so that the first line counts it;
+    0 where the model runs eagerly. A run with no step to take times nothing."""
+    if not (resume or cfg.steps):
+        return torch.get_num_threads(), 0.0, 0.0
+    resumed_on = None
+    if resume:
+        resumed_on = recorded_threads(cfg.out)
+    generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
+    batch = task.sample(cfg.batch_size, generator).to(device)
+    first = 0.0
+    if compiles(device, cfg.compile):
+        first = step_seconds(model, task.loss, batch, precision)
+    threads, seconds = choose_threads(model, task.loss, batch, precision, device, resumed_on)
+    return threads, seconds, max(0.0, first - seconds)

@@ -325,7 +325,7 @@ STEP_COST = (
     "task",
     "mode",
     "arch",
-    "pos",
+    "positional",
     "width",
     "layers",
     "heads",
