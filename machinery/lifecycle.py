@@ -24,7 +24,14 @@ from machinery.config import (
     saved_config,
     settings_differing,
 )
-from machinery.devices import THREADS, choose_threads, compiles, step_seconds, threads_chosen
+from machinery.devices import (
+    THREADS,
+    choose_threads,
+    compiles,
+    deterministic_kernels,
+    step_seconds,
+    threads_chosen,
+)
 from machinery.errors import Diverged, UsageError
 from machinery.files import read_metrics, write_json
 from machinery.paper import test_number
@@ -545,7 +552,8 @@ def time_training_step(model, task, cfg, precision, device, resume=False) -> tup
     """(threads, seconds, warm_up): a training step's forward and backward passes timed here, for
     the first line's estimate, and on a CPU the threads the run trains on (devices.choose_threads).
     The batch is of the run's size, drawn from a generator of its own (seed + 1), so the run's data
-    stream is untouched; the model is the one that trains, compiled where the run compiles. Its
+    stream is untouched; the model is the one that trains, compiled where the run compiles, under
+    its kernels (deterministic or not). Its
     first compiled pass compiles the forward and backward graphs, each chunk length's, for the run
     to use: warm_up is that pass's time less a step's, measured, so that the first line counts it;
     0 where the model runs eagerly. A run with no step to take times nothing."""
@@ -557,7 +565,9 @@ def time_training_step(model, task, cfg, precision, device, resume=False) -> tup
     generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
     batch = task.sample(cfg.batch_size, generator).to(device)
     first = 0.0
-    if compiles(device, cfg.compile):
-        first = step_seconds(model, task.loss, batch, precision)
-    threads, seconds = choose_threads(model, task.loss, batch, precision, device, resumed_on)
+    # under the run's kernels: torch.compile's graphs are kept for a run of the same setting
+    with deterministic_kernels(cfg.deterministic):
+        if compiles(device, cfg.compile):
+            first = step_seconds(model, task.loss, batch, precision)
+        threads, seconds = choose_threads(model, task.loss, batch, precision, device, resumed_on)
     return threads, seconds, max(0.0, first - seconds)

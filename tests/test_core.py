@@ -1,6 +1,7 @@
 """Core properties: the generators, the model's parameter counts and init, training modes,
 causality, exact resuming, and that a frozen random transformer really learns."""
 
+import contextlib
 import json
 import math
 import os
@@ -492,10 +493,11 @@ class Killed(Exception):
     """train_killed_after's end of a run: where it stands, as a kill would leave it."""
 
 
-def train_killed_after(cfg, steps: int):
-    """train.train(cfg) ended after `steps` steps as a kill ends it: the evaluation and checkpoint
-    due at that step written, then nothing more (no stopped checkpoint, no final model). The loop
-    has no parameter for it: the step after the last is made to raise."""
+@contextlib.contextmanager
+def killed_after(steps: int):
+    """Within, a run ends after `steps` steps as a kill ends it: the evaluation and checkpoint due
+    at that step written, then nothing more (no stopped checkpoint, no final model). The loop has
+    no parameter for it: the step after the last is made to raise, and the raise ends here."""
     taken = []
     step = train.train_step
 
@@ -505,14 +507,19 @@ def train_killed_after(cfg, steps: int):
         taken.append(args)
         return step(*args)
 
-    original = train.train_step
     train.train_step = counted
     try:
-        train.train(cfg)
+        yield
     except Killed:
         pass
     finally:
-        train.train_step = original
+        train.train_step = step
+
+
+def train_killed_after(cfg, steps: int):
+    """train.train(cfg), killed after `steps` steps (killed_after)."""
+    with killed_after(steps):
+        train.train(cfg)
 
 
 def test_run_writes_config_metrics_final_and_model(tmp_path):
