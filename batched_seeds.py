@@ -5,9 +5,10 @@
 Serves the paper's many small trainings (section 4 reports medians over
 seeds): for small models, running N seeds as one stacked model replaces N
 launches of every operation by one. Each step is train.train_step's, with
-one loss and one clipping per seed (stacked_step), and the loop's operations
-are lifecycle.Run's (SeedRuns), so a seed trained here computes what train.train
-computes for it, up to float rounding, and its directory holds the same files.
+one loss and one clipping per seed (stacked_step), the loop is train.loop, and the
+loop's operations are lifecycle.Run's (SeedRuns), so a seed trained here computes
+what train.train computes for it, up to float rounding, and its directory holds
+the same files.
 """
 
 import contextlib
@@ -24,16 +25,9 @@ from machinery.cli import parse_args, seed_configs
 from machinery.code import code_state
 from machinery.config import build_seeded
 from machinery.console import first_line, forward_note
-from machinery.devices import (
-    Ranks,
-    autocast,
-    choose_threads,
-    compile_model,
-    deterministic_kernels,
-    pick_device,
-)
+from machinery.devices import Ranks, compiled, deterministic_kernels, pick_device, uses_bf16
 from machinery.errors import UsageError, usage_errors
-from machinery.lifecycle import Run
+from machinery.lifecycle import Run, time_training_step
 from machinery.rundir import (
     check_start,
     log_eval,
@@ -45,24 +39,15 @@ from machinery.rundir import (
 from machinery.seeds import write_seed_summary
 from model import forward_path
 from tasks import Batch, join_batches
-from train import Batches, choose_forward, evaluate, lr_at, make_optimizer, set_lr, spare_batch
-
-
-def seed_model(base, params, i):
-    """forward(x, pos) of seed i alone (its slice of the stacked params), for evaluation."""
-
-    def forward(x, pos):
-        seed_params = {k: v[i] for k, v in params.items()}
-        return torch.func.functional_call(base, seed_params, (x, pos))
-
-    return forward
+from train import Batches, choose_forward, evaluate, loop, make_optimizer
 
 
 def train_batched(cfg) -> list:
     """Train every seed of cfg.seeds at once and return each seed's final test metrics. Each seed is
     a slice of stacked weights (leading seed dimension); as train.train would, its init follows
     torch.manual_seed(seed) and its data a generator seeded with its seed. One AdamW over the stack
-    is N independent AdamWs, AdamW being elementwise."""
+    is N independent AdamWs, AdamW being elementwise. The loop is train.loop, given the stack of
+    seeds, its task (SeedTask), its step (stacked_step) and its evaluation (evaluate_seeds)."""
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise UsageError(
             "batched seeds run in one process; use torchrun with train.py for single large runs"
@@ -92,14 +77,15 @@ def train_batched(cfg) -> list:
     # {name: (N, ...)}; frozen tensors stay without grad; Module.to moves each model in place
     params, _ = torch.func.stack_module_state([model.to(device) for model in models])
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
-    choose_forward(base, task, cfg, device)  # one seed's check holds for all: they share code
+    precision = torch.autocast(device.type, torch.bfloat16, enabled=uses_bf16(device, cfg.dtype))
+    slowdown = choose_forward(base, task, cfg, device, precision)  # the seeds share their code
 
     # the seeds' forward(x, pos), base vmapped over the stacked params: (N, B, ...) -> (N, B, A, V)
     def forward(x, pos):
         seeds_forward = torch.func.vmap(partial(torch.func.functional_call, base))
         return seeds_forward(params, (x, pos))
 
-    stacked = compile_model(forward, device, cfg.compile, cfg.deterministic)
+    stack = SeedStack(base, params, compiled(forward, device, cfg.compile, cfg.deterministic))
     # CPU fused attention has no vmap rule, so functorch loops over the seeds for that one op:
     # expected, not news.
     warnings.filterwarnings(
@@ -107,16 +93,10 @@ def train_batched(cfg) -> list:
         message="There is a performance drop because we have not yet implemented the batching rule",
     )
     optimizer = stacked_optimizer(base, params, cfg, device)
-    trainable = []
-    for group in optimizer.param_groups:
-        trainable.extend(group["params"])
-    # each seed's batches are those its own train.py run draws
-    seed_batches = [Batches(task, cfg.batch_size, run.seed, device) for run in seeds]
+    batches = SeedBatches(task, cfg.batch_size, [run.seed for run in seeds], device)
     test = task.test_set()
-    precision = autocast(device, cfg.dtype)
     # one seed's forward and backward passes, timed for the first line (train.train does the same)
-    timed_batch = spare_batch(task, cfg, device)
-    threads, seconds = choose_threads(base, task.loss, timed_batch, precision, device)
+    threads, seconds, _ = time_training_step(base, task, cfg, precision, device)
     # On CUDA the fused attention kernels fail in a vmapped backward; the math kernel is matmuls,
     # which vmap batches.
     if device.type == "cuda":
@@ -129,32 +109,87 @@ def train_batched(cfg) -> list:
         SeedRuns(seeds, models, params, counts, device, threads) as run,
     ):
         run.open()
-        print(run.first_line(seconds), flush=True)
-        for step in range(cfg.steps + 1):
-            last = step == cfg.steps
-            if last or (step > 0 and step % cfg.eval_every == 0):
-                metrics = []
-                for i in range(len(seeds)):
-                    seed_forward = seed_model(base, params, i)
-                    metrics.append(evaluate(seed_forward, task, test, device, cfg.dtype))
-                run.log(step, lr_at(step, cfg), metrics)
-            if last or run.stop_requested:
-                break
-            set_lr(optimizer, lr_at(step, cfg))
-            batch = join_batches([batches.next() for batches in seed_batches], torch.stack)
-            loss = stacked_step(stacked, task, batch, optimizer, trainable, cfg.clip, precision)
-            run.losses.append(loss)  # for the next log line's mean training loss
-            run.bar.update()
-            if run.start.staged:
-                # a new run takes its directory's place once its first step has succeeded
-                run.take_place()
-        # a stopped batched run keeps nothing to resume from: the same command with --overwrite
-        # starts it again
-        if step == cfg.steps:
-            run.save_final(step, models[0].cfg, task.summary)
-        if run.stop_requested:
-            raise KeyboardInterrupt
+        print(run.first_line(seconds, slowdown=slowdown), flush=True)
+        seed_task = SeedTask(task)
+        loop(
+            cfg,
+            run,
+            stack,
+            seed_task,
+            test,
+            optimizer,
+            batches,
+            precision,
+            stacked_step,
+            evaluate_seeds,
+        )
     return run.metrics
+
+
+class SeedStack:
+    """The seeds' models as one: called, every seed at once (forward: base vmapped over the stacked
+    params, x (N, B, T) -> logits (N, B, ...)); seed(i), seed i alone, for its evaluation."""
+
+    def __init__(self, base, params, forward):
+        self.base = base
+        self.params = params
+        self.forward = forward
+        self.count = len(next(iter(params.values())))  # N, the seeds stacked
+
+    def __call__(self, x, pos):
+        return self.forward(x, pos)
+
+    def seed(self, i):
+        """forward(x, pos) of seed i alone (its slice of the stacked params)."""
+
+        def forward(x, pos):
+            seed_params = {k: v[i] for k, v in self.params.items()}
+            return torch.func.functional_call(self.base, seed_params, (x, pos))
+
+        return forward
+
+
+class SeedBatches:
+    """The stack of seeds' training batches: each seed's drawn by a train.Batches of its own seed,
+    as its separate run would draw it, and stacked (leading seed dimension)."""
+
+    def __init__(self, task, batch_size, seeds, device):
+        self.seeds = []
+        for seed in seeds:
+            self.seeds.append(Batches(task, batch_size, seed, device))
+        self.generator = [batches.generator for batches in self.seeds]  # no checkpoint keeps them
+
+    def next(self) -> Batch:
+        drawn = []
+        for batches in self.seeds:
+            drawn.append(batches.next())
+        return join_batches(drawn, torch.stack)
+
+
+class SeedTask:
+    """The task as the stack of seeds trains on it: loss() is each seed's own mean loss, (N,)
+    (task.loss vmapped over the seeds). Everything else is the task's own."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def loss(self, logits, batch):
+        def seed_loss(logits, tensors):
+            return self.task.loss(logits, Batch(**tensors))
+
+        tensors = {name: t for name, t in vars(batch).items() if t is not None}
+        return torch.func.vmap(seed_loss)(logits, tensors)
+
+    def __getattr__(self, name):  # the test set, metrics, summary: the task's own
+        return getattr(self.task, name)
+
+
+def evaluate_seeds(stack, task, test, device, dtype) -> list:
+    """train.evaluate for each seed alone: a list of each seed's test metrics."""
+    metrics = []
+    for i in range(stack.count):
+        metrics.append(evaluate(stack.seed(i), task, test, device, dtype))
+    return metrics
 
 
 def stacked_optimizer(base, params, cfg, device):
@@ -167,23 +202,20 @@ def stacked_optimizer(base, params, cfg, device):
     return optimizer
 
 
-def stacked_step(stacked, task, batch: Batch, optimizer, trainable, max_norm, precision):
-    """train.train_step for seed-stacked weights and batches: each seed's own mean loss (task.loss
-    vmapped over the leading seed dimension), summed for one backward (the seeds share no weights,
-    so each gets its own gradient), then each seed's own clipping (clip_grad_norm_'s formula on its
-    slice of the gradients)."""
-
-    def seed_loss(logits, tensors):
-        return task.loss(logits, Batch(**tensors))
-
-    seed_losses = torch.func.vmap(seed_loss)
+def stacked_step(stack, loss_fn, chunks, optimizer, ranks, max_norm, precision):
+    """train.train_step for seed-stacked weights and batches: each seed's own mean loss (loss_fn,
+    SeedTask.loss: (N,)), summed for one backward (the seeds share no weights, so each gets its own
+    gradient), then each seed's own clipping (clip_grad_norm_'s formula on its slice of the
+    gradients). ranks: one process (train_batched refuses torchrun)."""
     batch_loss = 0.0
-    for chunk, weight in batch.length_chunks():
-        tensors = {name: t for name, t in vars(chunk).items() if t is not None}
+    for chunk, weight in chunks:
         with precision:
-            loss = seed_losses(stacked(chunk.x, chunk.pos), tensors) * weight  # (N,)
+            loss = loss_fn(stack(chunk.x, chunk.pos), chunk) * weight  # (N,)
         loss.sum().backward()
         batch_loss = batch_loss + loss.detach()
+    trainable = []
+    for group in optimizer.param_groups:
+        trainable.extend(group["params"])
     norms = torch.stack([p.grad.flatten(1).norm(dim=1) for p in trainable]).norm(dim=0)  # (N,)
     scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for p in trainable:
@@ -224,7 +256,7 @@ class SeedRuns(Run):
         self.bar = tqdm(total=self.cfg.steps, dynamic_ncols=True, disable=None)
         return self.start
 
-    def first_line(self, seconds):
+    def first_line(self, seconds, slowdown=None):
         n, counts = len(self.seeds), self.counts
         timed = f"{n} seeds: a seed's step timed x {n}"
         line = first_line(
@@ -234,7 +266,7 @@ class SeedRuns(Run):
             f"{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters "
             f"each on {self.device}"
         )
-        return line + "\n" + forward_note(self.forward) + "\n" + sizes
+        return line + "\n" + forward_note(self.forward, slowdown) + "\n" + sizes
 
     def take_place(self):
         if self.start.staged and not self.stop_requested:
@@ -274,7 +306,14 @@ class SeedRuns(Run):
         for start in self.starts:
             start.close()
 
-    def save_final(self, step, model_cfg, summary):
+    def save_checkpoint(self, step, model, optimizer, generators):
+        """None: a batched run keeps no checkpoint (the same command with --overwrite starts it
+        again)."""
+
+    def save_stopped(self, step, model, optimizer, generators):
+        """Nothing, as for checkpoints: main() says how to start the stopped run again."""
+
+    def save_final(self, step, stack, summary):
         """Each seed's model.pt and final.json, then the seeds' medians beside them."""
         for i, (run, metrics, counts) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
             weights = {name: stacked[i].detach().clone() for name, stacked in self.params.items()}
@@ -285,7 +324,7 @@ class SeedRuns(Run):
                 "parameters": counts,
                 **summary(metrics, counts["trainable"]),
             }
-            save_final(run, weights, model_cfg, metrics, final)
+            save_final(run, weights, stack.base.cfg, metrics, final)
         write_seed_summary(self.seeds)
 
 

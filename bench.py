@@ -33,7 +33,7 @@ from machinery.config import build_seeded
 from machinery.devices import (
     Ranks,
     autocast,
-    compile_model,
+    compiled,
     deterministic_kernels,
     pick_device,
     uses_bf16,
@@ -89,15 +89,21 @@ def measured_peak(device, bf16):
 
 def ours(cfg, task, model, device):
     model.to(device)
-    choose_forward(model, task, cfg, device)  # as train.py chooses it
-    compile_model(model, device, cfg.compile, cfg.deterministic)
+    choose_forward(model, task, cfg, device, autocast(device, cfg.dtype))  # as train.py chooses
+    model = compiled(model, device, cfg.compile, cfg.deterministic)
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip = Ranks().clipper(model.parameters(), cfg.clip)  # train.py's clipping, in one process
+    ranks = Ranks()  # one process: train_step's gradient sum does nothing
     batches = Batches(task, cfg.batch_size, cfg.seed, device)  # as train.py draws them
 
     def step(batch):
         train_step(
-            model, task.loss, batch.length_chunks(), optimizer, clip, autocast(device, cfg.dtype)
+            model,
+            task.loss,
+            batch.length_chunks(),
+            optimizer,
+            ranks,
+            cfg.clip,
+            autocast(device, cfg.dtype),
         )
 
     def rows(batch):

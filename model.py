@@ -30,7 +30,7 @@ class GPTConfig:
     n_head: int = 4  # attention heads per block; must divide n_embd
     attention: str = "softmax"  # "linear": Table 9's baseline, attention matrix = causal all-ones
     # The positional embedding: "learned" (GPT-2's wpe), or "sinusoidal", fixed sin/cos positions in
-    # a buffer that never trains and is never counted. (Training's --pos flag sets it.)
+    # a buffer that never trains and is never counted. (Training's --positional flag sets it.)
     positional: str = "learned"
 
 

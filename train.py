@@ -8,10 +8,11 @@ This is sections 3-4 and appendix D.3 of the paper: AdamW, a linear warmup and t
 to zero, gradients clipped at norm 1.0, and a loss taken only where an answer is. The `--train` mode
 chooses which parameters learn (model.py). The settings and their flags are in machinery/config.py.
 
-Read train() first. It builds the model, then loops: evaluate, log and checkpoint when an evaluation
-is due, stop at the last step (or at Ctrl-C), else set the lr, draw a batch and take one step; after
-the loop, a stopped run's checkpoint or the final model. What those lines need of the run directory
-(staging, the lock, atomic files, signals, the progress bar) is machinery/lifecycle.py's Run.
+Read train() first. It builds the model, then loop() trains it: evaluate, log and checkpoint when an
+evaluation is due, stop at the last step (or at Ctrl-C), else set the lr, draw a batch and take one
+step; after the loop, a stopped run's checkpoint or the final model. What those lines need of the
+run directory (staging, the lock, atomic files, signals, the progress bar) is
+machinery/lifecycle.py's Run.
 """
 
 import math
@@ -21,20 +22,19 @@ import torch
 
 from machinery.cli import parse_args, seed_configs
 from machinery.config import resolve
-from machinery.devices import Ranks, autocast, choose_threads, compile_model, deterministic_kernels
+from machinery.devices import Ranks, compiled, deterministic_kernels, step_seconds, uses_bf16
 from machinery.errors import UsageError, usage_errors
-from machinery.lifecycle import Run, resumed_config
-from machinery.rundir import check_start, recorded_threads
+from machinery.lifecycle import Run, resumed_config, spare_batch, time_training_step
+from machinery.rundir import check_start
 from machinery.seeds import seed_state, write_seed_summary
-from model import apply_training_mode, fast_paths_agree, new_model
+from model import GPT, apply_training_mode, fast_paths_agree, new_model
 from tasks import Batch
 
 PROBE_ROWS = 8  # rows of the batch that checks the fast paths
 
 
-def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
+def train(cfg, resume: bool = False) -> dict:
     """Train per cfg and return the final test metrics. resume: continue from cfg.out/checkpoint.pt.
-    stop_after: end after this many steps as if killed (tests use it to prove resuming is exact).
     Under torchrun each process trains on its slice of every batch (devices.Ranks)."""
     ranks = Ranks()
     cfg, task = resolve(cfg)  # the paper's settings for the task, where cfg leaves them unset
@@ -48,65 +48,64 @@ def train(cfg, resume: bool = False, stop_after: int = None) -> dict:
     torch.manual_seed(cfg.seed)
     try:
         model = new_model(
-            cfg.arch, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, cfg.pos
+            cfg.arch,
+            task.vocab_size,
+            task.n_positions,
+            cfg.width,
+            cfg.layers,
+            cfg.heads,
+            cfg.positional,
         )
         counts = apply_training_mode(model, cfg.mode)
     except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
         raise UsageError(str(e)) from None
     model.to(device)
-    # What trains is what model.py says: evaluation runs the same path.
-    choose_forward(model, task, cfg, device)
+    precision = torch.autocast(device.type, torch.bfloat16, enabled=uses_bf16(device, cfg.dtype))
+    # What trains is what model.py says; evaluation runs the same path.
+    slowdown = choose_forward(model, task, cfg, device, precision)
+    model = compiled(model, device, cfg.compile, cfg.deterministic)
 
     test = task.test_set()
     task = ranks.shard_task(task)
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    clip = ranks.clipper(model.parameters(), cfg.clip)
-    precision = autocast(device, cfg.dtype)
     batches = Batches(task, cfg.batch_size, cfg.seed, device)  # the training data
-    generator = batches.generator  # its state is a checkpoint's: a resumed run draws what follows
-
-    # How long a step takes here, for the first line's estimate (and on a CPU, how many threads make
-    # it fastest): forward and backward passes on a batch of its own, not the run's data.
-    threads, seconds = torch.get_num_threads(), 0.0
-    if resume or cfg.steps:
-        resumed_on = None
-        if resume:
-            resumed_on = recorded_threads(cfg.out)
-        timed_batch = spare_batch(task, cfg, device)
-        threads, seconds = choose_threads(
-            model, task.loss, timed_batch, precision, device, resumed_on
-        )
+    threads, seconds, warm_up = time_training_step(model, task, cfg, precision, device, resume)
 
     with deterministic_kernels(cfg.deterministic), Run(cfg, counts, device, ranks, threads) as run:
-        start = run.open(resume, model, optimizer, generator)
+        run.open(resume, model, optimizer, batches.generator)
         if ranks.lead:
-            print(run.first_line(seconds), flush=True)
-        compile_model(model, device, cfg.compile, cfg.deterministic)
-        for step in range(start.step, cfg.steps + 1):
-            last = step == cfg.steps
-            evaluation_due = last or (step > 0 and step % cfg.eval_every == 0)
-            if evaluation_due and step > start.logged:
-                metrics = evaluate(model, task, test, device, cfg.dtype)
-                run.log(step, lr_at(step, cfg), metrics)
-                run.save_checkpoint(step, model, optimizer, generator)
-            if last or step == stop_after or run.stop_requested:
-                break
-            set_lr(optimizer, lr_at(step, cfg))
-            batch = batches.next()
-            loss = train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
-            run.losses.append(loss)  # for the next log line's mean training loss
-            run.bar.update()
-            if run.start.staged:
-                # a new run takes its directory's place once its first step has succeeded
-                run.take_place()
-        # Ctrl-C or SIGTERM: a checkpoint to resume from; the last step: the final model
-        if run.stop_requested and step < cfg.steps:
-            run.save_stopped(step, model, optimizer, generator)
-        elif step == cfg.steps:
-            run.save_final(step, model, task.summary)
-        if run.stop_requested:
-            raise KeyboardInterrupt
+            print(run.first_line(seconds, warm_up, slowdown), flush=True)
+        loop(cfg, run, model, task, test, optimizer, batches, precision, train_step, evaluate)
     return run.metrics
+
+
+def loop(cfg, run, model, task, test, optimizer, batches, precision, train_step, evaluate):
+    """The training algorithm, from where the run starts: evaluate, log and checkpoint when an
+    evaluation is due, stop at the last step (or at Ctrl-C), else set the lr, draw a batch and take
+    one step; after the loop, a stopped run's checkpoint or the final model. train() passes its
+    Batches, train_step and evaluate; batched_seeds.py passes its stack of seeds and their own.
+    A checkpoint keeps batches.generator's state: a resumed run draws what follows."""
+    for step in range(run.start.step, cfg.steps + 1):
+        last = step == cfg.steps
+        evaluation_due = last or (step > 0 and step % cfg.eval_every == 0)
+        if evaluation_due and step > run.start.logged:
+            metrics = evaluate(model, task, test, run.device, cfg.dtype)
+            run.log(step, lr_at(step, cfg), metrics)
+            run.save_checkpoint(step, model, optimizer, batches.generator)
+        if last or run.stop_requested:
+            break
+        set_lr(optimizer, lr_at(step, cfg))
+        batch = batches.next()
+        chunks = batch.length_chunks()
+        loss = train_step(model, task.loss, chunks, optimizer, run.ranks, cfg.clip, precision)
+        run.step_taken(loss)  # kept for the next log line; a new run takes its directory's place
+    # Ctrl-C or SIGTERM: a checkpoint to resume from; the last step: the final model
+    if run.stop_requested and step < cfg.steps:
+        run.save_stopped(step, model, optimizer, batches.generator)
+    elif step == cfg.steps:
+        run.save_final(step, model, task.summary)
+    if run.stop_requested:
+        raise KeyboardInterrupt
 
 
 class Batches:
@@ -159,30 +158,39 @@ class Batches:
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
 
-def choose_forward(model, task, cfg, device) -> None:
-    """model.fast: its fast paths train where they compute what model.py's written-out code
-    computes (an edit to that code stops them), checked on PROBE_ROWS rows of a spare batch."""
-    probe = spare_batch(task, cfg, device)[:PROBE_ROWS]
+def choose_forward(model, task, cfg, device, precision):
+    """Set model.fast: its fast paths train where they compute what model.py's written-out code
+    computes (an edit to that code stops them), checked on PROBE_ROWS rows of a spare batch. Where
+    they disagree, returns how many times a training step of the written-out code takes the fast
+    paths' (both timed uncompiled on a spare batch), for the first line; else None."""
+    batch = spare_batch(task, cfg, device)
+    probe = batch[:PROBE_ROWS]
     model.fast = fast_paths_agree(model, probe.x, probe.pos)
+    if model.fast or not isinstance(model, GPT):
+        return None
+    # the faster of two passes each: a process's first passes allocate
+    seconds = {}
+    for fast in (False, True, False, True):
+        model.fast = fast
+        taken = step_seconds(model, task.loss, batch, precision)
+        seconds[fast] = min(taken, seconds.get(fast, taken))
+    model.fast = False
+    model.zero_grad(set_to_none=True)
+    return seconds[False] / seconds[True]
 
 
-def spare_batch(task, cfg, device) -> Batch:
-    """A training batch of the run's size for timing a step, drawn from a generator of its own
-    (seed + 1), so the run's data stream is untouched."""
-    generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
-    return task.sample(cfg.batch_size, generator).to(device)
-
-
-def train_step(model, loss_fn, chunks: list, optimizer, clip, precision):
+def train_step(model, loss_fn, chunks: list, optimizer, ranks, max_norm: float, precision):
     """One optimizer step on a batch given as its length chunks (Batch.length_chunks), whose
-    gradients add up; returns the batch's mean answer loss (a tensor: no host sync)."""
+    gradients add up; returns the batch's mean answer loss (a tensor: no host sync). precision:
+    train()'s torch.autocast. Under torchrun the ranks' gradients are summed before the clip."""
     batch_loss = 0.0
     for chunk, weight in chunks:
         with precision:
             loss = loss_fn(model(chunk.x, chunk.pos), chunk) * weight
         loss.backward()
         batch_loss = batch_loss + loss.detach()
-    clip()
+    ranks.sum_gradients(model.parameters())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return batch_loss
@@ -199,7 +207,7 @@ def evaluate(model, task, test: Batch, device, dtype="auto") -> dict:
     for start in range(0, len(test), task.eval_batch_size):
         batch = test[by_length[start : start + task.eval_batch_size]]
         batch = replace(batch, x=batch.x[:, : int(batch.pos.max()) + 1]).to(device)
-        with autocast(device, dtype):
+        with torch.autocast(device.type, torch.bfloat16, enabled=uses_bf16(device, dtype)):
             logits = model(batch.x, batch.pos)
         for name, values in task.metrics(logits, batch).items():
             scores.setdefault(name, []).append(values)

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.getcwd())
 from bench import best_seconds  # noqa: E402
 from machinery.config import TrainConfig, build_seeded  # noqa: E402
-from machinery.devices import Ranks, autocast, compile_model  # noqa: E402
+from machinery.devices import Ranks, autocast, compiled  # noqa: E402
 from train import Batches, choose_forward, make_optimizer, train_step  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -41,21 +41,25 @@ for name in args.tasks:
             settings.update(width=args.width, heads=2, scale="cpu")
         cfg, task, model, _ = build_seeded(TrainConfig(**settings))
         model.to(device)
-        choose_forward(model, task, cfg, device)
-        compile_model(model, device, args.compile)
-        optimizer = make_optimizer(model.parameters(), cfg, device)
-        clip = Ranks().clipper(model.parameters(), cfg.clip)
         precision = autocast(device, cfg.dtype)
+        choose_forward(model, task, cfg, device, precision)
+        model = compiled(model, device, args.compile)
+        optimizer = make_optimizer(model.parameters(), cfg, device)
+        ranks = Ranks()
         task.draws_on_host = place == "host"  # this task object's alone, for this probe
         batches = Batches(task, cfg.batch_size, cfg.seed, device)
         drawn = batches.next()
 
         def step():
             batch = batches.next()
-            train_step(model, task.loss, batch.length_chunks(), optimizer, clip, precision)
+            train_step(
+                model, task.loss, batch.length_chunks(), optimizer, ranks, cfg.clip, precision
+            )
 
         def step_on_a_batch_drawn_before():
-            train_step(model, task.loss, drawn.length_chunks(), optimizer, clip, precision)
+            train_step(
+                model, task.loss, drawn.length_chunks(), optimizer, ranks, cfg.clip, precision
+            )
 
         for _ in range(args.warmup):
             step()

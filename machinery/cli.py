@@ -15,12 +15,27 @@ from machinery.devices import pick_device
 from machinery.errors import OneLineParser, UsageError
 
 MAX_SEEDS = 10_000  # a sweep of seeds, each its own run directory: more is a typo
+# flags renamed since earlier versions -> their names now; argparse would otherwise take --pos for
+# an abbreviation of --positional, so each old name is refused with its new one
+RENAMED_FLAGS = {"--pos": "--positional"}
 
 
 def flag(name: str) -> str:
     """A TrainConfig field's flag: --train for the mode (it says what trains), else the name with
     dashes."""
     return "--" + ("train" if name == "mode" else name.replace("_", "-"))
+
+
+class RenamedFlag(argparse.Action):
+    """A flag's old name (RENAMED_FLAGS): refused in one line that names the new one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        meant = RENAMED_FLAGS[option_string]
+        if values is not None:
+            meant += f" {values}"
+        parser.error(
+            f"{option_string} is now {RENAMED_FLAGS[option_string]}; did you mean {meant}?"
+        )
 
 
 def make_parser(description="Train one model on one task.", skip=()):
@@ -48,6 +63,8 @@ def make_parser(description="Train one model on one task.", skip=()):
             parser.add_argument(
                 flag(f.name), dest=f.name, action="store_true", help=f.metadata["help"]
             )
+    for old in RENAMED_FLAGS:
+        parser.add_argument(old, action=RenamedFlag, nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("--frozen", action="store_true", help="shorthand for --train frozen")
     parser.add_argument(
         "--scale",

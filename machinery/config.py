@@ -50,7 +50,7 @@ class TrainConfig:
         default="gpt",
         metadata={"help": f"model: {', '.join(ARCHS)} (lstm and linear are the paper's baselines)"},
     )
-    pos: str = field(
+    positional: str = field(
         default="learned",
         metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"},
     )
@@ -187,7 +187,8 @@ IGNORED_KEYS = {
     "forward",
     "code",
 }
-RENAMED_KEYS = {"train": "mode"}  # earlier versions' names of settings
+# earlier versions' names of settings: committed records keep them
+RENAMED_KEYS = {"train": "mode", "pos": "positional"}
 
 
 def config_from_dict(saved: dict) -> TrainConfig:
@@ -265,7 +266,7 @@ def with_paper_defaults(cfg: TrainConfig, task) -> TrainConfig:
 NAME_SKIP = (
     "task",
     "arch",
-    "pos",
+    "positional",
     "mode",
     "width",
     "seed",
@@ -276,10 +277,10 @@ NAME_SKIP = (
 
 
 def run_name(given: TrainConfig, width: int) -> str:
-    """A default run directory's name: <task>[-<arch>][-<pos>]-<mode>-w<width>, then `-cpu` for the
-    cpu scale, then each other setting that differs from the scale's (e.g. -lr0.001-digits3), then
-    -s<seed>. Two runs that differ in any setting get different names; the scale is the one of the
-    two that leaves fewer settings to list."""
+    """A default run directory's name: <task>[-<arch>][-<positional>]-<mode>-w<width>, then `-cpu`
+    for the cpu scale, then each other setting that differs from the scale's (e.g.
+    -lr0.001-digits3), then -s<seed>. Two runs that differ in any setting get different names; the
+    scale is the one of the two that leaves fewer settings to list."""
     paper = TrainConfig(task=given.task, mode=given.mode, arch=given.arch)
     changed_from_paper = settings_differing(given, paper)
     changed_from_cpu = settings_differing(given, cpu_variant(paper))
@@ -296,7 +297,7 @@ def run_name(given: TrainConfig, width: int) -> str:
             text = str(value)
         settings += f"-{name.replace('_', '-')}{name_part(text)}"
     variant = ""
-    for value in (given.arch, given.pos):
+    for value in (given.arch, given.positional):
         if value not in ("gpt", "learned"):
             variant += f"-{name_part(value)}"
     mode = name_part(mode_label(given.mode))
@@ -356,8 +357,10 @@ def check_config(cfg: TrainConfig, task) -> None:
         raise UsageError(f"unknown dtype {cfg.dtype!r}; choose from {', '.join(DTYPES)}")
     if cfg.arch not in ARCHS:
         raise UsageError(f"unknown architecture {cfg.arch!r}; choose from {', '.join(ARCHS)}")
-    if cfg.arch == "lstm" and cfg.pos != "learned":
-        raise UsageError("the lstm has no positional embedding; --pos applies to gpt and linear")
+    if cfg.arch == "lstm" and cfg.positional != "learned":
+        raise UsageError(
+            "the lstm has no positional embedding; --positional applies to gpt and linear"
+        )
     # Weights, gradients and AdamW's two moments alone (16 bytes a parameter; activations not
     # counted) must fit this machine's memory: an error before the run starts instead of a failed
     # allocation.
@@ -412,7 +415,13 @@ def build(cfg: TrainConfig):
     cfg, task = resolve(cfg)
     try:
         model = new_model(
-            cfg.arch, task.vocab_size, task.n_positions, cfg.width, cfg.layers, cfg.heads, cfg.pos
+            cfg.arch,
+            task.vocab_size,
+            task.n_positions,
+            cfg.width,
+            cfg.layers,
+            cfg.heads,
+            cfg.positional,
         )
         return cfg, task, model, apply_training_mode(model, cfg.mode)
     except ValueError as e:
@@ -541,11 +550,11 @@ def default_lr(cfg: TrainConfig) -> float:
             if layers is None:
                 layers = TASKS[cfg.task].layers
             with torch.device("meta"):
-                model = new_model(cfg.arch, 2, 2, 2, layers, 1, cfg.pos)
+                model = new_model(cfg.arch, 2, 2, 2, layers, 1, cfg.positional)
             trained = trained_parameters(dict(model.named_parameters()), cfg.mode)
             if any(parameter_group(name) == "body" for name in trained):
                 return CPU_BLOCKS_LR[cfg.task]
-        # a mask naming no parameter, an unknown --pos: as build() says
+        # a mask naming no parameter, an unknown --positional: as build() says
         except ValueError as e:
             raise UsageError(str(e)) from None
     if cpu and "lr" in CPU_VARIANTS[cfg.task]:

@@ -17,10 +17,11 @@ from model import model_name
 
 
 def first_line(
-    cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1, done=0
+    cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1, done=0, warm_up=0.0
 ) -> str:
-    """What the run trains, by whose protocol, and how long it will take on this machine; done:
-    the steps a resumed run took before (it says where it resumes)."""
+    """What the run trains, by whose protocol, and how long it will take on this machine from this
+    line on; done: the steps a resumed run took before (it says where it resumes); warm_up: the
+    seconds torch.compile took before this line (time_training_step), said beside the step's."""
     model = f"the {model_words(cfg)}" + ("" if cfg.arch == "lstm" else " transformer")
     protocol = {"cpu": "the task's cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its saved settings"
@@ -54,9 +55,12 @@ def first_line(
         steps = f"{steps_left:,} steps of {cfg.batch_size}"
         if done:
             steps += " left"
+        compiling = ""
+        if warm_up:
+            compiling = f", after {warm_up:.0f} s of torch.compile"
         when = (
             f"{resuming}{steps}, about {took} on this {device.type.upper()} ({timed}, "
-            f"{seconds:.2g} s{threads_said})"
+            f"{seconds:.2g} s{threads_said}{compiling})"
         )
     if hint:
         return what + when + f"; {hint}"
@@ -146,8 +150,8 @@ def settings_apart(cfg) -> str:
     reference = resolve(reference)[0]
     differing = settings_differing(cfg, reference)
     differing.pop("eval_every", None)
-    if cfg.pos != reference.pos:  # not among the settings a run's name lists
-        differing["pos"] = cfg.pos
+    if cfg.positional != reference.positional:  # not among the settings a run's name lists
+        differing["positional"] = cfg.positional
     apart = []
     for name, value in differing.items():
         apart.append(

@@ -13,7 +13,6 @@ import os
 import sys
 import time
 from contextlib import contextmanager
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -58,12 +57,12 @@ def threads_chosen() -> bool:
 
 def choose_threads(model, loss_fn, batch, precision, device, resumed_on=None) -> tuple:
     """(threads, seconds a training step takes on them), for the first line's time estimate: the
-    forward and backward passes of the run's own model over `batch`, timed. On a CPU where
-    OMP_NUM_THREADS does not say, the faster of torch's default and one thread is kept for the run:
-    on a busy machine the default's threads wait for each other, and one thread can be several times
-    faster. A resumed run keeps the threads it began on (resumed_on, from its config.json): float
-    sums follow the thread count, so on another it would not go on bit for bit. Nothing of the run
-    changes: the optimizer does not step, and the gradients are dropped.
+    forward and backward passes of the run's own model over `batch`, timed (step_seconds). On a CPU
+    where OMP_NUM_THREADS does not say, the faster of torch's default and one thread is kept for the
+    run: on a busy machine the default's threads wait for each other, and one thread can be several
+    times faster. A resumed run keeps the threads it began on (resumed_on, from its config.json):
+    float sums follow the thread count, so on another it would not go on bit for bit. Nothing of the
+    run changes: the optimizer does not step, and the gradients are dropped.
 
     On a CPU the second pass counts (the first allocates), or the first alone where it took over
     5 s. On a GPU the fastest of five: its first passes load kernels and choose algorithms for each
@@ -86,13 +85,7 @@ def choose_threads(model, loss_fn, batch, precision, device, resumed_on=None) ->
         torch.set_num_threads(threads)
         timings = []
         while True:
-            began = time.perf_counter()
-            for chunk, weight in batch.length_chunks():
-                with precision:
-                    loss = loss_fn(model(chunk.x, chunk.pos), chunk) * weight
-                loss.backward()
-            loss.item()  # waits for the device
-            timings.append(time.perf_counter() - began)
+            timings.append(step_seconds(model, loss_fn, batch, precision))
             if cpu and (len(timings) == 2 or timings[0] > 5):
                 seconds[threads] = timings[-1]
                 break
@@ -103,6 +96,19 @@ def choose_threads(model, loss_fn, batch, precision, device, resumed_on=None) ->
     threads = min(seconds, key=seconds.get)
     torch.set_num_threads(threads)
     return threads, seconds[threads]
+
+
+def step_seconds(model, loss_fn, batch, precision) -> float:
+    """Seconds that one training step's forward and backward passes of model over batch (its
+    length chunks, as train.train_step takes them) take here, waiting for the device. The gradients
+    add up in the model's .grad: the caller drops them."""
+    began = time.perf_counter()
+    for chunk, weight in batch.length_chunks():
+        with precision:
+            loss = loss_fn(model(chunk.x, chunk.pos), chunk) * weight
+        loss.backward()
+    loss.item()  # waits for the device
+    return time.perf_counter() - began
 
 
 def uses_bf16(device, dtype="auto") -> bool:
@@ -116,10 +122,11 @@ def autocast(device, dtype="auto"):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(device, dtype))
 
 
-def compile_model(model, device, use_compile=None, deterministic=False):
-    """model compiled if use_compile (None: on CUDA only): a module in place, so that one handle
-    serves training and evaluation, any other callable wrapped. Automatic dynamic shapes: the first
-    change of chunk length recompiles once, for every length after it. A model that fails to compile
+def compiled(model, device, use_compile=None, deterministic=False):
+    """model, compiled if use_compile (None: on CUDA only): a module compiled in place (its forward
+    swapped, its weights and state_dict names its own), so that one handle serves training and
+    evaluation; any other callable wrapped. Automatic dynamic shapes: the first change of chunk
+    length recompiles once, for every length after it. A model that fails to compile
     says so in one line and runs eagerly from then on (inductor compiles the backward at the first
     backward(), outside this guard; where the forward compiles, so does the backward).
 
@@ -127,16 +134,23 @@ def compile_model(model, device, use_compile=None, deterministic=False):
     shapes the first length keeps kernels of its own, and a resumed run starts at another length:
     on an H100 its weights then ended 1e-9 away from the whole run's (RESULTS.md, the fourth device
     session); compiled dynamic from the start, they ended equal."""
-    if not (device.type == "cuda" if use_compile is None else use_compile):
+    if not compiles(device, use_compile):
         return model
     dynamic = None  # torch's automatic dynamic shapes
     if deterministic:
         dynamic = True
     if not isinstance(model, torch.nn.Module):
         return eager_after_failure(torch.compile(model, dynamic=dynamic), model)
-    compiled = torch.compile(model.forward, dynamic=dynamic)
-    model.forward = eager_after_failure(compiled, model.forward)
+    forward = torch.compile(model.forward, dynamic=dynamic)
+    model.forward = eager_after_failure(forward, model.forward)
     return model
+
+
+def compiles(device, use_compile=None) -> bool:
+    """Whether a run compiles its model: as --compile says, or where it says nothing, on CUDA."""
+    if use_compile is None:
+        return device.type == "cuda"
+    return use_compile
 
 
 def eager_after_failure(compiled, eager):
@@ -183,8 +197,8 @@ def deterministic_kernels(enabled: bool):
 
 class Ranks:
     """This process's place among torchrun's processes (rank 0 of 1 without torchrun); the lead
-    (rank 0) alone writes files. shard_task() and clipper() make the training step data-parallel; in
-    one process they change nothing."""
+    (rank 0) alone writes files. shard_task() and sum_gradients() make the training step
+    data-parallel; in one process they change nothing."""
 
     def __init__(self):
         self.world = int(os.environ.get("WORLD_SIZE", 1))
@@ -206,19 +220,15 @@ class Ranks:
     def shard_task(self, task):
         return task if self.world == 1 else ShardedTask(task, self.rank, self.world)
 
-    def clipper(self, params, max_norm: float):
-        """clip(): the ranks' gradients summed (each already a share of the global mean), then
-        clipped. In one process, torch's clipping itself: a step calls nothing here."""
-        params = [p for p in params if p.requires_grad]
-        clip = partial(torch.nn.utils.clip_grad_norm_, params, max_norm)
-
-        def sum_then_clip():
+    def sum_gradients(self, params):
+        """Each parameter's gradient summed over the ranks (each already its share of the global
+        mean), before the step clips them; in one process, nothing."""
+        if self.world == 1:
+            return
+        for p in params:
             # None on every rank alike: the ranks run the same graph
-            for grad in (p.grad for p in params if p.grad is not None):
-                self.sum(grad)
-            clip()
-
-        return clip if self.world == 1 else sum_then_clip
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
 
     def sum(self, total: torch.Tensor) -> torch.Tensor:
         if self.world > 1:

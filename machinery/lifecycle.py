@@ -8,17 +8,20 @@ import threading
 import time
 from dataclasses import replace
 
+import torch
 from tqdm import tqdm
 
 from machinery.code import code_state
 from machinery.config import saved_config
 from machinery.console import first_line, forward_note, pace_words, result_line
+from machinery.devices import choose_threads, compiles, deterministic_kernels, step_seconds
 from machinery.errors import Diverged
 from machinery.plateau import plateau_note
 from machinery.rundir import (
     StartPoint,
     finish_swap,
     log_eval,
+    recorded_threads,
     replace_old_run,
     run_record,
     save_checkpoint,
@@ -37,9 +40,7 @@ class Run:
             ...
             run.log(step, lr, metrics)            # metrics.jsonl and the console
             run.save_checkpoint(step, model, optimizer, generator)
-            run.losses.append(loss)
-            run.bar.update()
-            run.take_place()                      # a new run takes its place after its first step
+            run.step_taken(loss)                  # the loss kept for the next log line, the bar
             ...
             run.save_stopped(...) or run.save_final(...)
 
@@ -96,11 +97,12 @@ class Run:
         )
         return self.start
 
-    def first_line(self, seconds, slowdown=None) -> str:
-        """What trains, from which step, and how long it will take here (a step takes `seconds`);
-        the plateau a committed record of the same settings sat on, if any (plateau_note); which
-        of model.py's code trains (slowdown: the written-out code's step over the fast paths', where
-        they disagree); then the sizes."""
+    def first_line(self, seconds, warm_up=0.0, slowdown=None) -> str:
+        """What trains, from which step, and how long it will take here (a step takes `seconds`,
+        after torch.compile took `warm_up`: time_training_step); the plateau a committed record of
+        the same settings sat on, if any (plateau_note); which of model.py's code trains
+        (slowdown: the written-out code's step over the fast paths', where they disagree); then the
+        sizes."""
         steps_left = self.cfg.steps - self.start.step
         line = first_line(
             self.cfg,
@@ -110,6 +112,7 @@ class Run:
             steps_left,
             threads=self.threads,
             done=self.start.step,
+            warm_up=warm_up,
         )
         # a committed record's plateau says nothing of a run of edited code
         note = None
@@ -122,6 +125,14 @@ class Run:
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
             f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"
         )
+
+    def step_taken(self, loss):
+        """After each training step: its loss kept for the next log line's mean, the progress bar
+        moved on, and a new run put in its directory's place once this first step has succeeded
+        (take_place)."""
+        self.losses.append(loss)
+        self.bar.update()
+        self.take_place()
 
     def take_place(self):
         """Put a staged new run where it belongs once a step has succeeded (or it has no step to
@@ -267,3 +278,33 @@ def resumed_config(run_dir):
     a kill left of a swap there (finish_swap)."""
     finish_swap(run_dir)  # a run killed while it replaced an old one: the swap completes first
     return replace(saved_config(run_dir, required=True), out=run_dir)
+
+
+def spare_batch(task, cfg, device):
+    """A training batch of the run's size, drawn from a generator of its own (seed + 1), so that
+    timing a step or checking the fast paths leaves the run's data stream untouched."""
+    generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
+    return task.sample(cfg.batch_size, generator).to(device)
+
+
+def time_training_step(model, task, cfg, precision, device, resume=False) -> tuple:
+    """(threads, seconds, warm_up): a training step's forward and backward passes timed here, for
+    the first line's estimate, and on a CPU the threads the run trains on (devices.choose_threads).
+    The batch is a spare_batch; the model is the one that trains, compiled where the run compiles,
+    under its kernels (deterministic or not). Its first compiled pass compiles the forward and
+    backward graphs, each chunk length's, for the run to use: warm_up is that pass's time less a
+    step's, measured, so that the first line counts it; 0 where the model runs eagerly. A run with
+    no step to take times nothing."""
+    if not (resume or cfg.steps):
+        return torch.get_num_threads(), 0.0, 0.0
+    resumed_on = None
+    if resume:
+        resumed_on = recorded_threads(cfg.out)
+    batch = spare_batch(task, cfg, device)
+    first = 0.0
+    # under the run's kernels: torch.compile's graphs are kept for a run of the same setting
+    with deterministic_kernels(cfg.deterministic):
+        if compiles(device, cfg.compile):
+            first = step_seconds(model, task.loss, batch, precision)
+        threads, seconds = choose_threads(model, task.loss, batch, precision, device, resumed_on)
+    return threads, seconds, max(0.0, first - seconds)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from machinery.config import NOT_COMPUTED, build, config_from_dict
+from machinery.config import NOT_COMPUTED, RENAMED_KEYS, build, config_from_dict
 from machinery.devices import uses_bf16
 from machinery.errors import UsageError
 from machinery.files import (
@@ -215,6 +215,7 @@ def check_checkpoint_settings(cfg, checkpoint: dict, checkpoint_path):
     saved = checkpoint.get("config")
     if not isinstance(saved, dict):
         raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
+    saved = {RENAMED_KEYS.get(name, name): value for name, value in saved.items()}
     for name, value in asdict(cfg).items():
         if name in saved and name not in NOT_COMPUTED and saved[name] != value:
             raise UsageError(

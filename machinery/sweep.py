@@ -308,7 +308,7 @@ STEP_COST = (
     "task",
     "mode",
     "arch",
-    "pos",
+    "positional",
     "width",
     "layers",
     "heads",

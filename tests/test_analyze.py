@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_core import train_killed_after
 
 import analyze
 import compare
@@ -530,7 +531,7 @@ def test_watch_waits_while_a_process_holds_the_run_and_ends_with_one_line_once_n
     tmp_path, monkeypatch, capsys
 ):
     run = tmp_path / "stopped"
-    train.train(
+    train_killed_after(
         TrainConfig(
             task="parens",
             mode="frozen",
@@ -544,7 +545,7 @@ def test_watch_waits_while_a_process_holds_the_run_and_ends_with_one_line_once_n
             device="cpu",
             out=str(run),
         ),
-        stop_after=2,
+        2,
     )
     lock, sleeps = RunLock(str(run)), []  # a process training it, as far as the lock tells
 
@@ -688,7 +689,7 @@ def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
         device="cpu",
         out=str(run),
     )
-    train.train(cfg, stop_after=3)
+    train_killed_after(cfg, 3)
     assert (run / "checkpoint.pt").is_file() and not (run / "model.pt").exists()
     result = analyzed(run)
     assert {"curves", "variance", "attention", "projection"} <= set(result)

@@ -7,6 +7,7 @@ import shutil
 import statistics
 
 import pytest
+from test_core import train_killed_after
 
 import compare
 import train
@@ -36,7 +37,7 @@ def root(tmp_path_factory, tiny):
     for seed in (0, 1):
         train.train(tiny(root / f"needle-a-s{seed}", seed=seed))
     train.train(tiny(root / "needle-b-s0", width=8, lr=1e-2))
-    train.train(tiny(root / "needle-stopped-s0"), stop_after=2)
+    train_killed_after(tiny(root / "needle-stopped-s0"), 2)
     return root
 
 

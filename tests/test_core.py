@@ -1,6 +1,7 @@
 """Core properties: the generators, the model's parameter counts and init, training modes,
 causality, exact resuming, and that a frozen random transformer really learns."""
 
+import contextlib
 import json
 import math
 import os
@@ -486,6 +487,39 @@ def test_learning_rate_warms_up_linearly_then_decays_to_zero():
 # ---------------------------------------------------------------------------
 
 
+class Killed(Exception):
+    """train_killed_after's end of a run: where it stands, as a kill would leave it."""
+
+
+@contextlib.contextmanager
+def killed_after(steps: int):
+    """Within, a run ends after `steps` steps as a kill ends it: the evaluation and checkpoint due
+    at that step written, then nothing more (no stopped checkpoint, no final model). The loop has
+    no parameter for it: the step after the last is made to raise, and the raise ends here."""
+    taken = []
+    step = train.train_step
+
+    def counted(*args):
+        if len(taken) == steps:
+            raise Killed
+        taken.append(args)
+        return step(*args)
+
+    train.train_step = counted
+    try:
+        yield
+    except Killed:
+        pass
+    finally:
+        train.train_step = step
+
+
+def train_killed_after(cfg, steps: int):
+    """train.train(cfg), killed after `steps` steps (killed_after)."""
+    with killed_after(steps):
+        train.train(cfg)
+
+
 def test_run_writes_config_metrics_final_and_model(tmp_path, tiny):
     metrics = train.train(tiny(tmp_path))
     run = tmp_path / "run"
@@ -514,8 +548,8 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path, device, ti
     whole = train.train(
         tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "whole"))
     )
-    train.train(
-        tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "cut")), stop_after=4
+    train_killed_after(
+        tiny(tmp_path, device=device, deterministic=exact, out=str(tmp_path / "cut")), 4
     )
     assert not torch.are_deterministic_algorithms_enabled()  # a run's choice ends with it
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt")["model"]

@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
+from test_core import killed_after, train_killed_after
 
 import analyze
 import batched_seeds
@@ -71,7 +72,12 @@ BAD_INPUTS = [
     ("train.py", ["--steps", "ten"], "invalid int value"),
     ("train.py", ["--dtype", "fp16"], "unknown dtype"),
     ("train.py", ["--arch", "rnn"], "unknown architecture"),
-    ("train.py", ["--arch", "lstm", "--pos", "sinusoidal"], "the lstm has no positional embedding"),
+    (
+        "train.py",
+        ["--arch", "lstm", "--positional", "sinusoidal"],
+        "the lstm has no positional embedding",
+    ),
+    ("train.py", ["--pos", "sinusoidal"], "--pos is now --positional; did you mean --positional s"),
     ("train.py", ["--device", "tpu"], "unknown device"),
     ("train.py", ["--lr", "nan"], "--lr must be a number > 0"),
     ("train.py", ["--lr", "inf"], "--lr must be a number > 0"),
@@ -431,7 +437,7 @@ def world(tmp_path_factory, tiny):
     (STOPPED), broken copies of them, a plain FILE, a non-run directory, bad lm text."""
     root = tmp_path_factory.mktemp("world")
     train.train(tiny(root, out=str(root / "RUN")))
-    train.train(tiny(root, out=str(root / "STOPPED")), stop_after=4)
+    train_killed_after(tiny(root, out=str(root / "STOPPED")), 4)
     (root / "FILE").write_text("a file")
     (root / "NOTES").mkdir()
     (root / "NOTES" / "notes.txt").write_text("mine")
@@ -838,7 +844,7 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(
 
 def test_resume_drops_a_metrics_line_cut_short(tmp_path, tiny):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "lo')
     assert train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True) == whole
@@ -847,7 +853,7 @@ def test_resume_drops_a_metrics_line_cut_short(tmp_path, tiny):
 
 def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path, tiny):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     (tmp_path / "run").rename(tmp_path / "moved")
@@ -861,7 +867,7 @@ def test_resume_works_on_the_directory_given_wherever_it_was_moved(tmp_path, tin
 
 
 def test_resume_refuses_a_finished_run_and_any_other_flag(tmp_path, capsys, tiny):
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     code, err = run_cli(
         ["--resume", str(tmp_path / "run"), "--steps", "600", "--lr", "1e-3", "--frozen"], capsys
     )
@@ -935,7 +941,7 @@ def test_each_evaluation_prints_one_line_when_stderr_is_not_a_terminal(tmp_path,
 
 def test_resuming_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_path, tiny):
     whole = train.train(tiny(tmp_path, out=str(tmp_path / "whole")))
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     os.remove(tmp_path / "run" / "checkpoint.pt")
     assert train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True) == whole
     assert metric_steps(tmp_path / "run") == [4, 8]
@@ -1051,8 +1057,7 @@ import train
 nth, train_step, calls = int(sys.argv[2]), train.train_step, []
 
 def interrupted_train_step(*args):
-    if sys._getframe(1).f_code.co_name == "train":  # the loop's steps, not a step timed before them
-        calls.append(1)
+    calls.append(1)  # the loop's steps (a step timed before them is devices.step_seconds)
     if len(calls) == nth:
         os.kill(os.getpid(), signal.SIGINT)
     return train_step(*args)
@@ -1230,7 +1235,7 @@ NASTY_VALUES = [
     ("data", "../../outside/story.txt"),
     ("dtype", "../x"),
     ("arch", "../../x"),
-    ("pos", "/etc"),
+    ("positional", "/etc"),
     ("steps", 10**400),
     ("lr", -1e-300),
 ]
@@ -1330,7 +1335,7 @@ def test_a_ctrl_c_in_the_last_step_or_evaluation_saves_the_run_and_still_stops_t
     calls, real = [], getattr(train, where)
 
     def ctrl_c_at_the_end(*args):
-        calls.append(sys._getframe(1).f_code.co_name == "train")  # the loop's, not the step timer's
+        calls.append(1)  # the loop's (the step timer calls neither)
         if sum(calls) == (8 if where == "train_step" else 2):  # 8 steps, evaluated at 4 and 8
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args)
@@ -1362,7 +1367,7 @@ def test_a_finished_run_is_tidied_of_what_a_kill_left_by_the_next_start_or_resum
 def test_a_full_disk_while_taking_the_lock_names_the_lock_and_leaves_no_lock_file(
     tmp_path, monkeypatch, capsys, tiny
 ):
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     before = snapshot(tmp_path)
 
     def disk_full(*args, **kwargs):
@@ -1459,7 +1464,7 @@ time.sleep(60)
 
 @pytest.mark.slow
 def test_a_second_process_on_a_run_is_refused_with_the_holders_pid(tmp_path, capsys, tiny):
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     run = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, REPO, str(run)], stdout=subprocess.PIPE, text=True
@@ -1646,9 +1651,7 @@ def test_overwrite_replaces_the_old_run_only_after_the_first_step(tmp_path, monk
     step = train.train_step
 
     def seeing_train_step(*args):
-        # the loop's steps, not a step timed before them
-        if sys._getframe(1).f_code.co_name == "train":
-            seen.append(json.loads((run / "config.json").read_text())["steps"])
+        seen.append(json.loads((run / "config.json").read_text())["steps"])
         return step(*args)
 
     monkeypatch.setattr(train, "train_step", seeing_train_step)
@@ -1779,7 +1782,7 @@ def test_runs_that_differ_in_any_setting_get_their_own_default_directory():
             ["--digits", "3"],
             ["--lr", "1e-3"],
             ["--steps", "99"],
-            ["--pos", "sinusoidal"],
+            ["--positional", "sinusoidal"],
             ["--dtype", "bf16"],
             ["--seed", "1"],
         )
@@ -1796,11 +1799,12 @@ def test_a_seeds_command_again_after_a_stop_skips_finished_seeds_and_resumes_the
     )
     original = train.train
 
-    def stopped_at_seed_1(cfg, resume=False, stop_after=None):
+    def stopped_at_seed_1(cfg, resume=False):
         if cfg.seed == 1:
-            original(cfg, resume, stop_after=4)
+            with killed_after(4):
+                original(cfg, resume)
             raise KeyboardInterrupt
-        return original(cfg, resume, stop_after)
+        return original(cfg, resume)
 
     with monkeypatch.context() as m:
         m.setattr(train, "train", stopped_at_seed_1)
@@ -1832,7 +1836,7 @@ def test_batched_seeds_interrupted_is_one_line_and_exit_130(tmp_path, monkeypatc
 
 
 def test_resume_removes_only_its_own_temp_files(tmp_path, tiny):
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     run = tmp_path / "run"
     (run / ".notes.tmp").write_text("mine")
     (run / ".checkpoint.pt.k3j2h1.tmp").write_bytes(b"half a checkpoint")
@@ -1843,7 +1847,7 @@ def test_resume_removes_only_its_own_temp_files(tmp_path, tiny):
 
 
 def test_a_run_directory_spelled_another_way_is_the_same_run(tmp_path, tiny):
-    train.train(tiny(tmp_path), stop_after=4)
+    train_killed_after(tiny(tmp_path), 4)
     cfg = config.resolve(tiny(tmp_path))[0]
     assert (
         config.changed_settings(replace(cfg, out=str(tmp_path) + "//run"), str(tmp_path) + "//run")
@@ -1896,7 +1900,7 @@ def test_every_committed_run_config_still_reads():
 def test_a_checkpoint_whose_time_is_no_time_is_refused_in_one_line(tmp_path, elapsed, tiny):
     # a NaN time was resumed and reached final.json as "elapsed: NaN"
     cfg = tiny(tmp_path, steps=8, eval_every=4)
-    train.train(cfg, stop_after=4)
+    train_killed_after(cfg, 4)
     path = tmp_path / "run" / "checkpoint.pt"
     checkpoint = torch.load(path, weights_only=False)
     checkpoint["elapsed"] = elapsed
@@ -1959,7 +1963,7 @@ def test_a_resumed_cpu_run_keeps_the_threads_it_began_on(tmp_path, monkeypatch, 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
-        train.train(cfg, stop_after=4)
+        train_killed_after(cfg, 4)
     finally:
         torch.set_num_threads(before)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == 1
@@ -2103,7 +2107,7 @@ def test_a_kill_before_any_write_of_a_resume_or_an_overwrite_the_next_command_co
     # next start refused as no run's.)
     args = TINY_ARGS + ["--device", "cpu"]
     train.main(args + ["--out", str(tmp_path / "whole")])
-    train.train(cli.parse_args(args + ["--out", str(tmp_path / "stopped")])[0], stop_after=4)
+    train_killed_after(cli.parse_args(args + ["--out", str(tmp_path / "stopped")])[0], 4)
     train.main(args + ["--steps", "4", "--out", str(tmp_path / "old")])
     whole = records(tmp_path / "whole")
     weights = torch.load(tmp_path / "whole" / "model.pt")["model"]
@@ -2143,7 +2147,7 @@ def test_a_cpu_run_and_its_resume_touch_no_cuda_state(tmp_path, monkeypatch, cap
         monkeypatch.setattr(torch.cuda, name, touched)
     args = TINY_ARGS + ["--device", "cpu"]
     train.main(args + ["--out", str(tmp_path / "whole")])
-    train.train(cli.parse_args(args + ["--out", str(tmp_path / "cut")])[0], stop_after=4)
+    train_killed_after(cli.parse_args(args + ["--out", str(tmp_path / "cut")])[0], 4)
     train.main(["--resume", str(tmp_path / "cut")])
     capsys.readouterr()
     assert records(tmp_path / "cut") == records(tmp_path / "whole")

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+from test_core import train_killed_after
 
 import model
 import reproduce
@@ -711,7 +712,7 @@ def test_printed_commands_finish_each_run_after_a_kill_and_the_plain_command_the
     killed, finished, new = (
         cells[row, "Linearized random"][0] for row in ("needle", "addition", "parens")
     )
-    train.train(killed, stop_after=2)  # killed after its checkpoint at step 2
+    train_killed_after(killed, 2)  # killed after its checkpoint at step 2
     write_final(finished.out, accuracy=0.5, loss=1.0, elapsed=1.0)
     capsys.readouterr()
     reproduce.main(flags + ["--print-commands"])

@@ -145,8 +145,8 @@ def test_a_refused_start_is_refused_before_the_step_is_timed(tmp_path, monkeypat
     def timed(*args, **kwargs):
         raise AssertionError("the step was timed before the start was refused")
 
-    monkeypatch.setattr(train, "choose_threads", timed)
-    monkeypatch.setattr(batched_seeds, "choose_threads", timed)
+    monkeypatch.setattr(train, "time_training_step", timed)
+    monkeypatch.setattr(batched_seeds, "time_training_step", timed)
     with pytest.raises(UsageError, match="holds a finished run; pass --overwrite"):
         train.train(cfg)
     with pytest.raises(UsageError, match="has finished"):
@@ -167,13 +167,14 @@ def test_result_line_names_the_settings_a_run_leaves_its_scale_in():
     )
     one_layer = console.result_line(canonical("--layers", "1"), metrics)
     assert one_layer.startswith("needle, random 512 (cpu variant with layers 1 not 2): 99.6%")
-    flags = "--task addition --frozen --scale paper --pos sinusoidal --lr 3e-3 --eval-every 50"
+    flags = "--task addition --frozen --scale paper --positional sinusoidal --lr 3e-3 "
+    flags += "--eval-every 50"
     cfg, _ = cli.parse_args(flags.split())
     line = console.result_line(config.resolve(cfg)[0], metrics)
     # how often it evaluates changes no number
     assert line.startswith(
-        "addition, random 1024 (the paper's protocol with lr 0.003 not 0.001, pos sinusoidal not "
-        "learned): 99.6%"
+        "addition, random 1024 (the paper's protocol with lr 0.003 not 0.001, positional "
+        "sinusoidal not learned): 99.6%"
     )
 
 

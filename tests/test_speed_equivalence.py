@@ -11,6 +11,7 @@ from functools import partial
 
 import pytest
 import torch
+from test_core import train_killed_after
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import batched_seeds
@@ -389,7 +390,7 @@ def test_a_deterministic_compiled_run_compiles_every_length_at_once_and_resumes_
     cfg = replace(cfg, deterministic=True)
     whole = train.train(replace(cfg, out=str(tmp_path / "whole")))
     assert counters["stats"]["unique_graphs"] <= 2  # the step's and evaluation's
-    train.train(replace(cfg, out=str(tmp_path / "cut")), stop_after=6)
+    train_killed_after(replace(cfg, out=str(tmp_path / "cut")), 6)
     resumed = train.train(lifecycle.resumed_config(str(tmp_path / "cut")), resume=True)
     assert resumed == whole
     a = torch.load(tmp_path / "whole" / "model.pt")["model"]
