@@ -50,7 +50,7 @@ for part in $parts; do
       pids=""
       for file in tests/test_*.py; do
         name=$(basename "$file" .py)
-        timeout 300 python -m pytest -v -rf -p no:logging -p no:cacheprovider \
+        timeout "${SUITE_SECONDS:-300}" python -m pytest -v -rf -p no:logging -p no:cacheprovider \
           --basetemp="/tmp/pytest-$name" "$file" >"$out/pytest-$name.log" 2>&1 &
         pids="$pids $!"
       done
