@@ -20,9 +20,9 @@ PYTHON_FILES = ("*.py", ":!tests")
 def git(*args) -> str:
     """git's output for args in the project's checkout; OSError or CalledProcessError where it
     fails (no git, no checkout, no commit)."""
-    done = subprocess.run(
-        ["git", "-C", REPOSITORY, *args], capture_output=True, text=True, check=True
-    )
+    # a file's mode is no code: a copy that lost the executable bits ran the same program
+    command = ["git", "-C", REPOSITORY, "-c", "core.fileMode=false", *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
     return done.stdout
 
 

@@ -576,6 +576,16 @@ def world(tmp_path_factory, tiny):
     return root
 
 
+def run_files(path):
+    """The files in a run directory, sorted, but code.diff: a run writes it where the checkout has
+    uncommitted edits, which says nothing of the run."""
+    names = []
+    for name in sorted(os.listdir(path)):
+        if name != "code.diff":
+            names.append(name)
+    return names
+
+
 def hidden_folders(root):
     """Folders of the user's own named like a swap's hidden siblings (.NAME.new, .NAME.old), each
     holding work, beside a finished run, a stopped one, or where no run is."""
@@ -839,7 +849,7 @@ def test_a_kill_at_any_write_resumes_to_the_uninterrupted_result(
         torch.load(cut / "model.pt")["model"],
     )
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert sorted(os.listdir(cut)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
+    assert run_files(cut) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
 
 
 def test_resume_drops_a_metrics_line_cut_short(tmp_path, tiny):
@@ -916,7 +926,7 @@ def test_overwrite_touches_nothing_until_the_new_run_is_valid_then_clears_everyt
         assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, bad
         assert {p.name: p.read_bytes() for p in run.iterdir()} == before, bad
     train.main(base)
-    assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
+    assert run_files(run) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
     assert json.loads((run / "config.json").read_text())["steps"] == 0
 
 
@@ -1635,7 +1645,7 @@ def test_a_kill_at_any_point_of_the_swap_leaves_a_whole_run_and_the_next_command
         assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
     assert sorted(os.listdir(tmp_path)) == ["run", "whole"]  # nothing hidden left beside it
     # no stale lock
-    assert sorted(os.listdir(run)) == [
+    assert run_files(run) == [
         "config.json",
         "final.json",
         "metrics.jsonl",
@@ -1698,7 +1708,7 @@ def test_batched_seeds_that_diverge_stop_with_exit_code_3_and_write_no_nan(tmp_p
     assert "a batched run keeps no checkpoint" in err and "last checkpoint" not in err
     for seed in (0, 1):
         # no metrics, no final.json
-        assert sorted(os.listdir(tmp_path / f"run-s{seed}")) == ["config.json"]
+        assert run_files(tmp_path / f"run-s{seed}") == ["config.json"]
     assert not (tmp_path / "run-seeds.json").exists()
 
 
@@ -1728,7 +1738,7 @@ def test_a_full_disk_during_torch_save_is_one_line_and_the_run_resumes(
         and "checkpoint.pt" in err
     ), err
     # no temp file, no lock
-    assert sorted(os.listdir(run)) == [
+    assert run_files(run) == [
         "checkpoint.pt",
         "config.json",
         "metrics.jsonl",
@@ -1754,7 +1764,7 @@ def test_results_follow_the_umask_and_a_finished_run_keeps_no_checkpoint(tmp_pat
     finally:
         os.umask(previous)
     run = tmp_path / "run"
-    assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
+    assert run_files(run) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
     assert {name: os.stat(run / name).st_mode & 0o777 for name in os.listdir(run)} == dict.fromkeys(
         os.listdir(run), 0o644
     )
@@ -2006,7 +2016,7 @@ def test_overwrite_of_a_run_named_with_a_dot_or_that_will_not_move(tmp_path, mon
     # --out X/. gave a raw "Device or resource busy" and left a .swap mark inside the old run
     train.train(tiny(tmp_path, steps=2))
     train.train(tiny(tmp_path, steps=2, overwrite=True, out=str(tmp_path / "run" / ".")))
-    assert sorted(os.listdir(tmp_path / "run")) == [
+    assert run_files(tmp_path / "run") == [
         "config.json",
         "final.json",
         "metrics.jsonl",
@@ -2127,7 +2137,7 @@ def test_a_kill_before_any_write_of_a_resume_or_an_overwrite_the_next_command_co
         assert records(run) == whole, f"killed before write {n}"
         done = torch.load(run / "model.pt")["model"]
         assert all(torch.equal(done[k], weights[k]) for k in weights), f"killed before write {n}"
-        assert sorted(os.listdir(run)) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
+        assert run_files(run) == ["config.json", "final.json", "metrics.jsonl", "model.pt"]
         assert [p for p in os.listdir(tmp_path) if p.startswith(f".run-{n}")] == []
         n += 1
     capsys.readouterr()
