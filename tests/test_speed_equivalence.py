@@ -80,7 +80,7 @@ CUDA = pytest.param(
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("name", ["needle", "parens", "addition", "modadd"])
 def test_batches_drawn_beside_the_step_are_the_tasks_own_draws_from_the_seed(
-    name, device, tmp_path
+    name, device, tmp_path, tiny
 ):
     # train.Batches draws on CUDA on a stream of its own, or on the host: the batches are still
     # task.sample's, from a generator of the seed on the device that Batches draws on
