@@ -280,31 +280,55 @@ def resumed_config(run_dir):
     return replace(saved_config(run_dir, required=True), out=run_dir)
 
 
-def spare_batch(task, cfg, device):
-    """A training batch of the run's size, drawn from a generator of its own (seed + 1), so that
-    timing a step or checking the fast paths leaves the run's data stream untouched."""
+# Spare batches an eager run's estimate times beside the first: one batch's lengths, and so its
+# step's time, can be a fifth off the mean (needle's cpu variant: 48 ms against 60)
+TIMED_BATCHES = 4
+
+
+def spare_batches(task, cfg, device, count=1) -> list:
+    """count training batches of the run's size, drawn from a generator of its own (seed + 1), so
+    that timing a step or checking the fast paths leaves the run's data stream untouched."""
     generator = torch.Generator(device=device).manual_seed((cfg.seed + 1) % 2**64)
-    return task.sample(cfg.batch_size, generator).to(device)
+    batches = []
+    for _ in range(count):
+        batches.append(task.sample(cfg.batch_size, generator).to(device))
+    return batches
+
+
+def spare_batch(task, cfg, device):
+    """The first of spare_batches."""
+    return spare_batches(task, cfg, device)[0]
 
 
 def time_training_step(model, task, cfg, precision, device, resume=False) -> tuple:
     """(threads, seconds, warm_up): a training step's forward and backward passes timed here, for
     the first line's estimate, and on a CPU the threads the run trains on (devices.choose_threads).
-    The batch is a spare_batch; the model is the one that trains, compiled where the run compiles,
-    under its kernels (deterministic or not). Its first compiled pass compiles the forward and
-    backward graphs, each chunk length's, for the run to use: warm_up is that pass's time less a
-    step's, measured, so that the first line counts it; 0 where the model runs eagerly. A run with
-    no step to take times nothing."""
+    The batches are spare_batches; the model is the one that trains, compiled where the run
+    compiles, under its kernels (deterministic or not). Its first compiled pass compiles the forward
+    and backward graphs, each chunk length's, for the run to use: warm_up is that pass's time less a
+    step's, measured, so that the first line counts it; 0 where the model runs eagerly. An eager
+    run's seconds are the mean over TIMED_BATCHES batches (a compiled one would compile again for
+    their lengths). A run with no step to take times nothing."""
     if not (resume or cfg.steps):
         return torch.get_num_threads(), 0.0, 0.0
     resumed_on = None
     if resume:
         resumed_on = recorded_threads(cfg.out)
-    batch = spare_batch(task, cfg, device)
+    compiling = compiles(device, cfg.compile)
+    count = TIMED_BATCHES
+    if compiling:
+        count = 1
+    batches = spare_batches(task, cfg, device, count)
     first = 0.0
     # under the run's kernels: torch.compile's graphs are kept for a run of the same setting
     with deterministic_kernels(cfg.deterministic):
-        if compiles(device, cfg.compile):
-            first = step_seconds(model, task.loss, batch, precision)
-        threads, seconds = choose_threads(model, task.loss, batch, precision, device, resumed_on)
-    return threads, seconds, max(0.0, first - seconds)
+        if compiling:
+            first = step_seconds(model, task.loss, batches[0], precision)
+        threads, seconds = choose_threads(
+            model, task.loss, batches[0], precision, device, resumed_on
+        )
+        timed = [seconds]
+        for batch in batches[1:]:
+            timed.append(step_seconds(model, task.loss, batch, precision))
+        model.zero_grad(set_to_none=True)
+    return threads, sum(timed) / len(timed), max(0.0, first - seconds)
