@@ -11,8 +11,8 @@ import hashlib
 import os
 import subprocess
 
-# the project's root: the code of a run is this checkout's, wherever the run starts
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from machinery.files import REPOSITORY
+
 # the code a run imports; tests never run in one
 PYTHON_FILES = ("*.py", ":!tests")
 

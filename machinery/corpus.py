@@ -18,12 +18,11 @@ import random
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from machinery.files import write_atomic, write_text
+from machinery.files import REPOSITORY, write_atomic, write_text
 
 END_OF_TEXT = "<|endoftext|>"  # TinyStories' story separator; one token between stories
 # Where the shipped corpus and its caches go (git-ignored): data/stories in the repository, one home
 # whatever the current directory, so that runs started from anywhere share it.
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORY_DIR = os.path.join(REPOSITORY, "data", "stories")
 
 

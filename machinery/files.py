@@ -15,6 +15,8 @@ import torch
 
 from machinery.errors import UsageError
 
+# the project's root: its records and its code are the checkout's, wherever a script starts
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UMASK = os.umask(0o022)
 os.umask(UMASK)  # reading the process's umask means setting it: put it back at once
 

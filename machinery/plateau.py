@@ -5,7 +5,7 @@ import os
 
 from machinery.config import changed_settings, saved_config
 from machinery.errors import UsageError
-from machinery.files import read_metrics
+from machinery.files import REPOSITORY, read_metrics
 
 # Committed records of the canonical cpu-scale runs whose test accuracy sits on a plateau before it
 # climbs (RESULTS.md, Table 1), one per seed: a run of the same settings says so on its first
@@ -14,8 +14,6 @@ PLATEAU_RECORDS = (
     os.path.join("runs", "reproduce", "table1-cpu", "needle-random-512-s{seed}"),
     os.path.join("runs", "reproduce", "table1-cpu", "addition-random-512-s{seed}"),
 )
-# the records are the repository's, wherever a run starts
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLATEAU_POINTS = 0.06  # an evaluation on the plateau: within 6 points of the first's accuracy
 CLIMB = 0.9  # a plateau the run left: a later evaluation passes 90%
 
