@@ -25,6 +25,7 @@ import torch
 import sample
 import tasks
 from machinery import paper
+from machinery.cli import shell_command
 from machinery.config import build_seeded, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import (
@@ -87,7 +88,7 @@ class SavedRun:
             if not os.path.isfile(os.path.join(path, "final.json")):
                 raise UsageError(
                     f"{path} has model.pt but no final.json (killed while finishing); "
-                    f"finish it with: python train.py --resume {path}"
+                    "finish it with: " + shell_command("python", "train.py", "--resume", path)
                 )
             self.final = read_json(os.path.join(path, "final.json"), optional=FINAL_KEYS)
         self.label = run_label(self.cfg, stopped_at)
@@ -1249,7 +1250,7 @@ def watch(run_dir):
         if idle and not (lock_held(run_dir) or lock_held(staged)):
             raise UsageError(
                 f"{run_dir} is not training (no process holds its lock); continue it with "
-                f"python train.py --resume {run_dir}"
+                + shell_command("python", "train.py", "--resume", run_dir)
             )
         time.sleep(WATCH_POLL_S)
 

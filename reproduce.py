@@ -27,6 +27,7 @@ import torch
 import analyze
 import train
 from machinery import paper
+from machinery.cli import shell_command
 from machinery.config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from machinery.corpus import validation_path
 from machinery.errors import OneLineParser, UsageError, usage_errors
@@ -958,7 +959,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if argv is None:
         argv = sys.argv[1:]
-    command = "python reproduce.py " + " ".join(argv)
+    command = shell_command("python", "reproduce.py", *argv)
     with usage_errors(
         "reproduce.py", "; the same command continues from each run's last checkpoint"
     ):

@@ -3,6 +3,7 @@ TrainConfig, and the command that reproduces a config.
 
     cfg, run_dir = parse_args(["--task", "needle", "--frozen", "--scale", "paper"])  # (cfg, None)
     command_line(cfg)  # "python train.py --task needle --train frozen --scale paper"
+    shell_command("python", "train.py", "--resume", "runs/odd dir")  # ... --resume 'runs/odd dir'
     parse_args(["--resume", "runs/x"])  # (None, "runs/x"): that run goes on with its saved config
 """
 
@@ -135,16 +136,25 @@ def seed_configs(cfg) -> list:
     return configs
 
 
+def shell_command(*words) -> str:
+    """The one way a script prints a command for the user to paste: each word quoted for the shell
+    where it needs it (a space, a quote, a $(...) in a directory's name), so the line runs as
+    printed and runs nothing else."""
+    return " ".join(shlex.quote(str(word)) for word in words)
+
+
 def command_line(cfg) -> str:
-    """The train.py command for cfg: --task, then every setting that differs from its default. Each
-    value is quoted for the shell where it needs it (a path with a space, a mask with a *), so the
-    line runs as printed."""
-    parts = ["python train.py"]
+    """The train.py command for cfg: --task, then every setting that differs from its default,
+    quoted by shell_command."""
+    words = ["python", "train.py"]
     for f in fields(TrainConfig):
         value = getattr(cfg, f.name)
         if f.type is bool and value != f.default:
-            parts.append(flag(f.name) if value else f"--no-{f.name}")
+            if value:
+                words.append(flag(f.name))
+            else:
+                words.append(f"--no-{f.name}")
         # the task always, for the reader
         elif value != f.default or f.name == "task":
-            parts.append(f"{flag(f.name)} {shlex.quote(str(value))}")
-    return " ".join(parts)
+            words += [flag(f.name), value]
+    return shell_command(*words)

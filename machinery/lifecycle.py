@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
+from machinery.cli import shell_command
 from machinery.code import code_state
 from machinery.config import saved_config
 from machinery.console import first_line, forward_note, pace_words, result_line
@@ -244,7 +245,7 @@ class Run:
         )
         print(
             f"interrupted at step {step}; checkpoint saved, continue with: "
-            f"python train.py --resume {self.cfg.out}",
+            + shell_command("python", "train.py", "--resume", self.cfg.out),
             file=sys.stderr,
         )
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from machinery.cli import shell_command
 from machinery.config import NOT_COMPUTED, RENAMED_KEYS, build, config_from_dict
 from machinery.devices import uses_bf16
 from machinery.errors import UsageError
@@ -528,8 +529,8 @@ def check_run_dir(out, overwrite, lead):
         )
     if not overwrite:
         raise UsageError(
-            f"run directory {out} exists; pass --overwrite to replace it or --resume {out} to "
-            "continue it"
+            f"run directory {out} exists; pass --overwrite to replace it or "
+            f"{shell_command('--resume', out)} to continue it"
         )
     foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
     if foreign:

@@ -17,7 +17,6 @@ import glob
 import math
 import multiprocessing
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -28,7 +27,7 @@ from dataclasses import replace
 
 import torch
 
-from machinery.cli import command_line
+from machinery.cli import command_line, shell_command
 from machinery.config import (
     TrainConfig,
     build_task,
@@ -253,13 +252,10 @@ def print_commands(cfgs: list, command: str):
     for cfg in todo:
         check_same_config(cfg)
         # every path quoted: a line for a scheduler runs as printed, whatever the directory's name
-        final = shlex.quote(os.path.join(cfg.out, "final.json"))
-        config = shlex.quote(os.path.join(cfg.out, "config.json"))
-        out = shlex.quote(cfg.out)
-        print(
-            f"test -e {final} || if test -e {config}; "
-            f"then python train.py --resume {out}; else {command_line(cfg)}; fi"
-        )
+        final = shell_command("test", "-e", os.path.join(cfg.out, "final.json"))
+        config = shell_command("test", "-e", os.path.join(cfg.out, "config.json"))
+        resume = shell_command("python", "train.py", "--resume", cfg.out)
+        print(f"{final} || if {config}; then {resume}; else {command_line(cfg)}; fi")
     print(
         f"reproduce.py: {len(todo)} runs to train, a line each, to run from this directory; once "
         "they finish, "

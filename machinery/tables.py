@@ -18,7 +18,7 @@ from datetime import date
 
 import torch
 
-from machinery.cli import command_line
+from machinery.cli import command_line, shell_command
 from machinery.config import (
     CPU_BLOCKS_LR,
     CPU_BLOCKS_LR_MIN_WIDTH,
@@ -526,7 +526,7 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         if not os.path.isfile(table_path):
             raise UsageError(
                 f"RESULTS.md shows the table of {table_path}, which does not exist: draw it with "
-                f"`python reproduce.py {name}`"
+                f"`{shell_command('python', 'reproduce.py', name)}`"
             )
         with open(table_path) as f:
             rows = "".join(line for line in f if line.startswith("|"))
