@@ -51,7 +51,7 @@ def first_line(
     else:
         threads_said = ""
         if device.type == "cpu":
-            threads_said = thread_text(threads)
+            threads_said = thread_text(threads, resumed=bool(done))
         steps = f"{steps_left:,} steps of {cfg.batch_size}"
         if done:
             steps += " left"
@@ -189,11 +189,14 @@ def slow_run_hint(cfg, seconds):
     )
 
 
-def thread_text(threads) -> str:
-    """How many threads a CPU run uses, and whether choose_threads (devices.py) chose them."""
+def thread_text(threads, resumed=False) -> str:
+    """How many threads a CPU run uses, and why: a resumed run keeps the count it began on, timing
+    no other; a fresh one where choose_threads (devices.py) chose it kept the faster of two."""
     text = f", {threads} thread"
     if threads > 1:
         text += "s"
-    if threads_chosen():
+    if resumed:
+        text += ", as the run began"
+    elif threads_chosen():
         text += f" (faster here than {THREADS + 1 - threads})"
     return text

@@ -118,7 +118,7 @@ class Run:
         # a committed record's plateau says nothing of a run of edited code
         note = None
         if not self.code_edited:
-            note = plateau_note(self.cfg)
+            note = plateau_note(self.cfg, reached=self.metrics.get("accuracy"))
         if note:
             line += "\n" + note
         line += "\n" + forward_note(self.forward, slowdown)

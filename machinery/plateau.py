@@ -41,10 +41,11 @@ def plateau(records):
     return steps[held - 1], min(accuracies[:held]), max(accuracies[:held]), climbed
 
 
-def plateau_note(cfg):
+def plateau_note(cfg, reached=None):
     """A line for a run (cfg resolved) whose settings are those of a committed record in
     PLATEAU_RECORDS: the plateau the record sat on (plateau) and when it climbed; None where no
-    record there has them."""
+    record there has them, or where the run has left that plateau already (reached: a resumed
+    run's last test accuracy, above the plateau's highest)."""
     for pattern in PLATEAU_RECORDS:
         record = pattern.format(seed=cfg.seed)
         path = os.path.join(REPOSITORY, record)
@@ -57,6 +58,8 @@ def plateau_note(cfg):
         if found is None:
             continue
         end, low, high, climbed = found
+        if reached is not None and reached > high:
+            return None
         return (
             f"{cfg.task}: the committed record of these settings ({record}) sat at "
             f"{100 * low:.0f}-{100 * high:.0f}% test accuracy until step {end:,} and passed "

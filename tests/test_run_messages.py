@@ -18,6 +18,7 @@ import train
 from machinery import cli, config, console, lifecycle, plateau
 from machinery.errors import UsageError
 from machinery.files import read_metrics
+from tests.test_core import train_killed_after
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE1_CPU = os.path.join(REPOSITORY, "runs", "reproduce", "table1-cpu")
@@ -101,6 +102,46 @@ def test_a_resumed_run_says_where_it_resumes():
         canonical(), {"trainable": 1, "frozen": 1}, torch.device("cpu"), 0.25, 6000
     )
     assert "resuming" not in fresh and "6,000 steps of 64, about 25 min" in fresh
+
+
+def test_a_run_resumed_after_it_left_the_plateau_is_not_warned_of_it_again(
+    tmp_path, monkeypatch, capsys, tiny
+):
+    # it was warned again at step 2,292, at 74% after a plateau of 51-57%
+    cfg = tiny(tmp_path, eval_every=2)
+    record = tmp_path / "record"
+    train.train(replace(cfg, out=str(record)))
+    lines = read_metrics(str(record))
+    for line, accuracy in zip(lines, (0.30, 0.33, 0.31, 0.95)):
+        line["test_accuracy"] = accuracy
+    (record / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    monkeypatch.setattr(plateau, "REPOSITORY", str(tmp_path))
+    monkeypatch.setattr(plateau, "PLATEAU_RECORDS", ("record",))
+    train_killed_after(cfg, 4)
+    left_at = read_metrics(cfg.out)[-1]["test_accuracy"]
+    assert left_at > 0.33
+    capsys.readouterr()
+    train.train(lifecycle.resumed_config(cfg.out), resume=True)
+    assert "committed record" not in capsys.readouterr().out
+    # still on the plateau, a resumed run is warned as a fresh one is
+    assert plateau.plateau_note(cfg, reached=0.32) == plateau.plateau_note(cfg)
+    assert "sat at 30-33% test accuracy" in plateau.plateau_note(cfg)
+    assert plateau.plateau_note(cfg, reached=left_at) is None
+
+
+def test_a_resumed_runs_first_line_says_its_threads_are_the_runs_not_a_choice(
+    tmp_path, monkeypatch, capsys, tiny
+):
+    # it said "resuming on 1 thread, as the run began, not 2", then "(a step timed, 0.16 s,
+    # 1 thread (faster here than 2))": only the recorded count was timed
+    monkeypatch.setattr(console, "threads_chosen", lambda: True)
+    cfg = tiny(tmp_path)
+    train_killed_after(cfg, 4)
+    capsys.readouterr()
+    train.train(lifecycle.resumed_config(cfg.out), resume=True)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "resuming at step 4 of 8" in first and "1 thread, as the run began)" in first
+    assert "faster" not in first
 
 
 def test_a_short_laps_pace_says_how_few_steps_it_was_timed_over():
