@@ -15,6 +15,16 @@ from machinery.devices import THREADS, threads_chosen
 from machinery.paper import test_number
 from model import model_name
 
+# metrics read as percentages, as the paper writes them: a share of answers right
+PERCENT_METRICS = ("accuracy", "exact_match")
+
+
+def metric_value(name, value) -> str:
+    """A metric's value as every console line says it: accuracy "51.6%", loss "1.2680"."""
+    if name in PERCENT_METRICS:
+        return f"{100 * value:.1f}%"
+    return f"{value:.4f}"
+
 
 def first_line(
     cfg, counts, device, seconds, steps_left, timed="a step timed", threads=1, done=0, warm_up=0.0
@@ -115,20 +125,22 @@ def result_line(cfg, metrics) -> str:
     scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its own settings"
     )
+    apart = settings_apart(cfg)
+    if apart:
+        # a --layers 1 run says so, beside the paper's 2-layer number or not
+        scale += f" with {apart}"
     what = f"{cfg.task}, {model_words(cfg)} {cfg.width} ({scale})"
     # an untrained (0-step) run stands for no model of the paper's: they all train
-    published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width) if cfg.steps else None
+    published = None
+    if cfg.steps:
+        published = test_number(cfg.task, cfg.mode, cfg.arch, cfg.width)
     if published is None or published[1] not in metrics:
         return (
             f"{what}: "
-            + ", ".join(f"test {k} {v:.4g}" for k, v in metrics.items())
+            + ", ".join(f"test {k} {metric_value(k, v)}" for k, v in metrics.items())
             + "; the paper has no comparable number"
         )
     name, metric, value, table = published
-    apart = settings_apart(cfg)
-    if apart:
-        # a --layers 1 run beside the paper's 2-layer number says so
-        what = f"{cfg.task}, {model_words(cfg)} {cfg.width} ({scale} with {apart})"
     return (
         f"{what}: {100 * metrics[metric]:.3g}% test {metric}; the paper's {name}: {value:g} "
         f"({table})"

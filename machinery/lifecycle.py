@@ -14,7 +14,7 @@ from tqdm import tqdm
 from machinery.cli import shell_command
 from machinery.code import code_state
 from machinery.config import saved_config
-from machinery.console import first_line, forward_note, pace_words, result_line
+from machinery.console import first_line, forward_note, metric_value, pace_words, result_line
 from machinery.devices import choose_threads, compiles, deterministic_kernels, step_seconds
 from machinery.errors import Diverged
 from machinery.plateau import plateau_note
@@ -206,7 +206,10 @@ class Run:
             )
         # every headline metric (addition: exact sums beside per-token accuracy); the log line has
         # them all
-        headline = {name: value for name, value in metrics.items() if name != "loss"}
+        headline = {}
+        for name, value in metrics.items():
+            if name != "loss":
+                headline[name] = metric_value(name, value)
         self.bar.set_postfix(loss=loss, **headline, pace=pace or None)
 
     def request_stop(self, signum, frame):

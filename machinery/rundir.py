@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from machinery.cli import shell_command
 from machinery.config import NOT_COMPUTED, RENAMED_KEYS, build, config_from_dict
+from machinery.console import metric_value
 from machinery.devices import uses_bf16
 from machinery.errors import UsageError
 from machinery.files import (
@@ -609,7 +610,7 @@ def log_eval(out, step, steps, loss, lr, metrics, elapsed, steps_per_s, pace="",
             ", ".join(
                 [f"{prefix}step {step}/{steps}"]
                 + ([f"loss {loss:.4f}"] if loss is not None else [])
-                + [f"test {k} {v:.4f}" for k, v in metrics.items()]
+                + [f"test {k} {metric_value(k, v)}" for k, v in metrics.items()]
                 + ([pace] if pace else [])
             ),
             flush=True,
@@ -644,7 +645,7 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
         os.remove(os.path.join(cfg.out, "checkpoint.pt"))
     print(
         f"{cfg.out} final: "
-        + ", ".join(f"test {k} {v:.4f}" for k, v in metrics.items())
+        + ", ".join(f"test {k} {metric_value(k, v)}" for k, v in metrics.items())
         + f" ({final['elapsed']:.1f}s)"
     )
     if "bits" in final:

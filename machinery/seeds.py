@@ -6,6 +6,7 @@ import os
 import statistics
 
 from machinery.config import changed_settings, resolve
+from machinery.console import metric_value
 from machinery.files import FINAL_KEYS, NUMBER, is_json_type, read_json, write_json
 from machinery.rundir import remove_kill_leftovers, run_state
 
@@ -32,7 +33,8 @@ def write_seed_summary(runs):
     print(
         f"{len(runs)} seeds -> {path}: "
         + ", ".join(
-            f"{k} median {v['median']:.4f} [{v['min']:.4f}, {v['max']:.4f}]"
+            f"{k} median {metric_value(k, v['median'])} [{metric_value(k, v['min'])}, "
+            f"{metric_value(k, v['max'])}]"
             for k, v in summary["metrics"].items()
             if k not in ("step", "elapsed")
         )

@@ -36,6 +36,7 @@ from machinery.config import (
     saved_config,
     with_paper_defaults,
 )
+from machinery.console import metric_value
 from machinery.errors import UsageError
 from machinery.files import FINAL_KEYS, NUMBER, read_json, read_metrics
 from machinery.flops import useful_flops
@@ -150,7 +151,7 @@ def sweep(table, runs: dict, jobs: int, finish) -> int:
             else:
                 done = "trained"
             metrics = ", ".join(
-                f"{k} {final[k]:.4f}" for k in ("loss", "accuracy", "kl") if k in final
+                f"{k} {metric_value(k, final[k])}" for k in ("loss", "accuracy", "kl") if k in final
             )
             cost_left -= run_cost(cfg)
             cost_done += run_cost(cfg) * (state != "finished")

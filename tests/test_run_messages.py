@@ -217,6 +217,20 @@ def test_result_line_names_the_settings_a_run_leaves_its_scale_in():
         "addition, random 1024 (the paper's protocol with lr 0.003 not 0.001, positional "
         "sinusoidal not learned): 99.6%"
     )
+    # with no number of the paper's beside it, it still names them, and accuracy is a percentage
+    untrained = console.result_line(canonical("--steps", "0"), {"loss": 5.6309, "accuracy": 0.002})
+    assert untrained == (
+        "needle, random 512 (cpu variant with steps 0 not 6,000): test loss 5.6309, test accuracy "
+        "0.2%; the paper has no comparable number"
+    )
+
+
+def test_accuracy_is_a_percentage_in_every_line_a_run_prints(tmp_path, capsys, tiny):
+    # progress lines said "test accuracy 0.5160" where the plateau and result lines say "51-57%"
+    train.train(tiny(tmp_path))
+    out = capsys.readouterr().out
+    said = re.findall(r"accuracy ([0-9.]+%?)", out)
+    assert len(said) == 3 and all(value.endswith("%") for value in said), out  # 2 evals, final
 
 
 def test_each_comparison_keeps_its_own_picture(tmp_path, monkeypatch, capsys):
