@@ -951,7 +951,8 @@ def training_curves(run: SavedRun) -> dict:
 def flat_from(log: list):
     """Figure 8's test of convergence (docs/protocol.md §6): (the first evaluation step from which
     test accuracy stays within half a point of its last value, the lr there as % of its peak), or
-    None for a log without accuracies and an lr."""
+    None for a log without accuracies and an lr, or where accuracy still moved at the last
+    evaluation: the last alone is no plateau."""
     scored = []
     for record in log:
         if record.get("test_accuracy") is None or record.get("lr") is None:
@@ -962,7 +963,7 @@ def flat_from(log: list):
     if not peak:
         return None
     last = log[-1]["test_accuracy"]
-    for i, record in enumerate(log):
+    for i, record in enumerate(log[:-1]):
         if all(abs(later["test_accuracy"] - last) < 0.005 for later in log[i:]):
             return record["step"], 100 * record["lr"] / peak
 
@@ -971,13 +972,14 @@ def training_curves_markdown(result):
     final = ", ".join(
         f"{k} {v:.4g}" for k, v in result["final"].items() if k != "step" and v is not None
     )
-    flat = ""
     if result.get("flat_from"):
         step, lr_percent = result["flat_from"]
         flat = (
             f" Test accuracy is flat from step {step:,}, where the lr is {lr_percent:.0f}% of "
             "its peak."
         )
+    else:
+        flat = " Test accuracy still moved at the last evaluation: no plateau yet."
 
     return (
         f"At step {result['final']['step']}: {final}.{flat}\n\n![training "
@@ -1008,7 +1010,9 @@ def clock_pizza_markdown(result):
     )
     # the paper's numbers are a trained model's: an untrained or stopped run is not set beside them
     if result.get("trained", True):
-        text += " The paper: 0.88 and 0.88 for a random 1024-wide model."
+        symmetricity = paper.CLOCK_PIZZA["gradient symmetricity"]
+        irrelevance = paper.CLOCK_PIZZA["distance irrelevance"]
+        text += f" The paper: {symmetricity} and {irrelevance} for a random 1024-wide model."
     return text
 
 
@@ -1127,7 +1131,7 @@ def checked_results(run: SavedRun, args) -> dict:
     any figure is written."""
     if args.only and not ANALYSES[args.only].applies(run):
         raise UsageError(
-            f"analysis {args.only!r} does not apply to a {run.cfg.task} run of this model"
+            f"analysis {args.only!r} does not apply to this model's {run.cfg.task} run"
         )
     cfg = run.model.cfg
     if args.tokens:

@@ -19,30 +19,21 @@ import math
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 from machinery.code import code_text
-from machinery.config import MAX_NAME, digest, saved_config
+from machinery.config import MAX_NAME, digest, recorded_settings, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import FINAL_KEYS, read_json, read_metrics
 from machinery.plots import pyplot, save_figure
 from machinery.seeds import median_range
 from machinery.tables import markdown_table
-from tasks import TASKS
 
 # where a run was written and whether it replaced another: not what it ran; nor the scale, which
 # names where its settings came from, and the settings themselves are compared (a record written
 # before config.json kept the scale has none, and was shown apart from its own seeds)
 IGNORED = ("out", "overwrite", "scale")
 
-
-def task_sizes(task) -> set:
-    """The names of a task's own settings: p for modadd, max_pairs for needle, ..."""
-    return {f.name for f in fields(task)}
-
-
-# every task's sizes: each task reads its own
-TASK_SIZES = set().union(*(task_sizes(task) for task in TASKS.values()))
 
 SEED_SUFFIX = re.compile(r"-s\d+$")
 PANELS = (  # a panel for each logged curve any run has: key, title, y label, scale
@@ -76,19 +67,10 @@ class RunRecords:
 
 def load(path) -> RunRecords:
     cfg = saved_config(path, required=True)
-    if cfg.task in TASKS:
-        own_sizes = task_sizes(TASKS[cfg.task])
-
-    else:
-        own_sizes = TASK_SIZES
     settings = {}
-    for k, v in asdict(cfg).items():
-        if k in IGNORED:
-            continue
-        # another task's size is no setting of this run
-        if k in TASK_SIZES and k not in own_sizes:
-            continue
-        settings[k] = v
+    for k, v in recorded_settings(cfg).items():
+        if k not in IGNORED:
+            settings[k] = v
     record = read_json(os.path.join(path, "config.json"))
     settings["code"] = code_text(record.get("code"))
     final_path = os.path.join(path, "final.json")

@@ -51,7 +51,7 @@ def generate(
         raise UsageError(f"--seed must be an integer in [0, 2^64), got {seed}")
     cfg, task, model, _ = load_run(run_dir)
     if cfg.task != "lm":
-        raise UsageError(f"{run_dir} is a {cfg.task} run; text generation needs an lm run")
+        raise UsageError(f"{run_dir} trains {cfg.task}; text generation needs an lm run")
     device = pick_device(device)
     return sample_text(
         model.to(device),

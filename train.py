@@ -1,8 +1,10 @@
-"""Train one model on one task: the paper's protocol in a single plain loop.
+"""Train one model on one task in one plain loop: the paper's protocol, or the task's cpu variant.
 
-    python train.py --task needle --frozen            # the paper's random transformer, width 1024
+    python train.py --task needle --frozen   # the paper's random transformer: on a CUDA GPU at
+                                             # the paper's scale (width 1024), elsewhere the
+                                             # task's cpu variant (width 512, minutes to an hour)
     python train.py --task parens --frozen --width 128 --steps 1000 --batch-size 128 --lr 3e-3
-    python train.py --resume runs/needle-frozen-w1024-s0   # continue an interrupted run
+    python train.py --resume runs/needle-frozen-w512-cpu-s0   # continue an interrupted cpu run
 
 This is sections 3-4 and appendix D.3 of the paper: AdamW, a linear warmup and then a cosine decay
 to zero, gradients clipped at norm 1.0, and a loss taken only where an answer is. The `--train` mode

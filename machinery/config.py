@@ -55,7 +55,11 @@ class TrainConfig:
         metadata={"help": "positional embedding: learned, or sinusoidal (fixed, never trained)"},
     )
     width: int = field(
-        default=None, metadata={"help": "residual width n_embd (default: the task's, 1024 mostly)"}
+        default=None,
+        metadata={
+            "help": "residual width n_embd (default: the task's at its --scale: 1024 mostly in the "
+            "paper's protocol, 512 mostly in the cpu variant)"
+        },
     )
     layers: int = field(
         default=None,
@@ -65,7 +69,7 @@ class TrainConfig:
         default=None, metadata={"help": "attention heads per block (default: the task's, 4 mostly)"}
     )
     steps: int = field(
-        default=None, metadata={"help": "optimizer steps (default: the paper's for the task)"}
+        default=None, metadata={"help": "optimizer steps (default: the task's at its --scale)"}
     )
     batch_size: int = field(
         default=None, metadata={"help": "examples per step (default: the paper's for the task)"}
@@ -125,7 +129,11 @@ class TrainConfig:
     )
     out: str = field(
         default=None,
-        metadata={"help": "run directory (default: runs/<task>-<mode>-w<width>-s<seed>)"},
+        metadata={
+            "help": "run directory (default: runs/<task>-<mode>-w<width>[-cpu]-s<seed>: -cpu for "
+            "the cpu variant, and each setting given that differs from the scale's named before "
+            "-s, e.g. runs/needle-frozen-w512-cpu-s0)"
+        },
     )
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run directory"})
     scale: str = field(
@@ -189,6 +197,25 @@ IGNORED_KEYS = {
 }
 # earlier versions' names of settings: committed records keep them
 RENAMED_KEYS = {"train": "mode", "pos": "positional"}
+
+
+# every task's sizes (p, max_pairs, digits, ...): each task reads only its own
+TASK_SIZES = set().union(*({f.name for f in fields(task)} for task in TASKS.values()))
+
+
+def recorded_settings(cfg: TrainConfig) -> dict:
+    """cfg as config.json records it, and compare.py shows it: every setting but the sizes of tasks
+    other than cfg.task (needle reads no --digits), which config_from_dict gives back at their
+    defaults. A task this code does not know keeps them all."""
+    own = TASK_SIZES
+    if cfg.task in TASKS:
+        own = {f.name for f in fields(TASKS[cfg.task])}
+    recorded = {}
+    for name, value in asdict(cfg).items():
+        if name in TASK_SIZES and name not in own:
+            continue
+        recorded[name] = value
+    return recorded
 
 
 def config_from_dict(saved: dict) -> TrainConfig:
@@ -451,12 +478,12 @@ def saved_config(run_dir: str, required=False):
 
 def changed_settings(cfg: TrainConfig, run_dir: str) -> list:
     """The settings cfg sets that the run in run_dir (if any) was not trained with, NOT_COMPUTED
-    aside."""
+    and the sizes of other tasks (recorded_settings) aside."""
     saved = saved_config(run_dir)
     if saved is None:
         return []
     changed = []
-    for name, value in asdict(cfg).items():
+    for name, value in recorded_settings(cfg).items():
         if value is None or name in NOT_COMPUTED:
             continue
         if getattr(saved, name) != value:

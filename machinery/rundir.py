@@ -34,7 +34,13 @@ import torch
 import torch.distributed as dist
 
 from machinery.cli import shell_command
-from machinery.config import NOT_COMPUTED, RENAMED_KEYS, build, config_from_dict
+from machinery.config import (
+    NOT_COMPUTED,
+    RENAMED_KEYS,
+    build,
+    config_from_dict,
+    recorded_settings,
+)
 from machinery.console import metric_value
 from machinery.devices import uses_bf16
 from machinery.errors import UsageError
@@ -218,7 +224,7 @@ def check_checkpoint_settings(cfg, checkpoint: dict, checkpoint_path):
     if not isinstance(saved, dict):
         raise UsageError(f"{checkpoint_path} is not a checkpoint of a run (it lacks its settings)")
     saved = {RENAMED_KEYS.get(name, name): value for name, value in saved.items()}
-    for name, value in asdict(cfg).items():
+    for name, value in recorded_settings(cfg).items():
         if name in saved and name not in NOT_COMPUTED and saved[name] != value:
             raise UsageError(
                 f"{checkpoint_path} was saved with {name} {saved[name]!r}, but "
@@ -661,7 +667,7 @@ def run_record(cfg, counts: dict, device, threads: int, forward: str, code: dict
     threads, torch version), which of model.py's code trained (forward: "fast paths" or
     "written-out") and the code itself (machinery/code.py's record)."""
     return {
-        **asdict(cfg),
+        **recorded_settings(cfg),
         "parameters": counts,
         "device": str(device),
         "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32",
@@ -699,7 +705,8 @@ def load_run(run_dir):
         model.load_state_dict(saved["model"])
     except RuntimeError as e:
         raise UsageError(
-            f"{path} does not load into a {cfg.task} model ({type(e).__name__})"
+            f"{path} does not load into the {cfg.task} model its config describes "
+            f"({type(e).__name__})"
         ) from None
     return cfg, task, model.eval(), counts
 

@@ -525,6 +525,23 @@ def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
 
     assert analyze.flat_from(stopped) == (900, pytest.approx(10.0))
     assert analyze.flat_from([{"step": 0, "lr": 1e-3}]) is None  # no accuracy logged: no verdict
+    # still climbing at the last evaluation: no plateau, where it said "flat from step 600" of a
+    # run whose accuracy rose from 84.1 to 86.3% between its last two
+    climbing = [
+        {"step": s, "lr": r, "test_accuracy": 0.5 + s / 2500} for s, r in zip(steps[:7], lr[:7])
+    ]
+    assert analyze.flat_from(climbing) is None
+    assert "no plateau yet" in analyze.training_curves_markdown(
+        {"final": {"step": 600}, "flat_from": None, "figure": "curves.png"}
+    )
+
+
+def test_the_clock_pizza_note_reads_the_papers_numbers_from_paper_py(monkeypatch):
+    monkeypatch.setitem(analyze.paper.CLOCK_PIZZA, "gradient symmetricity", 0.5)
+    said = analyze.clock_pizza_markdown(
+        {"gradient_symmetricity": 0.2, "distance_irrelevance": 0.9, "trained": True}
+    )
+    assert "The paper: 0.5 and 0.88" in said
 
 
 def test_watch_waits_while_a_process_holds_the_run_and_ends_with_one_line_once_none_does(

@@ -156,7 +156,7 @@ BAD_INPUTS = [
     ("analyze.py", ["RUN", "NEW"], "not a run directory"),
     ("analyze.py", ["CUTLOG"], "metrics.jsonl line 3 is not JSON"),
     ("analyze.py", ["BADANALYSIS", "--only", "curves"], "analysis.json is not JSON"),
-    ("analyze.py", ["RUN", "--only", "embedding"], "does not apply to a parens run"),
+    ("analyze.py", ["RUN", "--only", "embedding"], "does not apply to this model's parens run"),
     ("analyze.py", ["NOFINAL"], "has model.pt but no final.json"),
     ("analyze.py", ["LISTANALYSIS", "--only", "curves"], "is not results this analyze.py can read"),
     ("analyze.py", ["ODDANALYSIS", "--only", "curves"], "is not results this analyze.py can read"),
@@ -195,7 +195,7 @@ BAD_INPUTS = [
     ("sample.py", ["RUN", "--temperature", "nan"], "--temperature must be a finite number > 0"),
     ("sample.py", ["RUN", "--temperature", "0"], "--temperature must be a finite number > 0"),
     ("sample.py", ["RUN", "--top-k", "0"], "--top-k >= 1"),
-    ("sample.py", ["RUN"], "needs an lm run"),
+    ("sample.py", ["RUN"], "trains parens; text generation needs an lm run"),
     ("sample.py", ["STOPPED"], "has no model.pt"),
     # a stopped run is analysed at its checkpoint, over the frozen blocks config.json's seed draws
     ("analyze.py", ["SEEDEDITED"], "was saved with seed 0, but config.json says 1"),

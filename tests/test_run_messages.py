@@ -252,3 +252,27 @@ def test_each_comparison_keeps_its_own_picture(tmp_path, monkeypatch, capsys):
     # twenty runs: a name cut to fit a file, with a hash of the whole
     many = compare.picture_name([[compare.load(runs["needle-random-512-s1"])]] * 20)
     assert many.startswith("compare-needle-random-512-s1-vs-") and len(many) == 204
+
+
+def test_train_py_docstring_and_help_name_the_cpu_variants_defaults(capsys):
+    # they named width 1024 and runs/needle-frozen-w1024-s0, where a CPU trains width 512 in
+    # runs/needle-frozen-w512-cpu-s0
+    cfg = canonical()
+    assert cfg.width == 512 and cfg.out == os.path.join("runs", "needle-frozen-w512-cpu-s0")
+    assert f"python train.py --resume {cfg.out}" in train.__doc__
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "512 mostly in the cpu variant" in said and "[-cpu]-s<seed>" in said
+
+
+def test_config_json_records_only_the_sizes_of_its_own_task(tmp_path, tiny):
+    # needle's config.json listed p, digits, max_parens, vocab and context, which needle never reads
+    cfg = tiny(tmp_path, task="needle", max_pairs=2, test_size=50, steps=2, eval_every=2)
+    train.train(cfg)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    for other in ("p", "digits", "max_parens", "keys", "vocab", "context", "epochs", "data"):
+        assert other not in recorded
+    assert recorded["max_pairs"] == 2 and recorded["test_size"] == 50
+    # the others read back at their defaults
+    assert config.config_from_dict(recorded).max_parens == config.TrainConfig().max_parens
