@@ -619,16 +619,20 @@ def plot_needle_attention(attentions: dict, title: str, path: str):
         for layer in range(len(result["patterns"])):
             rows.append((run, result, layer))
     n_head = len(rows[0][1]["patterns"][0])
+    # the panels share the input's tokens: labelled on the left column and the bottom row only (a
+    # laid-out label per panel was most of the drawing's time)
     fig, axes = plt.subplots(
         len(rows),
         n_head,
-        figsize=(2.3 * n_head + 1.4, 2.7 * len(rows) + 0.8),
+        figsize=(2.1 * n_head + 1.6, 2.3 * len(rows) + 1.0),
         squeeze=False,
-        layout="constrained",
+        sharex=True,
+        sharey=True,
     )
+    fig.subplots_adjust(left=0.08, right=0.86, bottom=0.06, top=0.9, wspace=0.15, hspace=0.35)
+    labels = rows[0][1]["labels"]
     for (run, result, layer), panels in zip(rows, axes):
         key, what = NEEDLE_STEPS[layer]
-        labels = result["labels"]
         for head, ax in enumerate(panels):
             # row i: how position i spreads its attention over 0..i
             image = ax.imshow(result["patterns"][layer][head], cmap="Blues", vmin=0, vmax=1)
@@ -637,14 +641,17 @@ def plot_needle_attention(attentions: dict, title: str, path: str):
                 f"{what} {100 * result[key][layer][head]:.0f}%",
                 fontsize=8,
             )
-            ax.set_xticks(range(len(labels)), labels, fontsize=7)
-            ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    axes[0, 0].set_xticks(range(len(labels)), labels)
+    axes[0, 0].set_yticks(range(len(labels)), labels)
+    for ax in axes.flat:
+        ax.tick_params(labelsize=7)
     for ax in axes[:, 0]:
         ax.set_ylabel("attending position", fontsize=8)
     for ax in axes[-1]:
         ax.set_xlabel("attended position", fontsize=8)
-    fig.colorbar(image, ax=axes, shrink=0.5, label="attention weight (each row sums to 1)")
-    fig.suptitle(textwrap.fill(title, 110), fontsize=10)
+    colorbar = fig.add_axes((0.89, 0.3, 0.02, 0.4))
+    fig.colorbar(image, cax=colorbar, label="attention weight (each row sums to 1)")
+    fig.suptitle(textwrap.fill(title, 100), fontsize=10)
     save_figure(plt, fig, path)
 
 
