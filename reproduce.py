@@ -26,7 +26,7 @@ import torch
 
 import analyze
 import train
-from machinery import paper, plots
+from machinery import paper
 from machinery.config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from machinery.corpus import validation_path
 from machinery.errors import OneLineParser, UsageError, usage_errors
@@ -41,7 +41,13 @@ from machinery.files import (
     write_json,
     write_text,
 )
-from machinery.plots import render_picture
+from machinery.plots import (
+    BASES,
+    NEEDLE_STEPS,
+    plot_needle_attention,
+    plot_needle_projection,
+    render_picture,
+)
 from machinery.rundir import load_run, run_state
 from machinery.sweep import check_same_config, plan, print_commands, sweep
 from machinery.tables import Table, claims, markdown_table, results_text
@@ -791,7 +797,7 @@ def needle_attention(results: str) -> str:
         "Figure 2's input, at initialization and trained"
     )
     base = os.path.join(results, "needle-attention-cpu")
-    plots.plot_needle_attention(
+    plot_needle_attention(
         attentions,
         title + "; % = the head's mean over the test set of its layer's step",
         base + ".png",
@@ -799,7 +805,7 @@ def needle_attention(results: str) -> str:
     n_head = len(attentions["trained"]["patterns"][0])
     rows = []
     for run, result in attentions.items():
-        for layer, (key, what) in enumerate(plots.NEEDLE_STEPS):
+        for layer, (key, what) in enumerate(NEEDLE_STEPS):
             cells = [f"{100 * score:.1f}" for score in result[key][layer]]
             rows.append([f"{run}, layer {layer + 1}: {what}", *cells])
     uniform = attentions["trained"]["uniform"]
@@ -827,7 +833,7 @@ def needle_projection(results: str) -> str:
         "onto their top k principal components (PCs) or top k neurons, beside addition's"
     )
     base = os.path.join(results, "needle-projection-cpu")
-    plots.plot_needle_projection(
+    plot_needle_projection(
         projections,
         list(record_results(additions, "projection").values()),
         "addition (projection-cpu.md)",
@@ -838,7 +844,7 @@ def needle_projection(results: str) -> str:
     rows = []
     for run, result in projections.items():
         for i, layer in enumerate(result["layers"]):
-            for basis, name in plots.BASES.items():
+            for basis, name in BASES.items():
                 cells = [f"{100 * accuracy:.1f}" for accuracy in result[basis][i]]
                 rows.append([f"{run}, {layer}, {name}", *cells])
     body = [
