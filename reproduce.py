@@ -34,6 +34,7 @@ from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import (
     FINAL_KEYS,
     NUMBER,
+    REPOSITORY,
     is_json_type,
     read_analysis,
     read_json,
@@ -41,10 +42,16 @@ from machinery.files import (
     write_json,
     write_text,
 )
-from machinery.plots import render_picture
+from machinery.plots import (
+    BASES,
+    NEEDLE_STEPS,
+    plot_needle_attention,
+    plot_needle_projection,
+    render_picture,
+)
 from machinery.rundir import load_run, run_state
 from machinery.sweep import check_same_config, plan, print_commands, sweep
-from machinery.tables import Table, claims, results_text
+from machinery.tables import Table, claims, markdown_table, results_text
 
 SEEDS = {"paper": 10, "cpu": 3}
 
@@ -725,6 +732,153 @@ def cell_runs(table: Table, scale: str, root: str, seeds: int) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# The why chapter's pictures: committed records drawn side by side, training nothing
+# ---------------------------------------------------------------------------
+
+# docs/tour.md's experiments 7 and 8: needle at the cpu scale, committed with its analyses (git
+# keeps no weights), at initialization (`--steps 0`) and trained (the README's canonical run)
+NEEDLE_RECORDS = {
+    "untrained": "runs/probes/needle-frozen-w512-cpu-steps0-s0",
+    "trained": "runs/probes/needle-frozen-w512-cpu-s0",
+}
+
+
+def record_results(records: dict, name: str) -> dict:
+    """Each record's (run name -> its directory in the repository) analyze.py result `name`; a
+    UsageError naming a record without one."""
+    results = {}
+    for run, record in records.items():
+        result = read_analysis(os.path.join(REPOSITORY, record), name)
+        if result is None:
+            raise UsageError(
+                f"{record}/analysis.json holds no {name} analysis; `python analyze.py {record} "
+                f"--only {name}` makes it from the run's weights"
+            )
+        results[run] = result
+    return results
+
+
+def addition_records() -> dict:
+    """The projection table's addition Random runs at the cpu scale, committed: seed -> its
+    directory."""
+    table = projection("cpu")
+    root = os.path.join(REPOSITORY, "runs", "reproduce")
+    records = {}
+    for cfg in cell_runs(table, "cpu", root, SEEDS["cpu"])["Random Emb PCs", "k=1"]:
+        records[f"seed {cfg.seed}"] = os.path.relpath(cfg.out, REPOSITORY).replace(os.sep, "/")
+    return records
+
+
+def record_text(name: str, title: str, records: dict, body: list) -> str:
+    """results/<name>-cpu.md: the title, the command and the records it draws (each with its test
+    accuracy), the body, the picture."""
+    lines = [
+        f"# {title}",
+        "",
+        f"Drawn by `python reproduce.py {name} --scale cpu` from these committed records alone "
+        "(nothing trains or is analysed):",
+        "",
+    ]
+    for run, record in records.items():
+        final = read_json(
+            os.path.join(REPOSITORY, record, "final.json"),
+            keys={"accuracy": NUMBER},
+            optional=FINAL_KEYS,
+        )
+        lines.append(f"- {run}: `{record}`, test accuracy {100 * final['accuracy']:.1f}%")
+    return "\n".join(lines + ["", *body, "", f"![{title}]({name}-cpu.png)", ""])
+
+
+def needle_attention(results: str) -> str:
+    """results/needle-attention-cpu.png and .md: experiment 7's every head before and after
+    training; returns the .md's path."""
+    attentions = record_results(NEEDLE_RECORDS, "attention")
+    title = (
+        "Needle's attention before and after training: every head of the random transformer on "
+        "Figure 2's input, at initialization and trained"
+    )
+    base = os.path.join(results, "needle-attention-cpu")
+    plot_needle_attention(
+        attentions,
+        title + "; % = the head's mean over the test set of its layer's step",
+        base + ".png",
+    )
+    n_head = len(attentions["trained"]["patterns"][0])
+    rows = []
+    for run, result in attentions.items():
+        for layer, (key, what) in enumerate(NEEDLE_STEPS):
+            cells = [f"{100 * score:.1f}" for score in result[key][layer]]
+            rows.append([f"{run}, layer {layer + 1}: {what}", *cells])
+    uniform = attentions["trained"]["uniform"]
+    body = [
+        "Each panel is one head's attention on `" + " ".join(attentions["trained"]["labels"]) + "` "
+        "(row: the attending position), as `python analyze.py RUN --only attention` records it. "
+        "Each head's number: its mean over the test set of its layer's step (docs/tour.md, "
+        "experiment 7), in layer 1 a value's attention to its marker, in layer 2 the query's to "
+        f"its value (%). A head attending evenly scores {100 * uniform['value_to_marker']:.1f} and "
+        f"{100 * uniform['query_to_value']:.1f}.",
+        "",
+        *markdown_table(["", *(f"head {h + 1}" for h in range(n_head))], rows),
+    ]
+    write_text(base + ".md", record_text("needle-attention", title, NEEDLE_RECORDS, body))
+    return base + ".md"
+
+
+def needle_projection(results: str) -> str:
+    """results/needle-projection-cpu.png and .md: experiment 8's projection test of needle before
+    and after training, beside the projection table's addition; returns the .md's path."""
+    projections = record_results(NEEDLE_RECORDS, "projection")
+    additions = addition_records()
+    title = (
+        "Needle's random transformer: test accuracy (%) with one layer's hidden states projected "
+        "onto their top k principal components (PCs) or top k neurons, beside addition's"
+    )
+    base = os.path.join(results, "needle-projection-cpu")
+    plot_needle_projection(
+        projections,
+        list(record_results(additions, "projection").values()),
+        "addition (projection-cpu.md)",
+        title,
+        base + ".png",
+    )
+    ks = projections["trained"]["k"]
+    rows = []
+    for run, result in projections.items():
+        for i, layer in enumerate(result["layers"]):
+            for basis, name in BASES.items():
+                cells = [f"{100 * accuracy:.1f}" for accuracy in result[basis][i]]
+                rows.append([f"{run}, {layer}, {name}", *cells])
+    body = [
+        "Needle's rows, as `python analyze.py RUN --only projection` records them "
+        "(docs/protocol.md §6): the states at that layer become their mean plus their "
+        "projection onto k directions, the later layers unchanged; k = the width projects "
+        "nothing. The dashed lines are the projection table's addition Random runs "
+        "(per-token accuracy, the median over these seeds' records; projection-cpu.md):",
+        "",
+        *(f"- {run}: `{record}`" for run, record in additions.items()),
+        "",
+        *markdown_table(["", *(f"k={k}" for k in ks)], rows),
+    ]
+    write_text(base + ".md", record_text("needle-projection", title, NEEDLE_RECORDS, body))
+    return base + ".md"
+
+
+# name -> its drawing into the results directory: the tour's pictures of committed cpu-scale records
+RECORD_PICTURES = {"needle-attention": needle_attention, "needle-projection": needle_projection}
+
+
+def draw_record_picture(name: str, args):
+    """Draw a record picture into --results (it trains nothing, so --redraw changes nothing)."""
+    if args.scale != "cpu":
+        raise UsageError(f"{name} draws committed cpu-scale records; it has no {args.scale} scale")
+    if args.plan or args.print_commands:
+        raise UsageError(f"{name} trains nothing; it takes neither --plan nor --print-commands")
+    os.makedirs(args.results, exist_ok=True)
+    path = RECORD_PICTURES[name](args.results)
+    print(f"-> {path}, {path.removesuffix('.md')}.png", flush=True)
+
+
+# ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
 
@@ -903,9 +1057,11 @@ def main(argv=None):
     parser = OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "table",
-        choices=list(TABLES) + ["all", "claims"],
-        help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order; "
-        "claims: RESULTS.md's table of claims from the runs (trains nothing)",
+        choices=list(TABLES) + list(RECORD_PICTURES) + ["all", "claims"],
+        help="which table or figure to regenerate; all: " + ", ".join(TABLES) + ", in that order "
+        "(at the cpu scale then " + ", ".join(RECORD_PICTURES) + ": the tour's needle pictures, "
+        "drawn from committed records, training nothing); claims: RESULTS.md's table of claims "
+        "from the runs (trains nothing)",
     )
     parser.add_argument(
         "--scale",
@@ -970,7 +1126,9 @@ def main(argv=None):
             names = list(TABLES)
         else:
             names = [args.table]
-        if args.table == "claims":
+        if args.table in RECORD_PICTURES:
+            draw_record_picture(args.table, args)
+        elif args.table == "claims":
             for path, text in claims(partial(claimed_cell, args), args.results, args.scale).items():
                 write_text(path, text)
                 print(f"-> {path}")
@@ -986,6 +1144,9 @@ def main(argv=None):
         else:
             for name in names:
                 reproduce(name, args, command)
+            if args.table == "all" and args.scale == "cpu":
+                for name in RECORD_PICTURES:
+                    draw_record_picture(name, args)
 
 
 if __name__ == "__main__":

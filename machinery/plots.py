@@ -597,3 +597,119 @@ def render_picture(table, scale: str, runs: dict, path: str):
             f"{table.title.split(':')[0]}: test accuracy during training, one line per seed",
             path.removesuffix(".png") + "-curves.png",
         )
+
+
+# ---------------------------------------------------------------------------
+# The why chapter's pictures: committed records drawn side by side (reproduce.py's record targets)
+# ---------------------------------------------------------------------------
+
+
+# needle's attention in layer l + 1 is scored by step l of Figure 2 (docs/tour.md, experiment 7):
+# its analysis.json key, and the words for it
+NEEDLE_STEPS = (("value_to_marker", "value -> marker"), ("query_to_value", "query -> value"))
+
+
+def plot_needle_attention(attentions: dict, title: str, path: str):
+    """Every head of each needle run on Figure 2's input, a row per run and layer (attentions: run
+    name -> its analyze.py attention result): each run's attention.png, one above the other. A
+    layer's heads are titled with their test-set mean of that layer's step (NEEDLE_STEPS)."""
+    plt = pyplot()
+    rows = []
+    for run, result in attentions.items():
+        for layer in range(len(result["patterns"])):
+            rows.append((run, result, layer))
+    n_head = len(rows[0][1]["patterns"][0])
+    # the panels share the input's tokens: labelled on the left column and the bottom row only (a
+    # laid-out label per panel was most of the drawing's time)
+    fig, axes = plt.subplots(
+        len(rows),
+        n_head,
+        figsize=(2.1 * n_head + 1.6, 2.3 * len(rows) + 1.0),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
+    fig.subplots_adjust(left=0.08, right=0.86, bottom=0.06, top=0.9, wspace=0.15, hspace=0.35)
+    labels = rows[0][1]["labels"]
+    for (run, result, layer), panels in zip(rows, axes):
+        key, what = NEEDLE_STEPS[layer]
+        for head, ax in enumerate(panels):
+            # row i: how position i spreads its attention over 0..i
+            image = ax.imshow(result["patterns"][layer][head], cmap="Blues", vmin=0, vmax=1)
+            ax.set_title(
+                f"{run}, layer {layer + 1} head {head + 1}\n"
+                f"{what} {100 * result[key][layer][head]:.0f}%",
+                fontsize=8,
+            )
+    axes[0, 0].set_xticks(range(len(labels)), labels)
+    axes[0, 0].set_yticks(range(len(labels)), labels)
+    for ax in axes.flat:
+        ax.tick_params(labelsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("attending position", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("attended position", fontsize=8)
+    colorbar = fig.add_axes((0.89, 0.3, 0.02, 0.4))
+    fig.colorbar(image, cax=colorbar, label="attention weight (each row sums to 1)")
+    fig.suptitle(textwrap.fill(title, 100), fontsize=10)
+    save_figure(plt, fig, path)
+
+
+# a projection curve's color: the basis; solid for the runs drawn, dashed for the reference
+PROJECTION_COLORS = {
+    ("trained", "pc"): "tab:red",
+    ("trained", "neuron"): "tab:orange",
+    ("untrained", "pc"): "tab:gray",
+    ("untrained", "neuron"): "tab:olive",
+}
+BASES = {"pc": "top k PCs", "neuron": "top k neurons"}
+
+
+def plot_needle_projection(projections: dict, reference: list, reference_name: str, title, path):
+    """A panel per layer: test accuracy with the layer's hidden states projected onto k directions
+    (analyze.py's projection.png), a solid line per run (projections: "trained" or "untrained" ->
+    its projection result) and basis, and the reference's (a trained run's projection results, one
+    per seed) medians over its seeds dashed."""
+    plt = pyplot()
+    from matplotlib.ticker import ScalarFormatter
+
+    layers = next(iter(projections.values()))["layers"]
+    fig, axes = plt.subplots(
+        1, len(layers), figsize=(3.8 * len(layers) + 0.6, 4.4), squeeze=False, sharey=True
+    )
+    for i, (layer, ax) in enumerate(zip(layers, axes[0])):
+        for run, result in projections.items():
+            for basis, name in BASES.items():
+                ax.plot(
+                    result["k"],
+                    [100 * a for a in result[basis][i]],
+                    marker="o",
+                    markersize=4,
+                    color=PROJECTION_COLORS[run, basis],
+                    label=f"needle, {run}: {name}",
+                )
+        for basis, name in BASES.items():
+            medians = []
+            for j in range(len(reference[0]["k"])):
+                medians.append(median_range([100 * seed[basis][i][j] for seed in reference])[0])
+            ax.plot(
+                reference[0]["k"],
+                medians,
+                linestyle="--",
+                color=PROJECTION_COLORS["trained", basis],
+                alpha=0.6,
+                label=f"{reference_name}: {name}, median over its {len(reference)} seeds",
+            )
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.minorticks_off()
+        ax.set(
+            title=f"projected at {layer}",
+            xticks=log_ticks(result["k"]),
+            xlabel="k, directions kept",
+            ylim=(-5, 105),
+        )
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("test accuracy (%)")
+    fig.suptitle(textwrap.fill(title, 110), fontsize=10)
+    save_with_legend(plt, fig, axes[0, 0].get_legend_handles_labels()[0], path)
