@@ -167,3 +167,27 @@ def test_reproduce_claims_refuses_a_verdict_that_opens_with_another_grade(
         "| 17.7 | 40.0 [20.0, 50.0] | direction only: fails |"
         in (tmp_path / "RESULTS.md").read_text()
     )
+
+
+def test_the_tour_types_no_time_that_a_record_does_not_give():
+    with open(os.path.join(ROOT, "docs", "tour.md")) as f:
+        text = f.read()
+    uncited = tables.PROSE_CITATION.sub("(cited)", text)
+    typed = re.findall(
+        r"[^\n]{0,40}\b(?:\d[\d,.]*|a few|under an?|half an|about an?)\s+"
+        r"(?:minutes?|min|seconds?|s|hours?)\b",
+        uncited,
+    )
+    assert typed == []
+
+
+def test_the_readme_gives_the_tours_run_times_as_the_tour_does():
+    """The README's sentence on the tour cites the same records for its shortest and longest run as
+    the tour's opening does."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "tour.md")) as f:
+        opening = f.read().split("\n\n")[1]
+    sentence = readme.split("[docs/tour.md](docs/tour.md) has nine experiments")[1].split(".\n")[0]
+    times = tables.PROSE_CITATION.findall(sentence)
+    assert len(times) == 2 and times == tables.PROSE_CITATION.findall(opening)[:2]
