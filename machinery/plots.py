@@ -496,11 +496,12 @@ def plot_heads(table, runs: dict, title: str, path: str):
                 yticks=range(len(labels)),
                 yticklabels=labels,
                 title=f"{row} seed {cfg.seed}: L{layer + 1} head {head + 1}\n{what} "
-                f"{100 * scores[head]:.0f}% (test mean)",
+                f"{100 * scores[head]:.1f}% (test mean)",
                 xlabel="attended",
                 ylabel="attending",
             )
-    save_figure(plt, fig, path)
+    # the square panels fill less than the figure's height: no empty band under them
+    save_figure(plt, fig, path, bbox_inches="tight")
 
 
 def plot_circles(table, runs: dict, title: str, path: str):

@@ -32,6 +32,7 @@ from machinery.errors import UsageError
 from machinery.files import (
     FINAL_KEYS,
     NUMBER,
+    is_json_type,
     read_json,
     read_metrics,
 )
@@ -501,11 +502,122 @@ def logged_values(citation: Citation, reference: str, where: str) -> list:
     return values
 
 
+# ---------------------------------------------------------------------------
+# The grade a verdict opens with: RESULTS.md's rule, "How a verdict is worded"
+# ---------------------------------------------------------------------------
+
+# what a claims.json item claims, which decides how its numbers grade it (the rule says each)
+KINDS = ("solves", "fails", "number", "comparison", "pattern", "inconclusive", "measurement")
+GRADES = (
+    "reproduced",
+    "pattern reproduced",
+    "partial",
+    "direction only",
+    "not reproduced",
+    "inconclusive",
+    "not run",
+)
+# whether a claim's comparison holds: wholly, in part (in some of its numbers, or under conditions
+# the claim does not state), or not; a claims.json item without "holds" states no comparison
+HOLDS = (True, "in part", False)
+
+
+def grade(kind: str, distance, beyond: bool, holds):
+    """The grade RESULTS.md's rule gives a claim of this kind, in the rule's order: distance, our
+    median's from the paper's number in points (the farthest where the claim gives several; None
+    where the paper gives no number); beyond, whether it lies past the paper's number the way the
+    claim states (a solves at or above it, a fails at chance or at the floor); holds, as HOLDS (None
+    where the claim states no comparison). None for a measurement, which the rule leaves ungraded;
+    claim_grade says "not run" before this is asked."""
+    if kind == "measurement":
+        return None
+    if kind == "inconclusive":
+        return "inconclusive"
+    if holds is False:
+        return "not reproduced"
+    if holds == "in part":
+        return "direction only"
+    if distance is None or distance <= 1 or beyond:
+        return "reproduced"
+    if distance <= 5:
+        return "partial"
+    if kind == "pattern":
+        return "pattern reproduced"
+    if holds:
+        return "direction only"
+    return "not reproduced"
+
+
+def claim_grade(claimed_cell, claim: dict, table, values: list):
+    """The grade (grade()) of a claims.json item whose runs gave `values`, from its numbers and what
+    it declares: kind (KINDS), holds (HOLDS), floor (a fails at chance or the digit-statistics
+    floor), fraction (numbers in 0-1, their distance in points 100 times theirs) and also (the
+    table/row/col of more numbers the claim gives, each against the paper's)."""
+    if claim["kind"] == "measurement":
+        return None
+    if not values:
+        return "not run"
+    if claim.get("fraction"):
+        scale = 100
+    else:
+        scale = 1
+    median = median_range(values)[0]
+    paper = table.paper.get((claim["row"], claim["col"]), claim.get("paper"))
+    # the paper's words ("low KL") are no number: the claim's comparison grades it alone
+    if not is_json_type(paper, NUMBER):
+        distance = None
+        beyond = False
+    else:
+        distance = abs(median - paper) * scale
+        beyond = claim["kind"] == "solves" and median >= paper
+    if claim["kind"] == "fails":
+        beyond = claim.get("floor", False)
+    for reference in claim.get("also", []):
+        where = f"claims.json: claim {claim['claim']!r} also names {reference}"
+        parts = reference.split("/")
+        if len(parts) != 3:
+            raise UsageError(f"{where}, which is not table/row/col")
+        other, cell = claimed_cell(*parts, where)
+        others = other.seed_values(*parts[1:], cell)
+        if distance is None or (parts[1], parts[2]) not in other.paper:
+            raise UsageError(f"{where}: the paper gives no number to grade it against")
+        if others:
+            gap = abs(median_range(others)[0] - other.paper[parts[1], parts[2]]) * scale
+            distance = max(distance, gap)
+    return grade(claim["kind"], distance, beyond, claim.get("holds"))
+
+
+def check_grade(claimed_cell, claim: dict, table, values: list):
+    """UsageError for a claims.json item whose kind or holds the rule does not know, or whose
+    verdict opens with another grade than its numbers give (a measurement's with none); one that
+    is not run is shown so in the ours column, and not checked."""
+    where = f"claims.json: claim {claim['claim']!r}"
+    if claim["kind"] not in KINDS:
+        raise UsageError(f"{where}: kind {claim['kind']!r} is not one of {', '.join(KINDS)}")
+    if "holds" in claim and claim["holds"] not in HOLDS:
+        raise UsageError(f'{where}: holds {claim["holds"]!r} is not true, "in part" or false')
+    if not values:
+        return
+    given = claim_grade(claimed_cell, claim, table, values)
+    opening = claim["verdict"].split(":")[0]
+    if given is None and opening in GRADES:
+        raise UsageError(
+            f"{where} is a measurement, which the rule does not grade, but its verdict "
+            f"opens {opening!r}"
+        )
+    if given is not None and opening != given:
+        raise UsageError(
+            f"{where}: its numbers give {given!r} by RESULTS.md's rule (How a verdict is worded), "
+            f"but its verdict opens {opening!r}"
+        )
+
+
 def claims(claimed_cell, results: str, scale: str) -> dict:
     """{path: text} of RESULTS.md, README.md and docs/ (those there) rendered anew from the records,
     so that no number is typed by hand: RESULTS.md's opening table, per claim of results/claims.json
     the paper's number and ours, from the cell's runs or the runs it names, with each {reference} in
-    a verdict read by cited(); the results/ tables RESULTS.md shows, pasted anew; and each number in
+    a verdict read by cited(), and the grade it opens with checked (check_grade) where the claim
+    declares its kind; the results/ tables RESULTS.md shows, pasted anew; and each number in
     prose written as <!--{reference}-->number<!--/-->, rendered anew. claimed_cell(name, row, col,
     where): (the table, the cell's seeds' configs; every cell's for a row or col *)."""
     listing = os.path.join(results, "claims.json")
@@ -515,7 +627,15 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
         listing,
         expect=list,
         keys=dict.fromkeys(("claim", "table", "row", "col", "verdict"), str),
-        optional={"paper": (str, int, float), "runs": [str]},
+        optional={
+            "paper": (str, int, float),
+            "runs": [str],
+            "kind": str,
+            "holds": (bool, str),
+            "floor": bool,
+            "fraction": bool,
+            "also": [str],
+        },
     )
 
     def pasted_table(match) -> str:
@@ -559,6 +679,8 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             ours = median_text(values)
         else:
             ours = "not run"
+        if "kind" in claim:
+            check_grade(claimed_cell, claim, table, values)
         verdict = CELL_REFERENCE.sub(verdict_citation, claim["verdict"])
         lines.append(f"| {claim['claim']} | {theirs} | {ours} | {verdict} |")
     texts = {}
