@@ -336,7 +336,8 @@ def median_curve(group, key):
 
 
 def main(argv=None):
-    parser = OneLineParser(description=__doc__.split("\n")[0])
+    # the docstring's first paragraph: its first line alone stops mid-sentence
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
     )

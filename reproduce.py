@@ -899,7 +899,8 @@ def write_results(
 
 
 def main(argv=None):
-    parser = OneLineParser(description=__doc__.split("\n")[0])
+    # the docstring's first paragraph: its first line alone stops mid-sentence
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "table",
         choices=list(TABLES) + ["all", "claims"],
