@@ -248,10 +248,11 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
 def results_text(
     table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int
 ) -> str:
-    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw
-    (trained 0, the .md there) keeps the date, machine and command that trained the runs; the run
-    count and minutes are always the records'. A redraw that changes nothing but its own dated
-    line keeps the old one, so the file stays as it was."""
+    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. Where it trained
+    none (a --redraw, or a sweep that found every run finished) and the .md is there, it keeps the
+    date, machine and command that trained the runs; the run count and minutes are always the
+    records'. Such a command that changes nothing but its own dated line keeps the old text whole,
+    so the file stays as it was."""
     path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(
         table,
@@ -269,26 +270,31 @@ def results_text(
             f"{date.today().isoformat()}: this command trained {trained} runs and "
             "found the others finished.",
         )
-    else:
-        with open(path) as f:
-            old = f.read().split("\n")
-        # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
-        # the line of the sweep that trained them
-        done = f": redrawn from the finished runs by `{command}`; nothing trained."
-        redrawn = date.today().isoformat() + done
-        lines[2:4] = [
-            old[2].partition(";")[0] + ";" + lines[2].partition(";")[2],
-            old[3],
-            *(line for line in old[4:5] if "this command trained" in line),
-            redrawn,
-        ]
-        # the day of the last redraw stays where nothing else changed, so the file does too
-        index = lines.index(redrawn)
-        if index < len(old) and old[index].endswith(done):
-            lines[index] = old[index]
-            if lines != old:
-                lines[index] = redrawn
+        return "\n".join(lines)
+    with open(path) as f:
+        old_text = f.read()
+    old = old_text.split("\n")
+    # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
+    # the line of the sweep that trained them
+    lines[2:4] = [
+        old[2].partition(";")[0] + ";" + lines[2].partition(";")[2],
+        old[3],
+        *(line for line in old[4:5] if "this command trained" in line),
+        f"{date.today().isoformat()}: redrawn from the finished runs by `{command}`; nothing "
+        "trained.",
+    ]
+    # whichever command redrew it last, and on whichever day
+    if not_redrawn(lines) == not_redrawn(old):
+        return old_text
     return "\n".join(lines)
+
+
+REDRAWN = re.compile(r"\d{4}-\d\d-\d\d: redrawn from the finished runs by `.*`; nothing trained\.")
+
+
+def not_redrawn(lines: list) -> list:
+    """A results .md's lines but the one that says when and by which command it was redrawn."""
+    return [line for line in lines if not REDRAWN.fullmatch(line)]
 
 
 # ---------------------------------------------------------------------------
