@@ -975,7 +975,7 @@ def main(argv=None):
                 write_text(path, text)
                 print(f"-> {path}")
         elif args.plan:
-            print(plan([table_runs(name, args) for name in names], args.scale))
+            print(plan([table_runs(name, args) for name in names], args.scale, command))
         elif args.print_commands:
             cfgs = []
             for name in names:

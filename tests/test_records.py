@@ -2,13 +2,17 @@
 the tree as it was; every script's --help says whole sentences."""
 
 import contextlib
+import dataclasses
 import importlib
 import io
+import json
 import subprocess
 import sys
 
 import pytest
 
+import reproduce
+from machinery import sweep
 from machinery.files import REPOSITORY
 
 SCRIPTS = ("train", "analyze", "reproduce", "compare", "sample", "bench", "batched_seeds")
@@ -49,3 +53,27 @@ def git(where, *args) -> str:
     return subprocess.run(
         ["git", *args], cwd=where, capture_output=True, text=True, check=True
     ).stdout
+
+
+def test_the_plan_names_the_gpu_of_each_measured_row_and_prices_whole_rows_as_one(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(sweep, "RECORDS", str(tmp_path / "runs"))
+    cfg = sweep.resolve(reproduce.table1("paper").configs["needle", "Random 1024"])[0]
+    record = tmp_path / "runs" / "probes" / "h200-needle-s0"
+    record.mkdir(parents=True)
+    settings = {**dataclasses.asdict(cfg), "device": "cuda"}
+    # the committed records name the positional embedding by its older name
+    settings["pos"] = settings.pop("positional")
+    (record / "config.json").write_text(json.dumps(settings))
+    (record / "metrics.jsonl").write_text(json.dumps({"step": 500, "steps_per_s": 45.0}) + "\n")
+    reproduce.main(["fig2", "--scale", "paper", "--plan"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| Random: all 4 columns (table1's runs) | 10 | 10,000 |")
+    assert rows[1].endswith("| measured, H200, 45.0 steps/s (runs/probes/h200-needle-s0) |")
+    assert rows[2].endswith("| assumed |")
+    # the projection table's 60 cells of one run: its 6 rows named once
+    reproduce.main(["projection", "--scale", "paper", "--plan"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    cells = rows[1].split(" | ")[0]
+    assert cells.endswith(" / Random L2 neurons: all 10 columns (table7's runs)"), cells

@@ -756,6 +756,7 @@ def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "RECORDS", str(tmp_path / "runs"))  # no record: every pace assumed
     monkeypatch.setattr(
         reproduce.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained")
     )
@@ -776,9 +777,16 @@ def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(
             if line.startswith("| ") and "cells" not in line
         ]
         shared = re.compile(r" \(table\d's runs\)$")
-        assert {
-            cell for row in rows for cell in shared.sub("", row[0].removeprefix("| ")).split(" / ")
-        } == {f"{row}, {col}" for row, col in table.configs}
+        priced = set()
+        for row in rows:
+            cells = shared.sub("", row[0].removeprefix("| "))
+            # whole rows of the table, or each cell named
+            names, _, whole = cells.partition(f": all {len(table.cols)} columns")
+            if whole == "" and names != cells:
+                priced.update(f"{name}, {col}" for name in names.split(" / ") for col in table.cols)
+            else:
+                priced.update(cells.split(" / "))
+        assert priced == {f"{row}, {col}" for row, col in table.configs}
         assert {row[1] for row in rows} == {"10"} and all(
             float(row[-2]) > 0 and row[-1] == "assumed |" for row in rows
         )
@@ -791,6 +799,7 @@ def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "RECORDS", str(tmp_path / "runs"))
     cfg = sweep.resolve(reproduce.table1("paper").configs["needle", "Random 1024"])[0]
     for device, run in (("cuda", "gpu-run"), ("cpu", "cpu-run")):  # a CPU record is no GPU's pace
         record = tmp_path / "runs" / "probes" / run
@@ -811,7 +820,8 @@ def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(
     }
     # 10,000 steps at the median 45 steps/s, plus the assumed minute to start
     assert rows["| needle, Random 1024"].endswith(
-        f"| {(60 + 10_000 / 45) / 60:.1f} | measured, 45.0 steps/s (runs/probes/gpu-run) |"
+        f"| {(60 + 10_000 / 45) / 60:.1f} | measured, GPU not recorded, 45.0 steps/s "
+        "(runs/probes/gpu-run) |"
     )
     assert rows["| needle, Normal 1024"].endswith("| assumed |")
 
