@@ -33,10 +33,12 @@ from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import (
     FINAL_KEYS,
     NUMBER,
+    REPOSITORY,
     is_json_type,
     read_analysis,
     read_json,
     read_metrics,
+    shown_path,
     write_json,
     write_text,
 )
@@ -46,6 +48,10 @@ from machinery.sweep import check_same_config, plan, print_commands, sweep
 from machinery.tables import Table, claims, results_text
 
 SEEDS = {"paper": 10, "cpu": 3}
+# the repository's runs and results, wherever the command starts: a table read from runs/ of
+# another working directory found none of its records
+RUNS = os.path.join(REPOSITORY, "runs", "reproduce")
+RESULTS = os.path.join(REPOSITORY, "results")
 
 
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
@@ -743,15 +749,18 @@ def reproduce(name: str, args, command: str):
     table, runs = table_runs(name, args)
     if args.redraw:
         check_records(runs)
-    write_results(
-        table,
-        args.scale,
-        runs,
-        args.seeds,
-        command,
-        args.results,
-        trained=0 if args.redraw else sweep(table, runs, args.jobs, finish_run),
-    )
+        finished = []
+        for cell in runs.values():
+            finished.extend(cfg for cfg in cell if run_state(cfg.out) == "finished")
+        if not finished:
+            raise UsageError(
+                f"--redraw found no finished run of {name} under {shown_path(args.runs)}, so there "
+                "is nothing to draw; --runs says where the runs are"
+            )
+        trained = 0
+    else:
+        trained = sweep(table, runs, args.jobs, finish_run)
+    write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
 
 
 def finish_run(cfg, state: str, analyses):
@@ -928,10 +937,16 @@ def main(argv=None):
         "own; 1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)",
     )
     parser.add_argument(
-        "--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go"
+        "--runs",
+        default=RUNS,
+        help="where the run directories go (default: the repository's runs/reproduce, from any "
+        "working directory)",
     )
     parser.add_argument(
-        "--results", default="results", help="where <table>-<scale>.md and <table>-<scale>.png go"
+        "--results",
+        default=RESULTS,
+        help="where <table>-<scale>.md and <table>-<scale>.png go (default: the repository's "
+        "results)",
     )
     parser.add_argument(
         "--data",

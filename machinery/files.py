@@ -21,6 +21,15 @@ UMASK = os.umask(0o022)
 os.umask(UMASK)  # reading the process's umask means setting it: put it back at once
 
 
+def shown_path(path: str) -> str:
+    """path as documents and messages show it: relative to the repository where it lies inside it
+    (runs/reproduce/..., the same from any working directory), else as given."""
+    inside = os.path.relpath(os.path.abspath(path), REPOSITORY)
+    if inside == os.pardir or inside.startswith(os.pardir + os.sep):
+        return path
+    return inside
+
+
 def write_atomic(path, write):
     """Write path through write(f) (f a binary file): a temp file beside it, synced, then
     os.replace'd over it."""

@@ -34,6 +34,7 @@ from machinery.files import (
     NUMBER,
     read_json,
     read_metrics,
+    shown_path,
 )
 from machinery.rundir import run_state
 from machinery.seeds import median_range
@@ -164,7 +165,8 @@ def median_text(values: list) -> str:
 
 def train_command(cfg, seeds: int) -> str:
     """The train.py command that trains this cell's seeds into the same run directories."""
-    return command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
+    out = shown_path(cfg.out.removesuffix("-s0"))
+    return command_line(replace(cfg, seed=0, out=out, seeds=seeds))
 
 
 def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
@@ -274,6 +276,7 @@ def results_text(
     with open(path) as f:
         old_text = f.read()
     old = old_text.split("\n")
+    check_no_cell_lost(table, runs, path, old, lines)
     # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
     # the line of the sweep that trained them
     lines[2:4] = [
@@ -287,6 +290,57 @@ def results_text(
     if not_redrawn(lines) == not_redrawn(old):
         return old_text
     return "\n".join(lines)
+
+
+def check_no_cell_lost(table, runs: dict, path: str, old: list, new: list):
+    """UsageError, naming the first, where the new lines of the results .md at path would show a
+    cell on fewer seeds than its old lines do (or on none: "not run"): the records of a command
+    that trained nothing hold less than the table it would replace (read from another directory,
+    or deleted)."""
+    old_cells = table_cells(table, old)
+    lost = []
+    for key, text in table_cells(table, new).items():
+        if key in old_cells and seeds_shown(text) < seeds_shown(old_cells[key]):
+            lost.append(key)
+    if not lost:
+        return
+    row, col = lost[0]
+    unfinished = [cfg.out for cfg in runs[row, col] if run_state(cfg.out) != "finished"]
+    if unfinished:
+        why = f"no finished run at {shown_path(unfinished[0])}"
+    else:
+        why = f"an analysis missing under {shown_path(os.path.dirname(runs[row, col][0].out))}"
+    raise UsageError(
+        f"{shown_path(path)} was drawn from more finished runs than the records hold now "
+        f"({len(lost)} cells, first {row}, {col}: {why}), so it is left as it was; --runs says "
+        "where the runs are"
+    )
+
+
+def table_cells(table, lines: list) -> dict:
+    """(row, col) -> a cell's text in the table of a results .md's lines (render's)."""
+    header = "| | " + " | ".join(table.cols) + " |"
+    if header not in lines:
+        return {}
+    cells = {}
+    for line in lines[lines.index(header) + 2 :]:
+        if not line.startswith("| "):
+            break
+        row, *texts = line[2:-2].split(" | ")
+        for col, text in zip(table.cols, texts):
+            cells[row, col] = text
+    return cells
+
+
+def seeds_shown(text: str) -> int:
+    """How many seeds a cell's text shows measured: its (k/n), none for not run or not analysed,
+    and one for a text cell (the first seed's completion)."""
+    if text.startswith(("not run", "not analysed")):
+        return 0
+    counted = re.search(r"\((\d+)/\d+\)", text)
+    if counted:
+        return int(counted[1])
+    return 1
 
 
 REDRAWN = re.compile(r"\d{4}-\d\d-\d\d: redrawn from the finished runs by `.*`; nothing trained\.")

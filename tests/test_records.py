@@ -6,6 +6,8 @@ import dataclasses
 import importlib
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -45,7 +47,7 @@ def test_a_sweep_that_finds_every_run_finished_leaves_a_clean_clone_clean(tmp_pa
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    assert "[6/6] runs/reproduce/table3-cpu/random-s2: skipped, finished before" in done.stdout
+    assert "table3-cpu/random-s2: skipped, finished before" in done.stdout
     assert git(clone, "status", "--porcelain") == ""
 
 
@@ -77,3 +79,51 @@ def test_the_plan_names_the_gpu_of_each_measured_row_and_prices_whole_rows_as_on
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     cells = rows[1].split(" | ")[0]
     assert cells.endswith(" / Random L2 neurons: all 10 columns (table7's runs)"), cells
+
+
+def test_a_redraw_from_another_directory_draws_the_repositorys_records(tmp_path, monkeypatch):
+    # it read runs/ there, found none, and wrote 20 "not run" cells over the committed table
+    committed = os.path.join(REPOSITORY, "results", "table3-cpu.md")
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(committed, results)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    reproduce.main(["table3", "--redraw", "--results", str(results)])
+    with open(committed, "rb") as f:
+        assert (results / "table3-cpu.md").read_bytes() == f.read()
+
+
+def redraw_refused(argv, capsys) -> str:
+    """The one line reproduce.py refuses argv with."""
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_redraw_that_finds_no_record_or_fewer_than_its_table_shows_refuses(tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(os.path.join(REPOSITORY, "results", "table3-cpu.md"), results)
+    before = (results / "table3-cpu.md").read_bytes()
+    redraw = ["table3", "--redraw", "--results", str(results), "--runs"]
+    err = redraw_refused(redraw + [str(tmp_path / "empty")], capsys)
+    assert "--redraw found no finished run of table3 under " in err
+    # nor into a new folder: a table of "not run" cells is no redraw
+    new = ["table3", "--redraw", "--results", str(tmp_path / "new"), "--runs"]
+    assert "found no finished run" in redraw_refused(new + [str(tmp_path / "empty")], capsys)
+    assert not (tmp_path / "new").exists()
+    # one seed's record gone: its row's cells would be drawn from 2 runs where the table shows 3
+    runs = tmp_path / "runs"
+    committed = os.path.join(REPOSITORY, "runs", "reproduce", "table3-cpu")
+    shutil.copytree(committed, runs / "table3-cpu")
+    shutil.rmtree(runs / "table3-cpu" / "random-s2")
+    err = redraw_refused(redraw + [str(runs)], capsys)
+    assert (
+        "table3-cpu.md was drawn from more finished runs than the records hold now (3 cells, "
+        f"first Random, accuracy: no finished run at {runs}/table3-cpu/random-s2), so it is left "
+        "as it was" in err
+    )
+    assert (results / "table3-cpu.md").read_bytes() == before

@@ -29,6 +29,11 @@ from machinery.errors import UsageError
 from machinery.files import write_json
 from machinery.seeds import aggregate
 
+# the working directory's runs and results, where a test made them: the defaults are the
+# repository's
+HERE = ["--runs", os.path.join("runs", "reproduce"), "--results", "results"]
+CLAIMS_HERE = ["claims", *HERE]
+
 
 def write_final(run_dir, **metrics):
     os.makedirs(run_dir, exist_ok=True)
@@ -429,7 +434,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     (tmp_path / "RESULTS.md").write_text(
         "# Results\n<!-- claims:begin -->\nold\n<!-- claims:end -->\nrest\n"
     )
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     text = (tmp_path / "RESULTS.md").read_text()
     # a results table shown in RESULTS.md is pasted from its results/ file as the claims are written
     (tmp_path / "results" / "table9-cpu.md").write_text(
@@ -438,7 +443,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     (tmp_path / "RESULTS.md").write_text(
         text + "<!-- table table9 -->\n| stale |\n<!-- table end -->\n"
     )
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     assert (
         (tmp_path / "RESULTS.md")
         .read_text()
@@ -466,7 +471,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
         ],
     )
     with pytest.raises(SystemExit):
-        reproduce.main(["claims"])
+        reproduce.main(CLAIMS_HERE)
     assert (
         "cites {table9/needle/Random 512}, which is no cell of a table" in capsys.readouterr().err
     )
@@ -475,7 +480,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
         [{"claim": "c", "table": "table9", "row": "needle", "col": "Nope", "verdict": "v"}],
     )
     with pytest.raises(SystemExit):
-        reproduce.main(["claims"])
+        reproduce.main(CLAIMS_HERE)
     assert (
         "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
     )
@@ -547,10 +552,10 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
     (tmp_path / "RESULTS.md").write_text(
         "<!-- claims:begin -->\n<!-- claims:end -->\n" + heading.replace("VALUE", "1")
     )
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "25.0"))
     (run / "unseen.jsonl").write_text(json.dumps({"step": 100, "unseen": 0.5, "n_unseen": 3}))
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "50.0"))
 
 
@@ -601,7 +606,7 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
         f"# T\n\nScale `cpu`, 2020-01-01, a GPU; 9 runs.\nCommand: `train it`\n{trained}\n\nold\n"
     )
     for _ in range(2):  # a second redraw keeps the training's lines too, and says only its own
-        reproduce.main(["table9"])
+        reproduce.main(["table9", *HERE])
         lines = (tmp_path / "results" / "table9-cpu.md").read_text().splitlines()
         # the run count and minutes are the records' (6 cells x 3 seeds of 60 s), whatever the old
         # header said
@@ -611,7 +616,8 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
             trained,
         ]
         assert lines[5].endswith(
-            ": redrawn from the finished runs by `python reproduce.py table9`; nothing trained."
+            ": redrawn from the finished runs by `python reproduce.py table9 --runs "
+            f"{os.path.join('runs', 'reproduce')} --results results`; nothing trained."
         )
         assert lines[6] == ""
     # a redraw on another day that changes no number leaves the file as it was: every redraw
@@ -619,11 +625,11 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
     path = tmp_path / "results" / "table9-cpu.md"
     before = path.read_text().replace(lines[5][:10], "2020-02-02")
     path.write_text(before)
-    reproduce.main(["table9"])
+    reproduce.main(["table9", *HERE])
     assert path.read_text() == before
     # and one that changes a number dates itself
     write_final(cfg.out, accuracy=0.25, loss=1.0, elapsed=60.0)
-    reproduce.main(["table9"])
+    reproduce.main(["table9", *HERE])
     assert "2020-02-02" not in path.read_text()
 
 
