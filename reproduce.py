@@ -35,7 +35,6 @@ from machinery.files import (
     NUMBER,
     REPOSITORY,
     is_json_type,
-    read_analysis,
     read_json,
     read_metrics,
     shown_path,
@@ -45,7 +44,14 @@ from machinery.files import (
 from machinery.plots import render_picture
 from machinery.rundir import load_run, run_state
 from machinery.sweep import check_same_config, plan, print_commands, sweep
-from machinery.tables import Table, claims, results_text
+from machinery.tables import (
+    Table,
+    analysis_result,
+    claims,
+    label_mismatch,
+    read_analysis,
+    results_text,
+)
 
 SEEDS = {"paper": 10, "cpu": 3}
 # the repository's runs and results, wherever the command starts: a table read from runs/ of
@@ -778,14 +784,11 @@ def finish_run(cfg, state: str, analyses):
             train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype),
         )
     # now, while model.pt is here: git keeps a run's analysis.json, not its weights
-    has_model = os.path.exists(os.path.join(cfg.out, "model.pt"))
-    saved = saved_config(cfg.out)
-    if has_model and saved is not None:
-        label = analyze.run_label(saved)
+    if os.path.exists(os.path.join(cfg.out, "model.pt")):
         for name in analyses:
-            result = read_analysis(cfg.out, name)
+            result = analysis_result(cfg.out, name)
             # none yet, or one made of the model at another point (while it trained) or of another
-            if result is None or result.get("label", label) != label:
+            if result is None or label_mismatch(cfg.out, name, result):
                 analyze.main([cfg.out, "--only", name])
 
 
@@ -793,9 +796,9 @@ def check_records(runs: dict):
     """For --redraw, which trains nothing and so meets records no sweep has just checked: each
     run's config.json must be its cell's (sweep.check_same_config); its final.json,
     train_split.json and metrics.jsonl must hold finite numbers (null for a value not measured
-    yet); an analysis made of another model than the finished run (each analysis names the model
-    it was made of: an untrained one, another width, or the run stopped mid-training) is refused.
-    A failure is a UsageError naming the file."""
+    yet); a finished run's analysis must name the model it was made of, and that must be the
+    run's (tables.read_analysis: not an untrained one, another width, another run or the run
+    stopped mid-training). A failure is a UsageError naming the file."""
     # each run once: tables share runs
     run_configs = {}
     for cell in runs.values():
@@ -818,20 +821,9 @@ def check_records(runs: dict):
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
         analysis_path = os.path.join(cfg.out, "analysis.json")
-        if not os.path.exists(analysis_path):
-            continue
-        # the finished run's own label (analyses older than labels on every result are not
-        # checked where they carry none)
-        expected = {"width": saved.width, "label": analyze.run_label(saved)}
-        for result in read_json(analysis_path).values():
-            if not isinstance(result, dict):
-                continue
-            for key, value in expected.items():
-                if key in result and result[key] != value:
-                    raise UsageError(
-                        f"{analysis_path} was made for {result.get('label')!r}, not this run "
-                        f"({expected['label']}); analyze it again"
-                    )
+        if os.path.exists(analysis_path):
+            for name in read_json(analysis_path):
+                read_analysis(cfg.out, name)
 
 
 def check_numbers(record: dict, where: str, nullable=True):
@@ -904,7 +896,7 @@ def write_results(
     os.makedirs(results, exist_ok=True)
     render_picture(table, scale, runs, base + ".png")
     write_text(base + ".md", text)
-    print(text + f"-> {base}.md, {base}.png", flush=True)
+    print(text + f"-> {shown_path(base)}.md, {shown_path(base)}.png", flush=True)
 
 
 def main(argv=None):

@@ -208,13 +208,6 @@ def json_type_name(kind) -> str:
     return " or ".join(JSON_NAMES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
-def read_analysis(run_dir: str, name: str):
-    """The run's analyze.py result `name` (from its analysis.json), or None before the run is
-    analysed."""
-    path = os.path.join(run_dir, "analysis.json")
-    return read_json(path).get(name) if os.path.exists(path) else None
-
-
 def read_metrics(run_dir, name="metrics.jsonl"):
     """The records of run_dir/metrics.jsonl (or another log of per-step records, e.g. analyze.py
     --watch's unseen.jsonl; [] if it has none yet). A last line cut short by a kill is dropped

@@ -9,11 +9,12 @@ reproduce.py's results/<table>-<scale>.md, its pictures (plots.py) and RESULTS.m
 read their numbers through the same Table.seed_values. Nothing here trains or draws.
 """
 
+import json
 import math
 import os
 import platform
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import date
 
 import torch
@@ -25,8 +26,11 @@ from machinery.config import (
     CPU_VARIANTS,
     CPU_WIDTH,
     LSTM_LR,
+    NOT_COMPUTED,
     TrainConfig,
     default_lr,
+    digest,
+    saved_config,
 )
 from machinery.errors import UsageError
 from machinery.files import (
@@ -38,6 +42,7 @@ from machinery.files import (
 )
 from machinery.rundir import run_state
 from machinery.seeds import median_range
+from model import model_name
 
 # the tables whose pictures include training curves (results/NAME-SCALE-curves.png)
 CURVE_TABLES = ("table1", "table2", "table9")
@@ -101,6 +106,91 @@ class Table:
             if metric == own or metric in record:
                 values.append(record[metric] * scale)
         return values
+
+
+# ---------------------------------------------------------------------------
+# What an analysis measured: each analyze.py result names it, and every reader checks it
+# ---------------------------------------------------------------------------
+
+
+def run_label(cfg, stopped_at=None) -> str:
+    """How analysis.md and analysis.json name a run: task, the paper's model name (Random,
+    Normal) or untrained for a 0-step run, which is no model of the paper's, and width; a run
+    stopped early says where."""
+    if cfg.steps == 0:
+        model = "untrained (0 steps)"
+    else:
+        model = model_name(cfg.mode)
+    label = f"{cfg.task} {model} w{cfg.width}"
+    if stopped_at is not None:
+        label += f", stopped at step {stopped_at}"
+    return label
+
+
+def measured(saved: TrainConfig, step) -> dict:
+    """The model an analysis measured, as analyze.py writes it into each result of analysis.json
+    ("measured") from the run's config.json (saved) and the step of the weights it loaded: a digest
+    of the settings that change what the run computes (NOT_COMPUTED aside; a setting at its default
+    is left out, so that one added later leaves the older labels true) and that step."""
+    settings = {}
+    for setting in fields(TrainConfig):
+        value = getattr(saved, setting.name)
+        if setting.name in NOT_COMPUTED or value == setting.default:
+            continue
+        settings[setting.name] = value
+    return {"settings": digest(json.dumps(settings, sort_keys=True)), "step": step}
+
+
+def analysis_result(run_dir: str, name: str):
+    """The result `name` in run_dir/analysis.json as it stands, unchecked (None where there is
+    none)."""
+    path = os.path.join(run_dir, "analysis.json")
+    if not os.path.exists(path):
+        return None
+    return read_json(path).get(name)
+
+
+def label_mismatch(run_dir: str, name: str, result) -> str:
+    """Why analysis.json's result `name` is not one of the finished run in run_dir, in one line
+    ("" where it is): it names no model it measured (written before results did), or another than
+    the run's config.json and final.json step: another run's (copied in), another width's, an
+    untrained model's, or this run's weights while it trained."""
+    path = os.path.join(run_dir, "analysis.json")
+    saved = saved_config(run_dir)
+    if saved is None:
+        return f"{path}: no config.json beside it says which run it measured"
+    final = read_json(os.path.join(run_dir, "final.json"), optional=FINAL_KEYS)
+    label = run_label(saved)
+    own = measured(saved, final.get("step", saved.steps))
+    if not isinstance(result, dict):
+        return f"{path}: its {name} result is no analyze.py result; analyze the run again"
+    if "label" in result and result["label"] != label:
+        return f"{path} was made for {result['label']!r}, not this run ({label}); analyze it again"
+    if "measured" not in result:
+        return (
+            f"{path}: its {name} result names no model it measured (made before results did); "
+            "analyze the run again"
+        )
+    if result["measured"] != own:
+        return (
+            f"{path}: its {name} result measured {result['measured']}, not this run ({label}: "
+            f"{own}); analyze it again"
+        )
+    return ""
+
+
+def read_analysis(run_dir: str, name: str):
+    """The finished run's analyze.py result `name`, or None before the run is analysed or while it
+    has not finished; a UsageError (label_mismatch) for one that is not of the run's own model."""
+    if run_state(run_dir) != "finished":
+        return None
+    result = analysis_result(run_dir, name)
+    if result is None:
+        return None
+    mismatch = label_mismatch(run_dir, name, result)
+    if mismatch:
+        raise UsageError(mismatch)
+    return result
 
 
 def markdown_table(header, rows) -> list:
@@ -377,9 +467,12 @@ def run_records(run_dir: str, name: str) -> list:
     if name.endswith(".jsonl"):
         return read_metrics(run_dir, name)
     path = os.path.join(run_dir, name)
-    if os.path.exists(path):
-        return [read_json(path)]
-    return []
+    if not os.path.exists(path):
+        return []
+    if name == "analysis.json":
+        # each result checked to be of this run's model
+        return [{key: read_analysis(run_dir, key) for key in read_json(path)}]
+    return [read_json(path)]
 
 
 def value_at_path(record, path: str):

@@ -13,8 +13,12 @@ import sys
 
 import pytest
 
+import analyze
 import reproduce
-from machinery import sweep
+import train
+from machinery import plots, sweep, tables
+from machinery.config import TrainConfig, saved_config
+from machinery.errors import UsageError
 from machinery.files import REPOSITORY
 
 SCRIPTS = ("train", "analyze", "reproduce", "compare", "sample", "bench", "batched_seeds")
@@ -127,3 +131,49 @@ def test_a_redraw_that_finds_no_record_or_fewer_than_its_table_shows_refuses(tmp
         "as it was" in err
     )
     assert (results / "table3-cpu.md").read_bytes() == before
+
+
+def test_analyze_names_the_model_each_result_measured(tmp_path, tiny):
+    train.train(tiny(tmp_path))
+    run = str(tmp_path / "run")
+    analyze.main([run, "--only", "lengths"])
+    with open(os.path.join(run, "analysis.json")) as f:
+        result = json.load(f)["lengths"]
+    assert result["label"] == "parens Random w16"
+    assert result["measured"] == tables.measured(saved_config(run), 8)
+    assert tables.read_analysis(run, "lengths") == result
+
+
+def test_every_reader_refuses_an_analysis_of_another_model_than_its_run(tmp_path, capsys):
+    # an analysis.json copied from a width-16 run into a width-512 run's folder was redrawn as the
+    # wide model's, and so was another seed's or one that names nothing
+    committed = os.path.join(REPOSITORY, "runs", "reproduce", "table1-cpu")
+    runs = tmp_path / "runs"
+    for name in ("parens-random-512-s0", "parens-random-512-s1", "parens-random-16-s0"):
+        shutil.copytree(os.path.join(committed, name), runs / "table1-cpu" / name)
+    wide = runs / "table1-cpu" / "parens-random-512-s0"
+    with open(wide / "analysis.json") as f:
+        own = json.load(f)
+    redraw = ["parens", "--redraw", "--runs", str(runs), "--results", str(tmp_path / "results")]
+
+    def copied_from(name):
+        shutil.copy(runs / "table1-cpu" / name / "analysis.json", wide / "analysis.json")
+
+    copied_from("parens-random-16-s0")
+    err = redraw_refused(redraw, capsys)
+    assert "was made for 'parens Random w16', not this run (parens Random w512)" in err
+    # another seed of the same model: the label reads alike, the settings differ
+    copied_from("parens-random-512-s1")
+    err = redraw_refused(redraw, capsys)
+    assert "analysis.json: its lengths result measured {'settings': " in err
+    with pytest.raises(UsageError, match="its lengths result measured"):
+        tables.run_records(str(wide), "analysis.json")
+    with pytest.raises(UsageError, match="its lengths result measured"):
+        plots.first_analysis([TrainConfig(out=str(wide))], "lengths")
+    # a result that names no model
+    for result in own.values():
+        del result["label"], result["measured"]
+    (wide / "analysis.json").write_text(json.dumps(own))
+    err = redraw_refused(redraw, capsys)
+    assert "its lengths result names no model it measured" in err
+    assert not (tmp_path / "results").exists()

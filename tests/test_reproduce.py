@@ -235,7 +235,19 @@ def write_fake_runs(table, runs):
 
 def fake_analysis(cfg, value):
     """analysis.json as analyze.py writes it, with made-up numbers, for the explanation's tables to
-    read."""
+    read; each result names the model it measured, the run's config.json (written here where it
+    has none) at its last step."""
+    if config.saved_config(cfg.out) is None:
+        write_json(os.path.join(cfg.out, "config.json"), dataclasses.asdict(config.resolve(cfg)[0]))
+    saved = config.saved_config(cfg.out)
+    results = fake_results(cfg, value)
+    for result in results.values():
+        result["measured"] = tables.measured(saved, saved.steps)
+    return results
+
+
+def fake_results(cfg, value):
+    """The results of fake_analysis."""
     layers, p, tokens = cfg.layers or 2, 5, ["a", "1", "b", "2", "b?"]
     pattern = [
         [1.0 if j == max(0, i - 1) else 0.0 for j in range(len(tokens))] for i in range(len(tokens))
@@ -501,11 +513,19 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
         {"answer": "unbalanced", "predicted": "unbalanced"},
         {"answer": "balanced", "predicted": "balanced"},
     ]
+    # a finished run, whose analyses name its model
+    write_json(str(run / "config.json"), dataclasses.asdict(TrainConfig(width=16, steps=300)))
+    write_json(str(run / "final.json"), {"accuracy": 0.4, "loss": 0.5, "step": 300})
+    measured = tables.measured(config.saved_config(str(run)), 300)
     write_json(
         str(run / "analysis.json"),
         {
-            "lengths": {"unseen": {"test": 3, "accuracy": 0.5}, "unseen_strings": strings},
-            "attention": {"uniform": {"query_to_value": 0.25}},
+            "lengths": {
+                "unseen": {"test": 3, "accuracy": 0.5},
+                "unseen_strings": strings,
+                "measured": measured,
+            },
+            "attention": {"uniform": {"query_to_value": 0.25}, "measured": measured},
         },
     )
     log = [
