@@ -207,7 +207,8 @@ def markdown_table(header, rows) -> list:
 
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md
-    §8)."""
+    §8), its widths as the configs hold them: the wide models' width where they have a wide model,
+    and a task's width where all its configs have it (a table's columns name the others)."""
     # the tasks whose fully trained runs take the cpu scale's lr for the blocks
     full = {}
     for cfg in cfgs:
@@ -215,22 +216,31 @@ def cpu_note(cfgs, seeds: int) -> str:
             continue
         if (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task):
             full[cfg.task] = None
-    parts = [
-        f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width "
-        f"{CPU_WIDTH}",
-        *(
-            f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items())
-            for task in dict.fromkeys(cfg.task for cfg in cfgs)
-        ),
-        (
+    wide = False
+    by_task = {}
+    for cfg in cfgs:
+        by_task.setdefault(cfg.task, []).append(cfg)
+        if cfg.width == CPU_WIDTH == CPU_VARIANTS[cfg.task].get("width"):
+            wide = True
+    scale = f"cpu scale: {seeds} seeds"
+    if wide:
+        scale += f", the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"
+    parts = [scale]
+    for task, task_cfgs in by_task.items():
+        settings = []
+        for name, value in CPU_VARIANTS[task].items():
+            if name == "width" and any(cfg.width != value for cfg in task_cfgs):
+                continue
+            settings.append(f"{name} {value}")
+        parts.append(f"{task} " + ", ".join(settings))
+    if full:
+        parts.append(
             f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
             + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full)
         )
-        if full
-        else None,
-        f"the lstm keeps lr {LSTM_LR:g}" if any(cfg.arch == "lstm" for cfg in cfgs) else None,
-    ]
-    return "; ".join(part for part in parts if part) + "."
+    if any(cfg.arch == "lstm" for cfg in cfgs):
+        parts.append(f"the lstm keeps lr {LSTM_LR:g}")
+    return "; ".join(parts) + "."
 
 
 def number(value) -> str:

@@ -177,3 +177,18 @@ def test_every_reader_refuses_an_analysis_of_another_model_than_its_run(tmp_path
     err = redraw_refused(redraw, capsys)
     assert "its lengths result names no model it measured" in err
     assert not (tmp_path / "results").exists()
+
+
+def test_a_tables_scale_line_names_only_the_widths_its_runs_have():
+    # Table 3's said "the paper's wide models ... at width 512", then "memorize ... width 128"
+    memorization = list(reproduce.table3("cpu").configs.values())
+    assert tables.cpu_note(memorization, 3) == (
+        "cpu scale: 3 seeds; memorize keys 128, width 128, epochs 100, batch_size 1024."
+    )
+    # Figure 7's widths are its columns; its widest model is the wide one
+    widths = tables.cpu_note(list(reproduce.fig7("cpu").configs.values()), 3)
+    assert widths.startswith(
+        "cpu scale: 3 seeds, the paper's wide models (1024; 512 in Table 9) at width 512; "
+        "needle max_pairs 4, test_size 1000, steps 6000,"
+    )
+    assert "width 512," not in widths
