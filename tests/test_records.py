@@ -14,6 +14,7 @@ import sys
 import pytest
 
 import analyze
+import compare
 import reproduce
 import train
 from machinery import plots, sweep, tables
@@ -192,3 +193,15 @@ def test_a_tables_scale_line_names_only_the_widths_its_runs_have():
         "needle max_pairs 4, test_size 1000, steps 6000,"
     )
     assert "width 512," not in widths
+
+
+def test_compare_says_what_a_compile_column_means(tmp_path, capsys):
+    # the tour's width-16 record compiled on a CPU, where the README says runs are eager
+    table1 = os.path.join(REPOSITORY, "runs", "reproduce", "table1-cpu")
+    narrow, wide = (os.path.join(table1, f"addition-random-{w}-s0") for w in (16, 512))
+    compare.main([narrow, wide, "--plot", str(tmp_path / "a.png")])
+    shown = capsys.readouterr().out
+    assert "| compile |" in shown and shown.endswith("\n\n" + compare.COMPILE_NOTE + "\n")
+    normal = os.path.join(table1, "addition-normal-512-s0")
+    compare.main([wide, normal, "--plot", str(tmp_path / "b.png")])
+    assert "compile" not in capsys.readouterr().out
