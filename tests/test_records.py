@@ -205,3 +205,23 @@ def test_compare_says_what_a_compile_column_means(tmp_path, capsys):
     normal = os.path.join(table1, "addition-normal-512-s0")
     compare.main([wide, normal, "--plot", str(tmp_path / "b.png")])
     assert "compile" not in capsys.readouterr().out
+
+
+def test_a_sweep_analyses_again_a_finished_run_whose_analysis_is_of_another_model(
+    tmp_path, tiny, monkeypatch
+):
+    cfg = tiny(tmp_path)
+    train.train(cfg)
+    reproduce.finish_run(cfg, "finished", ("lengths",))
+    made = []
+    monkeypatch.setattr(reproduce.analyze, "main", made.append)
+    reproduce.finish_run(cfg, "finished", ("lengths",))
+    assert made == []  # its own: kept
+    path = os.path.join(cfg.out, "analysis.json")
+    with open(path) as f:
+        results = json.load(f)
+    results["lengths"]["measured"]["step"] = 4  # made while it trained
+    with open(path, "w") as f:
+        json.dump(results, f)
+    reproduce.finish_run(cfg, "finished", ("lengths",))
+    assert made == [[cfg.out, "--only", "lengths"]]
