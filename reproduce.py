@@ -3,7 +3,7 @@ markdown and PNG.
 
     OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # reduced protocol, 2 cores
     python reproduce.py table2 --scale paper   # the paper's configurations, one run per GPU
-    python reproduce.py all --scale paper --plan   # what that costs on an H100, trains nothing
+    python reproduce.py all --scale paper --plan   # what that costs on GPUs, trains nothing
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a scheduler
 
 What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7,
@@ -949,7 +949,8 @@ def main(argv=None):
         "--plan",
         action="store_true",
         help="print each cell's runs, steps, tokens, FLOPs and predicted "
-        "H100 time, and the GPU-hours (trains nothing, writes nothing)",
+        "GPU time (a GPU record's pace, else assumed for an H100), and the GPU-hours (trains "
+        "nothing, writes nothing)",
     )
     instead.add_argument(
         "--redraw",
