@@ -44,7 +44,7 @@ from machinery.rundir import (
     load_trained_weights,
     lock_held,
 )
-from machinery.tables import markdown_table
+from machinery.tables import markdown_table, measured, run_label
 from model import GPT, model_name, rows_at
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
@@ -92,6 +92,11 @@ class SavedRun:
                 )
             self.final = read_json(os.path.join(path, "final.json"), optional=FINAL_KEYS)
         self.label = run_label(self.cfg, stopped_at)
+        # the weights' step, which each result names with the run's settings (tables.measured)
+        if stopped_at is not None:
+            self.step = stopped_at
+        else:
+            self.step = self.final.get("step", self.cfg.steps)
         # the paper's model (Random, Normal) this run stands for: none for a 0-step or a stopped
         # run, whose numbers are never set beside the paper's trained ones
         if self.cfg.steps and stopped_at is None:
@@ -104,20 +109,6 @@ class SavedRun:
                     f"{path}/model.pt has NaN or infinite weights (the run diverged); there is "
                     "nothing to analyze"
                 )
-
-
-def run_label(cfg, stopped_at=None) -> str:
-    """How analysis.md and analysis.json name a run: task, the paper's model name (Random,
-    Normal) or untrained for a 0-step run, which is no model of the paper's, and width; a run
-    stopped early says where."""
-    if cfg.steps == 0:
-        model = "untrained (0 steps)"
-    else:
-        model = model_name(cfg.mode)
-    label = f"{cfg.task} {model} w{cfg.width}"
-    if stopped_at is not None:
-        label += f", stopped at step {stopped_at}"
-    return label
 
 
 def last_answer_position(batch: tasks.Batch):
@@ -1175,8 +1166,9 @@ def analyze(run: SavedRun, results: dict, args):
         for option in analysis.options:
             options.append(getattr(args, option))
         results[name] = analysis.compute(run, *options)
-        # the model it was made of: a redraw refuses an analysis of another (reproduce.py)
+        # the model it was made of: every reader refuses an analysis of another (tables.py)
         results[name].setdefault("label", run.label)
+        results[name]["measured"] = measured(saved_config(run.path), run.step)
         if "skipped" in results[name]:
             print(f"{run.path}: {section_title(name, run)}: skipped, {results[name]['skipped']}")
         else:

@@ -36,6 +36,11 @@ IGNORED = ("out", "overwrite", "scale")
 
 
 SEED_SUFFIX = re.compile(r"-s\d+$")
+COMPILE_NOTE = (
+    "compile: - is the default, which compiles the step on CUDA only (the README's CPU runs are "
+    "eager); True or False is what a run asked for with --compile or --no-compile, on its device "
+    "(a CPU too)."
+)
 PANELS = (  # a panel for each logged curve any run has: key, title, y label, scale
     ("test_accuracy", "test accuracy", "% right", "linear"),
     ("test_loss", "test loss", "cross-entropy at the answers (nats)", "log"),
@@ -197,7 +202,11 @@ def table(groups) -> str:
                 *(spread([row[k] for row in rows if k in row]) for k in metrics),
             ]
         )
-    return "\n".join(markdown_table(["run", *differing, "trainable", *metrics], table_rows))
+    lines = markdown_table(["run", *differing, "trainable", *metrics], table_rows)
+    if "compile" in differing:
+        # "-" reads as off, and the README says the CPU runs eager: a compiled CPU run needs a word
+        lines += ["", COMPILE_NOTE]
+    return "\n".join(lines)
 
 
 def cell(value) -> str:
@@ -318,7 +327,8 @@ def median_curve(group, key):
 
 
 def main(argv=None):
-    parser = OneLineParser(description=__doc__.split("\n")[0])
+    # the docstring's first paragraph: its first line alone stops mid-sentence
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "runs", nargs="+", metavar="RUN", help="run directories written by train.py"
     )

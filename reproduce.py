@@ -3,7 +3,7 @@ markdown and PNG.
 
     OMP_NUM_THREADS=1 python reproduce.py table1 --scale cpu --jobs 2   # reduced protocol, 2 cores
     python reproduce.py table2 --scale paper   # the paper's configurations, one run per GPU
-    python reproduce.py all --scale paper --plan   # what that costs on an H100, trains nothing
+    python reproduce.py all --scale paper --plan   # what that costs on GPUs, trains nothing
     python reproduce.py table1 --scale paper --print-commands > commands.txt   # for a scheduler
 
 What random transformers can do (Tables 1, 2, 3, 9, Figures 4, 6, 7) and why (Tables 4, 5, 7,
@@ -36,9 +36,9 @@ from machinery.files import (
     NUMBER,
     REPOSITORY,
     is_json_type,
-    read_analysis,
     read_json,
     read_metrics,
+    shown_path,
     write_json,
     write_text,
 )
@@ -51,9 +51,21 @@ from machinery.plots import (
 )
 from machinery.rundir import load_run, run_state
 from machinery.sweep import check_same_config, plan, print_commands, sweep
-from machinery.tables import Table, claims, markdown_table, results_text
+from machinery.tables import (
+    Table,
+    analysis_result,
+    claims,
+    label_mismatch,
+    markdown_table,
+    read_analysis,
+    results_text,
+)
 
 SEEDS = {"paper": 10, "cpu": 3}
+# the repository's runs and results, wherever the command starts: a table read from runs/ of
+# another working directory found none of its records
+RUNS = os.path.join(REPOSITORY, "runs", "reproduce")
+RESULTS = os.path.join(REPOSITORY, "results")
 
 
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
@@ -898,15 +910,18 @@ def reproduce(name: str, args, command: str):
     table, runs = table_runs(name, args)
     if args.redraw:
         check_records(runs)
-    write_results(
-        table,
-        args.scale,
-        runs,
-        args.seeds,
-        command,
-        args.results,
-        trained=0 if args.redraw else sweep(table, runs, args.jobs, finish_run),
-    )
+        finished = []
+        for cell in runs.values():
+            finished.extend(cfg for cfg in cell if run_state(cfg.out) == "finished")
+        if not finished:
+            raise UsageError(
+                f"--redraw found no finished run of {name} under {shown_path(args.runs)}, so there "
+                "is nothing to draw; --runs says where the runs are"
+            )
+        trained = 0
+    else:
+        trained = sweep(table, runs, args.jobs, finish_run)
+    write_results(table, args.scale, runs, args.seeds, command, args.results, trained)
 
 
 def finish_run(cfg, state: str, analyses):
@@ -924,14 +939,11 @@ def finish_run(cfg, state: str, analyses):
             train.evaluate(model, task, task.train_set, torch.device("cpu"), dtype=saved.dtype),
         )
     # now, while model.pt is here: git keeps a run's analysis.json, not its weights
-    has_model = os.path.exists(os.path.join(cfg.out, "model.pt"))
-    saved = saved_config(cfg.out)
-    if has_model and saved is not None:
-        label = analyze.run_label(saved)
+    if os.path.exists(os.path.join(cfg.out, "model.pt")):
         for name in analyses:
-            result = read_analysis(cfg.out, name)
+            result = analysis_result(cfg.out, name)
             # none yet, or one made of the model at another point (while it trained) or of another
-            if result is None or result.get("label", label) != label:
+            if result is None or label_mismatch(cfg.out, name, result):
                 analyze.main([cfg.out, "--only", name])
 
 
@@ -939,9 +951,9 @@ def check_records(runs: dict):
     """For --redraw, which trains nothing and so meets records no sweep has just checked: each
     run's config.json must be its cell's (sweep.check_same_config); its final.json,
     train_split.json and metrics.jsonl must hold finite numbers (null for a value not measured
-    yet); an analysis made of another model than the finished run (each analysis names the model
-    it was made of: an untrained one, another width, or the run stopped mid-training) is refused.
-    A failure is a UsageError naming the file."""
+    yet); a finished run's analysis must name the model it was made of, and that must be the
+    run's (tables.read_analysis: not an untrained one, another width, another run or the run
+    stopped mid-training). A failure is a UsageError naming the file."""
     # each run once: tables share runs
     run_configs = {}
     for cell in runs.values():
@@ -964,20 +976,9 @@ def check_records(runs: dict):
         for record in read_metrics(cfg.out):
             check_numbers(record, f"{os.path.join(cfg.out, 'metrics.jsonl')} step {record['step']}")
         analysis_path = os.path.join(cfg.out, "analysis.json")
-        if not os.path.exists(analysis_path):
-            continue
-        # the finished run's own label (analyses older than labels on every result are not
-        # checked where they carry none)
-        expected = {"width": saved.width, "label": analyze.run_label(saved)}
-        for result in read_json(analysis_path).values():
-            if not isinstance(result, dict):
-                continue
-            for key, value in expected.items():
-                if key in result and result[key] != value:
-                    raise UsageError(
-                        f"{analysis_path} was made for {result.get('label')!r}, not this run "
-                        f"({expected['label']}); analyze it again"
-                    )
+        if os.path.exists(analysis_path):
+            for name in read_json(analysis_path):
+                read_analysis(cfg.out, name)
 
 
 def check_numbers(record: dict, where: str, nullable=True):
@@ -1050,11 +1051,12 @@ def write_results(
     os.makedirs(results, exist_ok=True)
     render_picture(table, scale, runs, base + ".png")
     write_text(base + ".md", text)
-    print(text + f"-> {base}.md, {base}.png", flush=True)
+    print(text + f"-> {shown_path(base)}.md, {shown_path(base)}.png", flush=True)
 
 
 def main(argv=None):
-    parser = OneLineParser(description=__doc__.split("\n")[0])
+    # the docstring's first paragraph: its first line alone stops mid-sentence
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "table",
         choices=list(TABLES) + list(RECORD_PICTURES) + ["all", "claims"],
@@ -1084,10 +1086,16 @@ def main(argv=None):
         "own; 1 without a GPU; on CPU set OMP_NUM_THREADS so they share the cores)",
     )
     parser.add_argument(
-        "--runs", default=os.path.join("runs", "reproduce"), help="where the run directories go"
+        "--runs",
+        default=RUNS,
+        help="where the run directories go (default: the repository's runs/reproduce, from any "
+        "working directory)",
     )
     parser.add_argument(
-        "--results", default="results", help="where <table>-<scale>.md and <table>-<scale>.png go"
+        "--results",
+        default=RESULTS,
+        help="where <table>-<scale>.md and <table>-<scale>.png go (default: the repository's "
+        "results)",
     )
     parser.add_argument(
         "--data",
@@ -1098,7 +1106,8 @@ def main(argv=None):
         "--plan",
         action="store_true",
         help="print each cell's runs, steps, tokens, FLOPs and predicted "
-        "H100 time, and the GPU-hours (trains nothing, writes nothing)",
+        "GPU time (a GPU record's pace, else assumed for an H100), and the GPU-hours (trains "
+        "nothing, writes nothing)",
     )
     instead.add_argument(
         "--redraw",
@@ -1133,7 +1142,7 @@ def main(argv=None):
                 write_text(path, text)
                 print(f"-> {path}")
         elif args.plan:
-            print(plan([table_runs(name, args) for name in names], args.scale))
+            print(plan([table_runs(name, args) for name in names], args.scale, command))
         elif args.print_commands:
             cfgs = []
             for name in names:

@@ -21,6 +21,15 @@ UMASK = os.umask(0o022)
 os.umask(UMASK)  # reading the process's umask means setting it: put it back at once
 
 
+def shown_path(path: str) -> str:
+    """path as documents and messages show it: relative to the repository where it lies inside it
+    (runs/reproduce/..., the same from any working directory), else as given."""
+    inside = os.path.relpath(os.path.abspath(path), REPOSITORY)
+    if inside == os.pardir or inside.startswith(os.pardir + os.sep):
+        return path
+    return inside
+
+
 def write_atomic(path, write):
     """Write path through write(f) (f a binary file): a temp file beside it, synced, then
     os.replace'd over it."""
@@ -197,13 +206,6 @@ def json_type_name(kind) -> str:
     if isinstance(kind, list):
         return f"a JSON array of {json_type_name(kind[0]).split(' ')[-1]}s"
     return " or ".join(JSON_NAMES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
-
-
-def read_analysis(run_dir: str, name: str):
-    """The run's analyze.py result `name` (from its analysis.json), or None before the run is
-    analysed."""
-    path = os.path.join(run_dir, "analysis.json")
-    return read_json(path).get(name) if os.path.exists(path) else None
 
 
 def read_metrics(run_dir, name="metrics.jsonl"):

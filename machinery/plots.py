@@ -5,12 +5,11 @@ matplotlib PNGs, each written whole or not at all."""
 import textwrap
 
 from machinery.files import (
-    read_analysis,
     read_metrics,
     write_atomic,
 )
 from machinery.seeds import median_range
-from machinery.tables import CURVE_TABLES
+from machinery.tables import CURVE_TABLES, read_analysis
 
 
 def save_figure(plt, fig, path, **savefig):

@@ -38,7 +38,7 @@ from machinery.config import (
 )
 from machinery.console import metric_value
 from machinery.errors import UsageError
-from machinery.files import FINAL_KEYS, NUMBER, read_json, read_metrics
+from machinery.files import FINAL_KEYS, NUMBER, REPOSITORY, read_json, read_metrics
 from machinery.flops import useful_flops
 from machinery.rundir import run_state
 from tasks import TASKS, StreamTask
@@ -272,15 +272,22 @@ ASSUMED_MFU = 0.25
 STEP_FLOOR = 0.005  # seconds
 RUN_START = 60  # seconds
 TINYSTORIES_TOKENS = 470_000_000
+# the run records --plan takes a measured pace from: the repository's, wherever the command starts
+RECORDS = os.path.join(REPOSITORY, "runs")
+# the GPUs a record's directory may name (h200-needle-random-1024-s0), as the plan writes them
+GPUS = ("A100", "H100", "H200", "B200")
 
-PLAN_NOTE = f"""Predicted cost of the paper scale on one GPU a run: measured where a run record has
+PLAN_NOTE = f"""# The paper scale's cost: measured where a GPU record has the pace, else predicted
+
+Predicted cost of the paper scale on one GPU a run: measured where a run record has
 the pace, else assumed.
 
 - Pace: where a run record under runs/ trained on CUDA with a cell's settings (those that decide a
   step's cost: task, mode, architecture, sizes, batch, dtype), the row takes that record's median
-  steps/s (its metrics.jsonl, training time alone), says "measured" and names the record, whose
-  directory names its GPU; every other row says "assumed" and takes the assumptions below, for an
-  H100.
+  steps/s (its metrics.jsonl, training time alone), says "measured", the GPU its directory names
+  ("GPU not recorded" where it names none; RESULTS.md's device sessions say where each record
+  trained) and the record; every other row says "assumed" and takes the assumptions below, for an
+  H100. A total adds the measured rows' time on their GPUs to the assumed rows' on an H100.
 
 - Tokens: those through each row's last answer in one batch drawn at the run's batch size, times
   the steps. Model FLOPs: flops.py's useful_flops of that batch (its docstring says what counts),
@@ -323,17 +330,19 @@ STEP_COST = (
 )
 
 
-def measured_speeds(root="runs") -> dict:
-    """{STEP_COST settings: (median steps/s, run directory)} of every run record under root that
-    trained on CUDA. A metrics.jsonl line's steps/s counts training time alone (evaluation
-    excluded), so the median is a step's pace. Where several records share the settings, the one
-    with the most measured laps gives it (the first in path order among equals)."""
+def measured_speeds(root: str) -> dict:
+    """{STEP_COST settings: (median steps/s, run directory as root's parent names it, the GPU it
+    names)} of every run record under root that trained on CUDA. A metrics.jsonl line's steps/s
+    counts training time alone (evaluation excluded), so the median is a step's pace. Where several
+    records share the settings, the one with the most measured laps gives it (the first in path
+    order among equals)."""
     speeds = {}
     laps = {}
     for config_path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
         run = os.path.dirname(config_path)
         try:
-            saved = read_json(config_path)
+            # as a run's settings: a record of a setting's older name (pos) still matches
+            saved = saved_config(run)
             rates = []
             for line in read_metrics(run):
                 rate = line.get("steps_per_s")
@@ -345,13 +354,24 @@ def measured_speeds(root="runs") -> dict:
             rates.sort()
         except (OSError, UsageError, AttributeError):
             continue  # not a readable run record: nothing measured here
-        if saved.get("device") != "cuda" or not rates:
+        if saved.device != "cuda" or not rates:
             continue
-        settings = tuple(saved.get(name) for name in STEP_COST)
+        settings = tuple(getattr(saved, name) for name in STEP_COST)
         if len(rates) > laps.get(settings, 0):
-            speeds[settings] = (rates[len(rates) // 2], run)
+            record = os.path.relpath(run, os.path.dirname(root))
+            speeds[settings] = (rates[len(rates) // 2], record, record_gpu(record))
             laps[settings] = len(rates)
     return speeds
+
+
+def record_gpu(record: str) -> str:
+    """The GPU a run record's directory names (a part of its name or a folder's, as in
+    runs/probes/h200-needle-random-1024-s0), or "GPU not recorded"."""
+    for folder in record.lower().split(os.sep):
+        for gpu in GPUS:
+            if gpu.lower() in folder.split("-"):
+                return gpu
+    return "GPU not recorded"
 
 
 def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
@@ -384,9 +404,9 @@ def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
     step = useful_flops(cfg, vocab, lengths, answers)
     measured = (speeds or {}).get(tuple(getattr(cfg, name) for name in STEP_COST))
     if measured:
-        pace, record = measured
+        pace, record, gpu = measured
         seconds = RUN_START + cfg.steps / pace
-        source = f"measured, {pace:.1f} steps/s ({record})"
+        source = f"measured, {gpu}, {pace:.1f} steps/s ({record})"
     else:
         compute = step * cfg.steps / (ASSUMED_MFU * H100_PEAK)
         seconds = RUN_START + max(compute, STEP_FLOOR * cfg.steps)
@@ -394,16 +414,16 @@ def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
     return cfg.steps, lengths.sum().item() * cfg.steps, step * cfg.steps, seconds, source
 
 
-def plan(tables: list, scale: str) -> str:
+def plan(tables: list, scale: str, command: str) -> str:
     """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost, and the
     GPU-hours of each and all."""
-    lines = [PLAN_NOTE]
+    lines = [PLAN_NOTE.replace("\n\n", f"\n\n`{command}`: nothing trains.\n\n", 1)]
     estimates = {}  # run directory -> (runs, *run_estimate)
-    speeds = measured_speeds()
+    speeds = measured_speeds(RECORDS)
     for table, runs in tables:
         rows = {}  # cells that share runs (Table 2's modadd (train), Table 3's columns) share a row
-        for (row, col), cell in runs.items():
-            rows.setdefault(cell[0].out, (cell, []))[1].append(f"{row}, {col}")
+        for key, cell in runs.items():
+            rows.setdefault(cell[0].out, (cell, []))[1].append(key)
         lines += [
             "",
             f"### {table.title} ({scale} scale)",
@@ -412,16 +432,16 @@ def plan(tables: list, scale: str) -> str:
             "model FLOPs per run | GPU minutes per run | pace |",
             "|---|---|---|---|---|---|---|",
         ]
-        for out, (cell, labels) in rows.items():
+        for out, (seed_runs, cells) in rows.items():
             # a run shared with an earlier table is estimated once
             if out not in estimates:
-                estimates[out] = (len(cell), *run_estimate(cell[0], speeds))
+                estimates[out] = (len(seed_runs), *run_estimate(seed_runs[0], speeds))
             count, steps, tokens, flops, seconds, source = estimates[out]
             # Figure 7 trains some of Table 1's cells
             owner = os.path.basename(os.path.dirname(out)).split("-")[0]
 
             lines.append(
-                f"| {' / '.join(labels)}"
+                f"| {cells_text(table, cells)}"
                 + ("" if owner == table.name else f" ({owner}'s runs)")
                 + f" | {count} | {steps:,} | {tokens:.3g} | "
                 f"{flops:.3g} | {seconds / 60:.1f} | {source} |"
@@ -439,3 +459,13 @@ def plan(tables: list, scale: str) -> str:
             "tables share counted once).",
         ]
     return "\n".join(lines)
+
+
+def cells_text(table, cells: list) -> str:
+    """The cells a row of the plan prices, whose runs they share ((row, col) pairs): "row / row: all
+    N columns" where they fill whole rows of the table (one run measured for every column), else
+    each as "row, col"."""
+    rows = list(dict.fromkeys(row for row, _ in cells))
+    if len(table.cols) > 1 and len(cells) == len(rows) * len(table.cols):
+        return " / ".join(rows) + f": all {len(table.cols)} columns"
+    return " / ".join(f"{row}, {col}" for row, col in cells)

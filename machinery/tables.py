@@ -9,11 +9,12 @@ reproduce.py's results/<table>-<scale>.md, its pictures (plots.py) and RESULTS.m
 read their numbers through the same Table.seed_values. Nothing here trains or draws.
 """
 
+import json
 import math
 import os
 import platform
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import date
 
 import torch
@@ -25,8 +26,11 @@ from machinery.config import (
     CPU_VARIANTS,
     CPU_WIDTH,
     LSTM_LR,
+    NOT_COMPUTED,
     TrainConfig,
     default_lr,
+    digest,
+    saved_config,
 )
 from machinery.errors import UsageError
 from machinery.files import (
@@ -35,9 +39,11 @@ from machinery.files import (
     is_json_type,
     read_json,
     read_metrics,
+    shown_path,
 )
 from machinery.rundir import run_state
 from machinery.seeds import median_range
+from model import model_name
 
 # the tables whose pictures include training curves (results/NAME-SCALE-curves.png)
 CURVE_TABLES = ("table1", "table2", "table9")
@@ -103,6 +109,91 @@ class Table:
         return values
 
 
+# ---------------------------------------------------------------------------
+# What an analysis measured: each analyze.py result names it, and every reader checks it
+# ---------------------------------------------------------------------------
+
+
+def run_label(cfg, stopped_at=None) -> str:
+    """How analysis.md and analysis.json name a run: task, the paper's model name (Random,
+    Normal) or untrained for a 0-step run, which is no model of the paper's, and width; a run
+    stopped early says where."""
+    if cfg.steps == 0:
+        model = "untrained (0 steps)"
+    else:
+        model = model_name(cfg.mode)
+    label = f"{cfg.task} {model} w{cfg.width}"
+    if stopped_at is not None:
+        label += f", stopped at step {stopped_at}"
+    return label
+
+
+def measured(saved: TrainConfig, step) -> dict:
+    """The model an analysis measured, as analyze.py writes it into each result of analysis.json
+    ("measured") from the run's config.json (saved) and the step of the weights it loaded: a digest
+    of the settings that change what the run computes (NOT_COMPUTED aside; a setting at its default
+    is left out, so that one added later leaves the older labels true) and that step."""
+    settings = {}
+    for setting in fields(TrainConfig):
+        value = getattr(saved, setting.name)
+        if setting.name in NOT_COMPUTED or value == setting.default:
+            continue
+        settings[setting.name] = value
+    return {"settings": digest(json.dumps(settings, sort_keys=True)), "step": step}
+
+
+def analysis_result(run_dir: str, name: str):
+    """The result `name` in run_dir/analysis.json as it stands, unchecked (None where there is
+    none)."""
+    path = os.path.join(run_dir, "analysis.json")
+    if not os.path.exists(path):
+        return None
+    return read_json(path).get(name)
+
+
+def label_mismatch(run_dir: str, name: str, result) -> str:
+    """Why analysis.json's result `name` is not one of the finished run in run_dir, in one line
+    ("" where it is): it names no model it measured (written before results did), or another than
+    the run's config.json and final.json step: another run's (copied in), another width's, an
+    untrained model's, or this run's weights while it trained."""
+    path = os.path.join(run_dir, "analysis.json")
+    saved = saved_config(run_dir)
+    if saved is None:
+        return f"{path}: no config.json beside it says which run it measured"
+    final = read_json(os.path.join(run_dir, "final.json"), optional=FINAL_KEYS)
+    label = run_label(saved)
+    own = measured(saved, final.get("step", saved.steps))
+    if not isinstance(result, dict):
+        return f"{path}: its {name} result is no analyze.py result; analyze the run again"
+    if "label" in result and result["label"] != label:
+        return f"{path} was made for {result['label']!r}, not this run ({label}); analyze it again"
+    if "measured" not in result:
+        return (
+            f"{path}: its {name} result names no model it measured (made before results did); "
+            "analyze the run again"
+        )
+    if result["measured"] != own:
+        return (
+            f"{path}: its {name} result measured {result['measured']}, not this run ({label}: "
+            f"{own}); analyze it again"
+        )
+    return ""
+
+
+def read_analysis(run_dir: str, name: str):
+    """The finished run's analyze.py result `name`, or None before the run is analysed or while it
+    has not finished; a UsageError (label_mismatch) for one that is not of the run's own model."""
+    if run_state(run_dir) != "finished":
+        return None
+    result = analysis_result(run_dir, name)
+    if result is None:
+        return None
+    mismatch = label_mismatch(run_dir, name, result)
+    if mismatch:
+        raise UsageError(mismatch)
+    return result
+
+
 def markdown_table(header, rows) -> list:
     """A markdown table's lines: the header cells, the rule under them, then a line per row of
     cells."""
@@ -117,7 +208,8 @@ def markdown_table(header, rows) -> list:
 
 def cpu_note(cfgs, seeds: int) -> str:
     """What the cpu scale sets for these configs' tasks (config.CPU_VARIANTS; docs/protocol.md
-    §8)."""
+    §8), its widths as the configs hold them: the wide models' width where they have a wide model,
+    and a task's width where all its configs have it (a table's columns name the others)."""
     # the tasks whose fully trained runs take the cpu scale's lr for the blocks
     full = {}
     for cfg in cfgs:
@@ -125,22 +217,31 @@ def cpu_note(cfgs, seeds: int) -> str:
             continue
         if (cfg.lr or default_lr(cfg)) == CPU_BLOCKS_LR.get(cfg.task):
             full[cfg.task] = None
-    parts = [
-        f"cpu scale: {seeds} seeds, the paper's wide models (1024; 512 in Table 9) at width "
-        f"{CPU_WIDTH}",
-        *(
-            f"{task} " + ", ".join(f"{k} {v}" for k, v in CPU_VARIANTS[task].items())
-            for task in dict.fromkeys(cfg.task for cfg in cfgs)
-        ),
-        (
+    wide = False
+    by_task = {}
+    for cfg in cfgs:
+        by_task.setdefault(cfg.task, []).append(cfg)
+        if cfg.width == CPU_WIDTH == CPU_VARIANTS[cfg.task].get("width"):
+            wide = True
+    scale = f"cpu scale: {seeds} seeds"
+    if wide:
+        scale += f", the paper's wide models (1024; 512 in Table 9) at width {CPU_WIDTH}"
+    parts = [scale]
+    for task, task_cfgs in by_task.items():
+        settings = []
+        for name, value in CPU_VARIANTS[task].items():
+            if name == "width" and any(cfg.width != value for cfg in task_cfgs):
+                continue
+            settings.append(f"{name} {value}")
+        parts.append(f"{task} " + ", ".join(settings))
+    if full:
+        parts.append(
             f"the fully trained model from width {CPU_BLOCKS_LR_MIN_WIDTH} up takes lr "
             + ", ".join(f"{CPU_BLOCKS_LR[task]:g} on {task}" for task in full)
         )
-        if full
-        else None,
-        f"the lstm keeps lr {LSTM_LR:g}" if any(cfg.arch == "lstm" for cfg in cfgs) else None,
-    ]
-    return "; ".join(part for part in parts if part) + "."
+    if any(cfg.arch == "lstm" for cfg in cfgs):
+        parts.append(f"the lstm keeps lr {LSTM_LR:g}")
+    return "; ".join(parts) + "."
 
 
 def number(value) -> str:
@@ -165,7 +266,8 @@ def median_text(values: list) -> str:
 
 def train_command(cfg, seeds: int) -> str:
     """The train.py command that trains this cell's seeds into the same run directories."""
-    return command_line(replace(cfg, seed=0, out=cfg.out.removesuffix("-s0"), seeds=seeds))
+    out = shown_path(cfg.out.removesuffix("-s0"))
+    return command_line(replace(cfg, seed=0, out=out, seeds=seeds))
 
 
 def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
@@ -249,10 +351,11 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
 def results_text(
     table, scale: str, runs: dict, seeds: int, command: str, results: str, trained: int
 ) -> str:
-    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. A redraw
-    (trained 0, the .md there) keeps the date, machine and command that trained the runs; the run
-    count and minutes are always the records'. A redraw that changes nothing but its own dated
-    line keeps the old one, so the file stays as it was."""
+    """results/<table>-<scale>.md's text after a sweep that trained `trained` runs. Where it trained
+    none (a --redraw, or a sweep that found every run finished) and the .md is there, it keeps the
+    date, machine and command that trained the runs; the run count and minutes are always the
+    records'. Such a command that changes nothing but its own dated line keeps the old text whole,
+    so the file stays as it was."""
     path = os.path.join(results, f"{table.name}-{scale}.md")
     lines = render(
         table,
@@ -270,26 +373,83 @@ def results_text(
             f"{date.today().isoformat()}: this command trained {trained} runs and "
             "found the others finished.",
         )
-    else:
-        with open(path) as f:
-            old = f.read().split("\n")
-        # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
-        # the line of the sweep that trained them
-        done = f": redrawn from the finished runs by `{command}`; nothing trained."
-        redrawn = date.today().isoformat() + done
-        lines[2:4] = [
-            old[2].partition(";")[0] + ";" + lines[2].partition(";")[2],
-            old[3],
-            *(line for line in old[4:5] if "this command trained" in line),
-            redrawn,
-        ]
-        # the day of the last redraw stays where nothing else changed, so the file does too
-        index = lines.index(redrawn)
-        if index < len(old) and old[index].endswith(done):
-            lines[index] = old[index]
-            if lines != old:
-                lines[index] = redrawn
+        return "\n".join(lines)
+    with open(path) as f:
+        old_text = f.read()
+    old = old_text.split("\n")
+    check_no_cell_lost(table, runs, path, old, lines)
+    # "Scale `cpu`, <date>, <device>" as trained, then the records' run count and minutes, then
+    # the line of the sweep that trained them
+    lines[2:4] = [
+        old[2].partition(";")[0] + ";" + lines[2].partition(";")[2],
+        old[3],
+        *(line for line in old[4:5] if "this command trained" in line),
+        f"{date.today().isoformat()}: redrawn from the finished runs by `{command}`; nothing "
+        "trained.",
+    ]
+    # whichever command redrew it last, and on whichever day
+    if not_redrawn(lines) == not_redrawn(old):
+        return old_text
     return "\n".join(lines)
+
+
+def check_no_cell_lost(table, runs: dict, path: str, old: list, new: list):
+    """UsageError, naming the first, where the new lines of the results .md at path would show a
+    cell on fewer seeds than its old lines do (or on none: "not run"): the records of a command
+    that trained nothing hold less than the table it would replace (read from another directory,
+    or deleted)."""
+    old_cells = table_cells(table, old)
+    lost = []
+    for key, text in table_cells(table, new).items():
+        if key in old_cells and seeds_shown(text) < seeds_shown(old_cells[key]):
+            lost.append(key)
+    if not lost:
+        return
+    row, col = lost[0]
+    unfinished = [cfg.out for cfg in runs[row, col] if run_state(cfg.out) != "finished"]
+    if unfinished:
+        why = f"no finished run at {shown_path(unfinished[0])}"
+    else:
+        why = f"an analysis missing under {shown_path(os.path.dirname(runs[row, col][0].out))}"
+    raise UsageError(
+        f"{shown_path(path)} was drawn from more finished runs than the records hold now "
+        f"({len(lost)} cells, first {row}, {col}: {why}), so it is left as it was; --runs says "
+        "where the runs are"
+    )
+
+
+def table_cells(table, lines: list) -> dict:
+    """(row, col) -> a cell's text in the table of a results .md's lines (render's)."""
+    header = "| | " + " | ".join(table.cols) + " |"
+    if header not in lines:
+        return {}
+    cells = {}
+    for line in lines[lines.index(header) + 2 :]:
+        if not line.startswith("| "):
+            break
+        row, *texts = line[2:-2].split(" | ")
+        for col, text in zip(table.cols, texts):
+            cells[row, col] = text
+    return cells
+
+
+def seeds_shown(text: str) -> int:
+    """How many seeds a cell's text shows measured: its (k/n), none for not run or not analysed,
+    and one for a text cell (the first seed's completion)."""
+    if text.startswith(("not run", "not analysed")):
+        return 0
+    counted = re.search(r"\((\d+)/\d+\)", text)
+    if counted:
+        return int(counted[1])
+    return 1
+
+
+REDRAWN = re.compile(r"\d{4}-\d\d-\d\d: redrawn from the finished runs by `.*`; nothing trained\.")
+
+
+def not_redrawn(lines: list) -> list:
+    """A results .md's lines but the one that says when and by which command it was redrawn."""
+    return [line for line in lines if not REDRAWN.fullmatch(line)]
 
 
 # ---------------------------------------------------------------------------
@@ -318,9 +478,12 @@ def run_records(run_dir: str, name: str) -> list:
     if name.endswith(".jsonl"):
         return read_metrics(run_dir, name)
     path = os.path.join(run_dir, name)
-    if os.path.exists(path):
-        return [read_json(path)]
-    return []
+    if not os.path.exists(path):
+        return []
+    if name == "analysis.json":
+        # each result checked to be of this run's model
+        return [{key: read_analysis(run_dir, key) for key in read_json(path)}]
+    return [read_json(path)]
 
 
 def value_at_path(record, path: str):

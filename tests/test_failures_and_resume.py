@@ -631,6 +631,9 @@ def redraw_records(root):
             # an analysis of the run's own label, changed
             analysis = analysis(analyze.run_label(config.resolve(cell)[0]))
         if analysis:
+            # each result names the model it measured: this run's (tables.measured)
+            for result in analysis.values():
+                result["measured"] = tables.measured(config.saved_config(str(run)), 8)
             (run / "analysis.json").write_text(json.dumps(analysis))
 
     for name, value in (

@@ -29,6 +29,11 @@ from machinery.errors import UsageError
 from machinery.files import write_json
 from machinery.seeds import aggregate
 
+# the working directory's runs and results, where a test made them: the defaults are the
+# repository's
+HERE = ["--runs", os.path.join("runs", "reproduce"), "--results", "results"]
+CLAIMS_HERE = ["claims", *HERE]
+
 
 def write_final(run_dir, **metrics):
     os.makedirs(run_dir, exist_ok=True)
@@ -230,7 +235,19 @@ def write_fake_runs(table, runs):
 
 def fake_analysis(cfg, value):
     """analysis.json as analyze.py writes it, with made-up numbers, for the explanation's tables to
-    read."""
+    read; each result names the model it measured, the run's config.json (written here where it
+    has none) at its last step."""
+    if config.saved_config(cfg.out) is None:
+        write_json(os.path.join(cfg.out, "config.json"), dataclasses.asdict(config.resolve(cfg)[0]))
+    saved = config.saved_config(cfg.out)
+    results = fake_results(cfg, value)
+    for result in results.values():
+        result["measured"] = tables.measured(saved, saved.steps)
+    return results
+
+
+def fake_results(cfg, value):
+    """The results of fake_analysis."""
     layers, p, tokens = cfg.layers or 2, 5, ["a", "1", "b", "2", "b?"]
     pattern = [
         [1.0 if j == max(0, i - 1) else 0.0 for j in range(len(tokens))] for i in range(len(tokens))
@@ -429,7 +446,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     (tmp_path / "RESULTS.md").write_text(
         "# Results\n<!-- claims:begin -->\nold\n<!-- claims:end -->\nrest\n"
     )
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     text = (tmp_path / "RESULTS.md").read_text()
     # a results table shown in RESULTS.md is pasted from its results/ file as the claims are written
     (tmp_path / "results" / "table9-cpu.md").write_text(
@@ -438,7 +455,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
     (tmp_path / "RESULTS.md").write_text(
         text + "<!-- table table9 -->\n| stale |\n<!-- table end -->\n"
     )
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     assert (
         (tmp_path / "RESULTS.md")
         .read_text()
@@ -466,7 +483,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
         ],
     )
     with pytest.raises(SystemExit):
-        reproduce.main(["claims"])
+        reproduce.main(CLAIMS_HERE)
     assert (
         "cites {table9/needle/Random 512}, which is no cell of a table" in capsys.readouterr().err
     )
@@ -475,7 +492,7 @@ def test_the_claims_table_reads_each_cell_from_its_runs_and_writes_between_the_m
         [{"claim": "c", "table": "table9", "row": "needle", "col": "Nope", "verdict": "v"}],
     )
     with pytest.raises(SystemExit):
-        reproduce.main(["claims"])
+        reproduce.main(CLAIMS_HERE)
     assert (
         "claim 'c' names table9/needle/Nope, which is no cell of a table" in capsys.readouterr().err
     )
@@ -496,11 +513,19 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
         {"answer": "unbalanced", "predicted": "unbalanced"},
         {"answer": "balanced", "predicted": "balanced"},
     ]
+    # a finished run, whose analyses name its model
+    write_json(str(run / "config.json"), dataclasses.asdict(TrainConfig(width=16, steps=300)))
+    write_json(str(run / "final.json"), {"accuracy": 0.4, "loss": 0.5, "step": 300})
+    measured = tables.measured(config.saved_config(str(run)), 300)
     write_json(
         str(run / "analysis.json"),
         {
-            "lengths": {"unseen": {"test": 3, "accuracy": 0.5}, "unseen_strings": strings},
-            "attention": {"uniform": {"query_to_value": 0.25}},
+            "lengths": {
+                "unseen": {"test": 3, "accuracy": 0.5},
+                "unseen_strings": strings,
+                "measured": measured,
+            },
+            "attention": {"uniform": {"query_to_value": 0.25}, "measured": measured},
         },
     )
     log = [
@@ -547,10 +572,10 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
     (tmp_path / "RESULTS.md").write_text(
         "<!-- claims:begin -->\n<!-- claims:end -->\n" + heading.replace("VALUE", "1")
     )
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "25.0"))
     (run / "unseen.jsonl").write_text(json.dumps({"step": 100, "unseen": 0.5, "n_unseen": 3}))
-    reproduce.main(["claims"])
+    reproduce.main(CLAIMS_HERE)
     assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "50.0"))
 
 
@@ -601,7 +626,7 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
         f"# T\n\nScale `cpu`, 2020-01-01, a GPU; 9 runs.\nCommand: `train it`\n{trained}\n\nold\n"
     )
     for _ in range(2):  # a second redraw keeps the training's lines too, and says only its own
-        reproduce.main(["table9"])
+        reproduce.main(["table9", *HERE])
         lines = (tmp_path / "results" / "table9-cpu.md").read_text().splitlines()
         # the run count and minutes are the records' (6 cells x 3 seeds of 60 s), whatever the old
         # header said
@@ -611,7 +636,8 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
             trained,
         ]
         assert lines[5].endswith(
-            ": redrawn from the finished runs by `python reproduce.py table9`; nothing trained."
+            ": redrawn from the finished runs by `python reproduce.py table9 --runs "
+            f"{os.path.join('runs', 'reproduce')} --results results`; nothing trained."
         )
         assert lines[6] == ""
     # a redraw on another day that changes no number leaves the file as it was: every redraw
@@ -619,11 +645,11 @@ def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_pa
     path = tmp_path / "results" / "table9-cpu.md"
     before = path.read_text().replace(lines[5][:10], "2020-02-02")
     path.write_text(before)
-    reproduce.main(["table9"])
+    reproduce.main(["table9", *HERE])
     assert path.read_text() == before
     # and one that changes a number dates itself
     write_final(cfg.out, accuracy=0.25, loss=1.0, elapsed=60.0)
-    reproduce.main(["table9"])
+    reproduce.main(["table9", *HERE])
     assert "2020-02-02" not in path.read_text()
 
 
@@ -756,6 +782,7 @@ def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "RECORDS", str(tmp_path / "runs"))  # no record: every pace assumed
     monkeypatch.setattr(
         reproduce.train, "train", lambda *args, **kwargs: pytest.fail("--plan trained")
     )
@@ -776,9 +803,16 @@ def test_the_plan_prices_every_cell_and_trains_reads_and_writes_nothing(
             if line.startswith("| ") and "cells" not in line
         ]
         shared = re.compile(r" \(table\d's runs\)$")
-        assert {
-            cell for row in rows for cell in shared.sub("", row[0].removeprefix("| ")).split(" / ")
-        } == {f"{row}, {col}" for row, col in table.configs}
+        priced = set()
+        for row in rows:
+            cells = shared.sub("", row[0].removeprefix("| "))
+            # whole rows of the table, or each cell named
+            names, _, whole = cells.partition(f": all {len(table.cols)} columns")
+            if whole == "" and names != cells:
+                priced.update(f"{name}, {col}" for name in names.split(" / ") for col in table.cols)
+            else:
+                priced.update(cells.split(" / "))
+        assert priced == {f"{row}, {col}" for row, col in table.configs}
         assert {row[1] for row in rows} == {"10"} and all(
             float(row[-2]) > 0 and row[-1] == "assumed |" for row in rows
         )
@@ -791,6 +825,7 @@ def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "RECORDS", str(tmp_path / "runs"))
     cfg = sweep.resolve(reproduce.table1("paper").configs["needle", "Random 1024"])[0]
     for device, run in (("cuda", "gpu-run"), ("cpu", "cpu-run")):  # a CPU record is no GPU's pace
         record = tmp_path / "runs" / "probes" / run
@@ -811,7 +846,8 @@ def test_the_plan_takes_a_measured_pace_from_a_cuda_run_record_and_says_so(
     }
     # 10,000 steps at the median 45 steps/s, plus the assumed minute to start
     assert rows["| needle, Random 1024"].endswith(
-        f"| {(60 + 10_000 / 45) / 60:.1f} | measured, 45.0 steps/s (runs/probes/gpu-run) |"
+        f"| {(60 + 10_000 / 45) / 60:.1f} | measured, GPU not recorded, 45.0 steps/s "
+        "(runs/probes/gpu-run) |"
     )
     assert rows["| needle, Normal 1024"].endswith("| assumed |")
 
