@@ -76,9 +76,9 @@ def save_torch(path, obj):
 
 def load_checkpoint(path, keys=("model", "config")):
     """The dict saved at path (checkpoint.pt or model.pt), its bytes checked against the checksums
-    saved with them (check_checksums) and checked to hold `keys`, on the CPU: RNG
-    states must be there (set_rng_state refuses a CUDA tensor), and load_state_dict copies weights
-    and optimizer state to their parameters' device."""
+    saved with them (check_checksums) and checked to hold `keys`, on the CPU: RNG states must be
+    there (set_rng_state refuses a CUDA tensor), and load_state_dict copies weights and optimizer
+    state to their parameters' device."""
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
     check_checksums(path)

@@ -2,7 +2,8 @@
 
     runs/<name>/config.json     the settings, parameter counts, device and torch version
     runs/<name>/metrics.jsonl   one line per evaluation: step, training loss, lr, test metrics, time
-    runs/<name>/checkpoint.pt   model, optimizer and RNG states: a resumed run goes on bit for bit
+    runs/<name>/checkpoint.pt   model, optimizer and RNG states, and what they were computed on: a
+                                resumed run goes on bit for bit, or is refused in one line
     runs/<name>/model.pt        the trained weights, then final.json, written last: the run finished
     runs/<name>/.lock           while a process writes the run: its pid, and a lock only it holds
 
