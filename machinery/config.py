@@ -35,8 +35,11 @@ ARCHS = ("gpt", "lstm", "linear")
 SCALES = ("paper", "cpu")  # and "auto" on the command line: paper on a CUDA GPU, else cpu
 DTYPES = ("auto", "fp32", "bf16")
 LSTM_LR = 5e-3  # paper D.3: the LSTM baseline's learning rate on every task
-# Settings that change nothing a run computes: where it ran (the device it resolved, compiled or
-# not) and was written (the directory's spelling, overwrite), whose defaults filled in the others.
+# Settings that change nothing a run means to compute: where it ran (the device it resolved,
+# compiled or not) and was written (the directory's spelling, overwrite), whose defaults filled in
+# the others. The device and compile still change the last bits of its weights (compiled kernels
+# round otherwise), so run names and comparisons leave them out, but a resume must match what its
+# checkpoint was computed on (rundir.check_computed_on).
 NOT_COMPUTED = ("device", "compile", "out", "overwrite", "scale")
 # paper D.3; a short run warms up for a tenth of its steps instead, so it reaches its peak lr
 PAPER_WARMUP = 500

@@ -60,8 +60,9 @@ def choose_threads(model, loss_fn, batch, precision, device, resumed_on=None) ->
     forward and backward passes of the run's own model over `batch`, timed (step_seconds). On a CPU
     where OMP_NUM_THREADS does not say, the faster of torch's default and one thread is kept for the
     run: on a busy machine the default's threads wait for each other, and one thread can be several
-    times faster. A resumed run keeps the threads it began on (resumed_on, from its config.json):
-    float sums follow the thread count, so on another it would not go on bit for bit. Nothing of the
+    times faster. A resumed run keeps the threads it began on (resumed_on, from its config.json,
+    which rundir.check_start held to its checkpoint's): float sums follow the thread count, so on
+    another it would not go on bit for bit. Nothing of the
     run changes: the optimizer does not step, and the gradients are dropped.
 
     On a CPU the second pass counts (the first allocates), or the first alone where it took over

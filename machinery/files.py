@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import tempfile
+import zipfile
 
 import torch
 
@@ -83,11 +84,13 @@ def save_torch(path, obj):
 
 
 def load_checkpoint(path, keys=("model", "config")):
-    """The dict saved at path (checkpoint.pt or model.pt), checked to hold `keys`, on the CPU: RNG
-    states must be there (set_rng_state refuses a CUDA tensor), and load_state_dict copies weights
-    and optimizer state to their parameters' device."""
+    """The dict saved at path (checkpoint.pt or model.pt), its bytes checked against the checksums
+    saved with them (check_checksums) and checked to hold `keys`, on the CPU: RNG states must be
+    there (set_rng_state refuses a CUDA tensor), and load_state_dict copies weights and optimizer
+    state to their parameters' device."""
     if not os.path.exists(path):
         raise UsageError(f"no checkpoint at {path}")
+    check_checksums(path)
     try:
         # tensors and plain data only: no code runs on load
         saved = torch.load(path, map_location="cpu", weights_only=True)
@@ -100,6 +103,29 @@ def load_checkpoint(path, keys=("model", "config")):
     if missing:
         raise UsageError(f"{path} is not a checkpoint of a run (it lacks {', '.join(missing)})")
     return saved
+
+
+def check_checksums(path):
+    """UsageError unless every record of the zip archive torch.save wrote at path (each tensor's
+    bytes, and the pickle that holds the rest) still matches the CRC-32 written beside it as it was
+    saved: torch.load checks none of them, and reads damaged bytes as numbers (64 bytes flipped in
+    a checkpoint's wpe resumed, and the run finished with weights of 1e24). A file that is no zip
+    archive is left to torch.load to refuse."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError):
+        return
+    with archive:
+        try:
+            damaged = archive.testzip()  # the first record whose bytes fail their checksum
+        except Exception as e:  # a record's header damaged past reading
+            damaged = f"a record ({type(e).__name__})"
+    if damaged:
+        raise UsageError(
+            f"{os.path.basename(path)} in {os.path.dirname(path) or '.'} is damaged: {damaged} no "
+            "longer matches the checksum saved with it; restore the file from a copy, or train "
+            "the run again"
+        )
 
 
 NUMBER = (int, float)

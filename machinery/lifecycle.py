@@ -20,6 +20,7 @@ from machinery.errors import Diverged
 from machinery.plateau import plateau_note
 from machinery.rundir import (
     StartPoint,
+    computed_on,
     finish_swap,
     log_eval,
     recorded_threads,
@@ -176,7 +177,14 @@ class Run:
         if self.start.staged or not self.ranks.lead:
             return
         save_checkpoint(
-            self.cfg, step, model, optimizer, generator, self.logged_elapsed, self.metrics
+            self.cfg,
+            step,
+            model,
+            optimizer,
+            generator,
+            self.logged_elapsed,
+            self.metrics,
+            computed_on(self.device, self.cfg.compile, self.threads),
         )
 
     def elapsed(self) -> float:
@@ -244,7 +252,15 @@ class Run:
             )
             return
         save_checkpoint(
-            self.cfg, step, model, optimizer, generator, self.elapsed(), self.metrics, self.losses
+            self.cfg,
+            step,
+            model,
+            optimizer,
+            generator,
+            self.elapsed(),
+            self.metrics,
+            computed_on(self.device, self.cfg.compile, self.threads),
+            self.losses,
         )
         print(
             f"interrupted at step {step}; checkpoint saved, continue with: "

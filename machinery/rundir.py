@@ -2,7 +2,8 @@
 
     runs/<name>/config.json     the settings, parameter counts, device and torch version
     runs/<name>/metrics.jsonl   one line per evaluation: step, training loss, lr, test metrics, time
-    runs/<name>/checkpoint.pt   model, optimizer and RNG states: a resumed run goes on bit for bit
+    runs/<name>/checkpoint.pt   model, optimizer and RNG states, and what they were computed on: a
+                                resumed run goes on bit for bit, or is refused in one line
     runs/<name>/model.pt        the trained weights, then final.json, written last: the run finished
     runs/<name>/.lock           while a process writes the run: its pid, and a lock only it holds
 
@@ -42,7 +43,7 @@ from machinery.config import (
     recorded_settings,
 )
 from machinery.console import metric_value
-from machinery.devices import uses_bf16
+from machinery.devices import compiles, pick_device, uses_bf16
 from machinery.errors import UsageError
 from machinery.files import (
     load_checkpoint,
@@ -69,6 +70,18 @@ RUN_FILES = {
     ".lock",
     ".swap",
 }
+# What analyze.py writes into a run (its write_json, write_text and save_figure calls): an analysis
+# of the state the run was in, which a run that goes on to finish drops (save_final).
+ANALYSIS_FILES = (
+    "analysis.json",
+    "analysis.md",
+    "projection.png",
+    "embedding.png",
+    "attention.png",
+    "curves.png",
+)
+# What restore needs of a checkpoint.
+CHECKPOINT_KEYS = ("model", "optimizer", "rng", "step", "elapsed")
 # In every directory a swap stages, hides or deletes (replace_old_run), holding the run's name: the
 # proof that this program made it, without which finish_swap never removes or moves a hidden
 # sibling.
@@ -158,7 +171,8 @@ def start_or_resume(
 
 def check_start(cfg, resume, lead=True):
     """UsageError unless a run may start at cfg.out: resumed, one that has not finished (after
-    completing what a kill left of a swap there); new, a directory check_run_dir accepts. train.py
+    completing what a kill left of a swap there), whose checkpoint, if it has one yet, it goes on
+    from bit for bit (check_checkpoint); new, a directory check_run_dir accepts. train.py
     calls it before it builds the model and times a step (slow on a busy CPU), so that a refused
     start is refused at once; start_or_resume calls it again as it stages the run."""
     if resume:
@@ -166,6 +180,9 @@ def check_start(cfg, resume, lead=True):
             finish_swap(cfg.out)
         if os.path.exists(os.path.join(cfg.out, "final.json")):
             raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
+        path = os.path.join(cfg.out, "checkpoint.pt")
+        if os.path.exists(path):
+            check_checkpoint(cfg, load_checkpoint(path, CHECKPOINT_KEYS), path)
     else:
         check_run_dir(cfg.out, cfg.overwrite, lead)
         if dist.is_initialized():
@@ -174,18 +191,16 @@ def check_start(cfg, resume, lead=True):
 
 def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
     """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
-    file changes (its settings must be config.json's, config.NOT_COMPUTED aside); then roll the
-    files back to it (roll_back). No checkpoint yet: start over in place."""
+    file changes (check_checkpoint, as check_start did: the file may have changed since); then roll
+    the files back to it (roll_back). No checkpoint yet: start over in place."""
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
         if lead:
             print(f"{cfg.out} has no checkpoint yet; starting it over", file=sys.stderr)
             roll_back(cfg.out, 0)
         return
-    checkpoint = load_checkpoint(checkpoint_path, ("model", "optimizer", "rng", "step", "elapsed"))
-    # saved under other settings than config.json's, an edited mode would train other tensors with
-    # the old optimizer state
-    check_checkpoint_settings(cfg, checkpoint, checkpoint_path)
+    checkpoint = load_checkpoint(checkpoint_path, CHECKPOINT_KEYS)
+    check_checkpoint(cfg, checkpoint, checkpoint_path)
     try:
         load_trained_weights(model, checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -214,6 +229,99 @@ def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
     start.logged = step
     start.metrics = checkpoint.get("metrics", {})
     start.losses = checkpoint.get("losses", [])
+
+
+def check_checkpoint(cfg, checkpoint: dict, checkpoint_path):
+    """UsageError unless a resume of cfg goes on from checkpoint bit for bit, and its records whole:
+    saved under cfg's settings (check_checkpoint_settings: an edited mode would train other tensors
+    with the old optimizer state), by a run that computed as this one would (check_computed_on),
+    after every evaluation that metrics.jsonl holds (check_evaluations_logged)."""
+    check_checkpoint_settings(cfg, checkpoint, checkpoint_path)
+    check_computed_on(cfg, checkpoint, checkpoint_path)
+    check_evaluations_logged(cfg, checkpoint["step"])
+
+
+def computed_on(device, use_compile, threads) -> dict:
+    """What a run computes on besides its settings: the kind of device, whether torch.compile'd,
+    and on a CPU the threads its float sums are split over. None changes what the run means to
+    compute, but each changes the last bits of its weights, so a checkpoint keeps them
+    (save_checkpoint), and a resume on others would not go on bit for bit (check_computed_on)."""
+    on = {"device": device.type, "compile": compiles(device, use_compile)}
+    if device.type == "cpu":
+        on["threads"] = threads
+    return on
+
+
+def check_computed_on(cfg, checkpoint: dict, checkpoint_path):
+    """UsageError unless a resume of cfg computes on what checkpoint was saved on (computed_on): the
+    device cfg asks for, compiled as cfg says, on the CPU threads config.json records, which
+    choose_threads keeps."""
+    saved = checkpoint.get("computed_on")
+    if saved is None:
+        # saved before checkpoints kept it: it resumes, as it did then, on what config.json
+        # records, since refusing it would leave a run stopped under that version no way to finish
+        return
+    device = pick_device(cfg.device)
+    on = computed_on(device, cfg.compile, recorded_threads(cfg.out))
+    if on["device"] != saved.get("device"):
+        raise UsageError(
+            f"{checkpoint_path} was saved by a run on {saved.get('device')}, but this resume "
+            f"would run on {on['device']} (device {cfg.device}): another device rounds "
+            f"differently, so the run would not go on bit for bit; resume it on "
+            f"{saved.get('device')}"
+        )
+    if on["compile"] != saved.get("compile"):
+        ways = {True: "compiled", False: "eager"}
+        raise UsageError(
+            f"{checkpoint_path} was saved by a run that was {ways[saved.get('compile')]}, but this "
+            f"resume would be {ways[on['compile']]} (compile {json.dumps(cfg.compile)}): compiled "
+            "and eager kernels round differently, so the run would not go on bit for bit; resume "
+            f"it with compile {json.dumps(saved.get('compile'))}"
+        )
+    if on.get("threads") != saved.get("threads"):
+        record = read_json(os.path.join(cfg.out, "config.json"))
+        threads = saved.get("threads")
+        raise UsageError(
+            f"config.json in {cfg.out} says threads {json.dumps(record.get('threads'))}, but "
+            f"{checkpoint_path} was saved on {threads} thread{'s' * (threads != 1)}: float sums "
+            "follow the thread count, so the run would not go on bit for bit; put threads back to "
+            f"{threads}"
+        )
+
+
+def evaluations_until(cfg, step) -> list:
+    """The steps up to `step` at which train.loop evaluates (the rule is its: every eval_every-th
+    step, and the last)."""
+    due = list(range(cfg.eval_every, step + 1, cfg.eval_every))
+    if step == cfg.steps and step not in due:
+        due.append(step)
+    return due
+
+
+def check_evaluations_logged(cfg, step):
+    """UsageError unless cfg.out/metrics.jsonl holds every evaluation up to the checkpoint's `step`:
+    a resume logs only those after it, so a record lost by hand (a kill never loses one: log_eval
+    writes it before its checkpoint) would be missing from the finished run for good."""
+    if type(step) is not int or not 0 <= step <= cfg.steps:
+        return  # no step of this run: restore refuses it
+    logged = {record["step"] for record in read_metrics(cfg.out)}
+    missing = [due for due in evaluations_until(cfg, step) if due not in logged]
+    if not missing:
+        return
+    steps = ", ".join(str(due) for due in missing[:3])
+    if len(missing) > 3:
+        steps += f" and {len(missing) - 3} more"
+    lost, them = f"the evaluations at steps {steps}", "them"
+    if len(missing) == 1:
+        lost, them = f"the evaluation at step {steps}", "it"
+    what = f"lacks {lost}"
+    if not os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
+        what = f"is missing, and with it {lost}"
+    raise UsageError(
+        f"metrics.jsonl in {cfg.out} {what}, which checkpoint.pt (step {step}) follows; a resume "
+        f"logs only later ones, so the finished run would lack {them}: put {them} back, or train "
+        "the run again with --overwrite"
+    )
 
 
 def check_checkpoint_settings(cfg, checkpoint: dict, checkpoint_path):
@@ -562,10 +670,11 @@ def run_state(run_dir) -> str:
     return "fresh"
 
 
-def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, losses=()):
+def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, on, losses=()):
     """checkpoint.pt: everything a resumed run needs to go on exactly as if never stopped: the
-    last test metrics (for a run killed after its last checkpoint) and the training losses
-    since the last evaluation (for a checkpoint between evaluations, at Ctrl-C)."""
+    last test metrics (for a run killed after its last checkpoint), the training losses since the
+    last evaluation (for a checkpoint between evaluations, at Ctrl-C), and what the run computed on
+    (on: computed_on's), which a resume must match."""
     rng = {"torch": torch.get_rng_state(), "data": generator.get_state()}
     if generator.device.type == "cuda":  # never touch CUDA on a CPU run, even where a GPU exists
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -584,6 +693,7 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, lo
             "metrics": metrics,
             "losses": list(losses),
             "config": asdict(cfg),
+            "computed_on": on,
         },
     )
 
@@ -641,11 +751,18 @@ def roll_back(run_dir, step):
 def save_final(cfg, state_dict, model_cfg, metrics, final):
     """model.pt (the weights and what rebuilds their model), then final.json (`final`: the test
     metrics and what the run adds to them), written last because it marks the run finished. A
-    finished run cannot be resumed, so its checkpoint.pt (model and optimizer, 3x model.pt) goes."""
+    finished run cannot be resumed, so its checkpoint.pt (model and optimizer, 3x model.pt) goes;
+    so does what analyze.py wrote of it while it was stopped (ANALYSIS_FILES), before final.json:
+    a finished run never shows an analysis of another state."""
     save_torch(
         os.path.join(cfg.out, "model.pt"),
         {"model": state_dict, "config": asdict(cfg), "model_config": asdict(model_cfg)},
     )
+    dropped = []
+    for name in ANALYSIS_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(cfg.out, name))
+            dropped.append(name)
     write_json(os.path.join(cfg.out, "final.json"), final)
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(cfg.out, "checkpoint.pt"))
@@ -659,6 +776,11 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
             f"memorized {final['bits']:,} bits, {final['bits_per_parameter']:.3f} per trainable "
             "parameter "
             f"(loss-based estimate {final['loss_bits']:,.0f} bits)"
+        )
+    if dropped:
+        print(
+            f"dropped {', '.join(dropped)}: analyze.py wrote them before the run finished; "
+            f"analyze {cfg.out} again for the finished model"
         )
 
 
