@@ -62,10 +62,17 @@ from machinery.tables import (
 )
 
 SEEDS = {"paper": 10, "cpu": 3}
-# the repository's runs and results, wherever the command starts: a table read from runs/ of
-# another working directory found none of its records
-RUNS = os.path.join(REPOSITORY, "runs", "reproduce")
-RESULTS = os.path.join(REPOSITORY, "results")
+
+
+def in_repository(*parts) -> str:
+    """A path in the repository, wherever the command starts (a table read from runs/ of another
+    working directory found none of its records): relative from inside the repository, so that
+    the runs' config.json record runs/reproduce/..., as the committed ones do; else absolute."""
+    path = os.path.join(REPOSITORY, *parts)
+    relative = os.path.relpath(path)
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return path
+    return relative
 
 
 def task_config(task: str, scale: str, **settings) -> TrainConfig:
@@ -1087,13 +1094,11 @@ def main(argv=None):
     )
     parser.add_argument(
         "--runs",
-        default=RUNS,
         help="where the run directories go (default: the repository's runs/reproduce, from any "
         "working directory)",
     )
     parser.add_argument(
         "--results",
-        default=RESULTS,
         help="where <table>-<scale>.md and <table>-<scale>.png go (default: the repository's "
         "results)",
     )
@@ -1122,6 +1127,10 @@ def main(argv=None):
         "for xargs -P or a job array, each safe to rerun after a kill (trains nothing)",
     )
     args = parser.parse_args(argv)
+    if args.runs is None:
+        args.runs = in_repository("runs", "reproduce")
+    if args.results is None:
+        args.results = in_repository("results")
     if argv is None:
         argv = sys.argv[1:]
     command = shell_command("python", "reproduce.py", *argv)

@@ -225,3 +225,15 @@ def test_a_sweep_analyses_again_a_finished_run_whose_analysis_is_of_another_mode
         json.dump(results, f)
     reproduce.finish_run(cfg, "finished", ("lengths",))
     assert made == [[cfg.out, "--only", "lengths"]]
+
+
+def test_run_directories_under_the_repository_are_named_relative_to_it(
+    tmp_path, monkeypatch, capsys
+):
+    # from the repository, a run's --out (config.json's "out") reads runs/reproduce/..., as the
+    # committed records do, not the machine's absolute path; from elsewhere, the absolute one
+    for where, runs in ((REPOSITORY, "runs/reproduce"), (tmp_path, f"{REPOSITORY}/runs/reproduce")):
+        monkeypatch.chdir(where)
+        reproduce.main(["table3", "--scale", "paper", "--print-commands", "--seeds", "1"])
+        printed = capsys.readouterr().out
+        assert f"--out {runs}/table3-paper/" in printed, printed
