@@ -16,6 +16,7 @@ and a .png of the same numbers in the paper's form (tables.py); `claims` rewrite
 claims table from the runs.
 """
 
+import contextlib
 import math
 import os
 import sys
@@ -1147,9 +1148,16 @@ def main(argv=None):
         if args.table in RECORD_PICTURES:
             draw_record_picture(args.table, args)
         elif args.table == "claims":
-            for path, text in claims(partial(claimed_cell, args), args.results, args.scale).items():
-                write_text(path, text)
-                print(f"-> {path}")
+            # the documents, and the records they cite by relative paths, of the repository that
+            # holds --results (this one by default), from any working directory
+            base = os.path.dirname(os.path.abspath(args.results))
+            args.runs = os.path.abspath(args.runs)
+            args.results = os.path.abspath(args.results)
+            with contextlib.chdir(base):
+                texts = claims(partial(claimed_cell, args), args.results, args.scale)
+                for path, text in texts.items():
+                    write_text(path, text)
+                    print(f"-> {shown_path(os.path.abspath(path))}")
         elif args.plan:
             print(plan([table_runs(name, args) for name in names], args.scale, command))
         elif args.print_commands:

@@ -864,10 +864,10 @@ def claims(claimed_cell, results: str, scale: str) -> dict:
             text = PASTED_TABLE.sub(pasted_table, text)
         texts[path] = PROSE_CITATION.sub(prose_citations(claimed_cell, path), text)
     if not texts:
-        # run from another folder: nothing would be written, and nothing said
+        # a --results of another folder: nothing would be written, and nothing said
         raise UsageError(
-            f"none of {', '.join(DOCUMENTS)} is here: run reproduce.py claims from the "
-            "repository's root"
+            f"none of {', '.join(DOCUMENTS)} is in {os.getcwd()}, the folder that holds "
+            f"{os.path.basename(results)}/: give --results the repository's results folder"
         )
     return texts
 

@@ -923,13 +923,18 @@ def test_a_citation_of_a_run_or_file_that_is_not_there_is_refused(tmp_path, monk
         tables.cited(claimed, "runs/probes/p-s0/analysis.json:lengths.unseen.test", "test")
 
 
-def test_claims_run_where_no_document_is_is_one_line_not_a_silent_success(tmp_path, monkeypatch):
-    # `cd EMPTY && reproduce.py claims --results REPO/results` exited 0 and wrote nothing
-    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+def test_claims_of_a_results_folder_with_no_document_beside_it_is_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    # it exited 0 and wrote nothing
+    results = tmp_path / "copy" / "results"
+    results.mkdir(parents=True)
+    (results / "claims.json").write_text("[]")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stopped:
-        reproduce.main(["claims", "--results", results])
+        reproduce.main(["claims", "--results", str(results)])
     assert stopped.value.code == 2
+    assert f"is in {tmp_path / 'copy'}, the folder that holds results/" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -154,7 +154,9 @@ def test_reproduce_claims_refuses_a_verdict_that_opens_with_another_grade(
     # 40.0 against the paper's 17.7, above any floor: a comparison that holds, far away
     write_json("results/claims.json", [dict(claim, verdict="reproduced: fails")])
     with pytest.raises(SystemExit):
-        reproduce.main(["claims"])
+        reproduce.main(
+            ["claims", "--results", "results", "--runs", os.path.join("runs", "reproduce")]
+        )
     err = capsys.readouterr().err
     assert (
         "claims.json: claim 'linearized fails needle': its numbers give 'direction only' by "
@@ -162,7 +164,7 @@ def test_reproduce_claims_refuses_a_verdict_that_opens_with_another_grade(
     ) in err
     assert len(err.strip().splitlines()) == 1
     write_json("results/claims.json", [dict(claim, verdict="direction only: fails")])
-    reproduce.main(["claims"])
+    reproduce.main(["claims", "--results", "results", "--runs", os.path.join("runs", "reproduce")])
     assert (
         "| 17.7 | 40.0 [20.0, 50.0] | direction only: fails |"
         in (tmp_path / "RESULTS.md").read_text()
