@@ -290,6 +290,7 @@ def test_needle_run_scores_figure_2_steps_for_every_layer_and_head(runs):
     )
 
 
+@pytest.mark.slow
 def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
     drawn = {}
 
@@ -493,6 +494,7 @@ def test_nan_in_the_metrics_is_reported_as_nan(runs, tmp_path):
     assert_figure(run / "curves.png")
 
 
+@pytest.mark.slow
 def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compare_draws_it(
     runs, tmp_path
 ):
@@ -662,6 +664,7 @@ def test_trained_needle_keeps_its_accuracy_in_few_principal_components_not_neuro
     assert "| Emb | PCs |" in (run / "analysis.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_untrained_run_is_labelled_so_and_never_set_beside_the_papers_numbers(tmp_path):
     needle, modadd = tmp_path / "needle", tmp_path / "modadd"
     train.train(
@@ -690,6 +693,7 @@ def test_an_untrained_run_is_labelled_so_and_never_set_beside_the_papers_numbers
         assert "the paper," not in report and "The paper:" not in report
 
 
+@pytest.mark.slow
 def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
     run = tmp_path / "needle"
     cfg = TrainConfig(

@@ -65,6 +65,7 @@ def final(run_dir):
     return json.loads((run_dir / "final.json").read_text())
 
 
+@pytest.mark.slow
 def test_table_lists_exactly_the_settings_that_differ(root, tmp_path, capsys, table_only):
     head, rows, _ = compared(
         capsys, root / "needle-a-s0", root / "needle-b-s0", plot=tmp_path / "c.png"
@@ -116,6 +117,7 @@ def test_unfinished_run_shows_its_last_evaluation(root, tmp_path, capsys, table_
     assert stopped["accuracy"] == f"{last['test_accuracy']:.4g}"
 
 
+@pytest.mark.slow
 def test_figure_is_written_where_asked_and_by_default_under_runs(
     root, tmp_path, capsys, monkeypatch
 ):

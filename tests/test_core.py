@@ -206,6 +206,7 @@ def reference_parens(rng, max_parens=60):
     return s
 
 
+@pytest.mark.slow
 def test_parens_vectorized_sampler_matches_the_reference_distribution():
     n = 20000
     rng = random.Random(0)

@@ -41,6 +41,7 @@ def uniform_pattern(self, q, k, mask):
     return weights.expand(q.size(0), self.n_head, q.size(2), k.size(2))
 
 
+@pytest.mark.slow
 def test_an_edited_attention_pattern_is_what_trains_and_is_evaluated(tiny_run, monkeypatch, capsys):
     record, metrics = tiny_run("unedited")
     assert record["forward"] == "fast paths"
@@ -55,6 +56,7 @@ def test_an_edited_attention_pattern_is_what_trains_and_is_evaluated(tiny_run, m
     assert edited[1]["loss"] != metrics[1]["loss"]
 
 
+@pytest.mark.slow
 def test_an_edited_mlp_is_what_trains(tiny_run, monkeypatch):
     _, metrics = tiny_run("unedited")
 
@@ -69,6 +71,7 @@ def test_an_edited_mlp_is_what_trains(tiny_run, monkeypatch):
     assert edited[1]["loss"] != metrics[1]["loss"]
 
 
+@pytest.mark.slow
 def test_an_edited_block_is_what_trains(tiny_run, monkeypatch):
     _, metrics = tiny_run("unedited")
 
@@ -151,6 +154,7 @@ def test_a_run_records_its_commit_and_its_uncommitted_edits(tmp_path, monkeypatc
     assert code.code_text(record) == f"no git checkout (files {record['files']})"
 
 
+@pytest.mark.slow
 def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(
     tiny_run, tmp_path, monkeypatch
 ):

@@ -39,6 +39,10 @@ from machinery import (
 )
 from machinery.config import TrainConfig
 
+# the failure matrix: kills, signals, damaged and edited records, bad input; CI runs it, the quick
+# subset (-m "not slow") does not
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -1875,6 +1879,7 @@ import time
 sys.path.insert(0, sys.argv[1])
 import numpy
 from machinery import corpus
+
 train = corpus.write_story_corpus(sys.argv[2], n_train=300, n_valid=30)
 tokenizer = corpus.load_or_train_tokenizer(train, 300)
 print(len(corpus.load_or_tokenize(train, tokenizer, 300)))

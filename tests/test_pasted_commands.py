@@ -15,6 +15,10 @@ from machinery import cli, sweep
 from machinery.errors import UsageError
 from tests.test_failures_and_resume import INTERRUPTER, REPO, TINY_ARGS
 
+# the failure matrix: kills, signals, damaged and edited records, bad input; CI runs it, the quick
+# subset (-m "not slow") does not
+pytestmark = pytest.mark.slow
+
 ODD = "odd dir 'é 名 $(touch PWNED)"
 
 # `python` in the pasted lines: prints the words the shell handed it, as JSON

@@ -37,6 +37,7 @@ def drawn_figures(monkeypatch) -> list:
     return figures
 
 
+@pytest.mark.slow
 def test_needle_attention_redraws_every_head_of_the_committed_records(tmp_path, monkeypatch):
     # from another directory: the records are the repository's, the picture goes to --results
     monkeypatch.chdir(tmp_path)
@@ -64,6 +65,7 @@ def test_needle_attention_redraws_every_head_of_the_committed_records(tmp_path, 
         assert f.read() == redrawn
 
 
+@pytest.mark.slow
 def test_needle_projection_redraws_the_committed_curves_beside_addition(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     figures = drawn_figures(monkeypatch)

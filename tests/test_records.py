@@ -134,6 +134,7 @@ def test_a_redraw_that_finds_no_record_or_fewer_than_its_table_shows_refuses(tmp
     assert (results / "table3-cpu.md").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_analyze_names_the_model_each_result_measured(tmp_path, tiny):
     train.train(tiny(tmp_path))
     run = str(tmp_path / "run")
@@ -195,6 +196,7 @@ def test_a_tables_scale_line_names_only_the_widths_its_runs_have():
     assert "width 512," not in widths
 
 
+@pytest.mark.slow
 def test_compare_says_what_a_compile_column_means(tmp_path, capsys):
     # the tour's width-16 record compiled on a CPU, where the README says runs are eager
     table1 = os.path.join(REPOSITORY, "runs", "reproduce", "table1-cpu")

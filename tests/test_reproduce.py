@@ -204,6 +204,7 @@ def test_table_renders_medians_beside_the_paper_and_a_command_per_cell(tmp_path)
     assert "table1-cpu/needle-random-512" in text
 
 
+@pytest.mark.slow
 def test_cell_commands_parse_back_to_the_cells_configs():
     for name, make in reproduce.TABLES.items():
         for scale in reproduce.SCALES:
@@ -368,6 +369,7 @@ def test_all_runs_every_table_in_order_and_each_md_embeds_a_readable_png(tmp_pat
             assert f"]({name}-cpu-curves.png)" in (results / f"{name}-cpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_redraw_trains_and_analyses_nothing_and_says_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "sweep", lambda *args: pytest.fail("--redraw swept"))
     table = reproduce.table5("cpu")
@@ -579,6 +581,7 @@ def test_a_citation_reads_a_path_in_any_run_file_and_a_log_over_steps(tmp_path, 
     assert (tmp_path / "RESULTS.md").read_text().endswith(heading.replace("VALUE", "50.0"))
 
 
+@pytest.mark.slow
 def test_the_committed_tables_and_documents_are_what_the_committed_records_draw(monkeypatch):
     """A retrained record leaves no stale number: every results/*-cpu.md, RESULTS.md's claims and
     the tables it shows, and every number cited in RESULTS.md, README.md and docs/, drawn anew from

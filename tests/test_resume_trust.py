@@ -14,6 +14,10 @@ import analyze
 import train
 from machinery import lifecycle, rundir
 
+# the failure matrix: kills, signals, damaged and edited records, bad input; CI runs it, the quick
+# subset (-m "not slow") does not
+pytestmark = pytest.mark.slow
+
 
 def files_of(run):
     """Every file in run with its bytes."""

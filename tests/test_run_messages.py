@@ -54,6 +54,7 @@ def test_canonical_needle_run_names_the_plateau_its_committed_record_sat_on():
     assert plateau.plateau_note(canonical("--seed", "7")) is None
 
 
+@pytest.mark.slow
 def test_the_plateau_line_is_read_from_the_record_at_run_start(tmp_path, monkeypatch, capsys, tiny):
     # a tiny run stands in for the committed record; its evaluations are edited to a plateau
     cfg = tiny(tmp_path, task="needle", max_pairs=2, test_size=50, steps=8, eval_every=2)
@@ -104,6 +105,7 @@ def test_a_resumed_run_says_where_it_resumes():
     assert "resuming" not in fresh and "6,000 steps of 64, about 25 min" in fresh
 
 
+@pytest.mark.slow
 def test_a_run_resumed_after_it_left_the_plateau_is_not_warned_of_it_again(
     tmp_path, monkeypatch, capsys, tiny
 ):
@@ -129,6 +131,7 @@ def test_a_run_resumed_after_it_left_the_plateau_is_not_warned_of_it_again(
     assert plateau.plateau_note(cfg, reached=left_at) is None
 
 
+@pytest.mark.slow
 def test_a_resumed_runs_first_line_says_its_threads_are_the_runs_not_a_choice(
     tmp_path, monkeypatch, capsys, tiny
 ):
@@ -233,6 +236,7 @@ def test_accuracy_is_a_percentage_in_every_line_a_run_prints(tmp_path, capsys, t
     assert len(said) == 3 and all(value.endswith("%") for value in said), out  # 2 evals, final
 
 
+@pytest.mark.slow
 def test_each_comparison_keeps_its_own_picture(tmp_path, monkeypatch, capsys):
     runs = {}
     for name in ("needle-random-512-s1", "needle-random-512-s2", "needle-normal-512-s1"):

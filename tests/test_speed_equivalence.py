@@ -105,6 +105,7 @@ def test_batches_drawn_beside_the_step_are_the_tasks_own_draws_from_the_seed(
     ],
 )
 # on CUDA through the math attention kernel
+@pytest.mark.slow
 def test_batched_seeds_match_separate_runs(tmp_path, capsys, device, tiny):
     cfg = tiny(tmp_path, seeds=2, device=device, out=str(tmp_path / "batched"))
     batched = batched_seeds.train_batched(cfg)
@@ -270,6 +271,7 @@ class HostWaits(TorchDispatchMode):
 @pytest.mark.parametrize(
     "name, bound", [("parens", 60 // 2 + 3), ("needle", 1), ("addition", 1), ("imitate", 1)]
 )
+@pytest.mark.slow
 def test_a_training_batch_waits_on_the_host_a_bounded_number_of_times(name, bound):
     """Each wait stalls a GPU while the host catches up, and parentheses once waited ~850 times a
     batch (a boolean selection per field per level of its balanced-string recursion). Now a draw

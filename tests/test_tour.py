@@ -55,6 +55,7 @@ def experiments():
     return found
 
 
+@pytest.mark.slow
 def test_every_number_the_tour_cites_is_what_its_record_gives(monkeypatch):
     """The tour's measured numbers are citations of the committed records (runs/probes, and the
     cells of the cpu tables under runs/reproduce): each is the number its reference reads."""
@@ -206,6 +207,7 @@ def test_the_projection_numbers_are_its_committed_analyses():
     )
 
 
+@pytest.mark.slow
 def test_each_stand_in_comparison_runs_on_the_committed_records(tmp_path, monkeypatch, capsys):
     # Experiments 2, 4, 5 and 6 compare with experiment 1's run (14+ minutes to train); the tour
     # names a committed record that stands in for it, in a command that trains nothing.
