@@ -26,7 +26,7 @@ from machinery.code import code_state
 from machinery.config import build_seeded
 from machinery.console import first_line, forward_note
 from machinery.devices import Ranks, compiled, deterministic_kernels, pick_device, uses_bf16
-from machinery.errors import UsageError, usage_errors
+from machinery.errors import FinishedBeforeStop, UsageError, ignore_stops, usage_errors
 from machinery.lifecycle import Run, time_training_step
 from machinery.rundir import (
     check_start,
@@ -315,6 +315,7 @@ class SeedRuns(Run):
 
     def save_final(self, step, stack, summary):
         """Each seed's model.pt and final.json, then the seeds' medians beside them."""
+        self.finishing = True  # a signal from here stops nothing (Run.request_stop)
         for i, (run, metrics, counts) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
             weights = {name: stacked[i].detach().clone() for name, stacked in self.params.items()}
             final = {
@@ -339,8 +340,12 @@ def main(argv=None):
                 "a batched run writes no checkpoint, so there is nothing to resume; train.py "
                 "--resume continues single runs"
             )
-        train_batched(cfg)
+        try:
+            train_batched(cfg)
+        except FinishedBeforeStop:  # every seed finished all the same: nothing was interrupted
+            pass
 
 
 if __name__ == "__main__":
     main()
+    ignore_stops()
