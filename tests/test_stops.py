@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,3 +127,34 @@ def test_a_signal_while_a_finished_script_exits_is_ignored(sent, tmp_path):
         assert done.returncode == 0, done.stderr
         for said in ("Traceback", "Exception ignored", "KeyboardInterrupt", "interrupted"):
             assert said not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------------------
+# A stopped sweep
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_sigterm_ends_on_its_own_line(tmp_path):
+    # then came two lines of multiprocessing's "resource_tracker: There appear to be 2 leaked
+    # semaphore objects to clean up at shutdown": the workers' tqdm locks, left by os._exit
+    runs = tmp_path / "runs"
+    argv = [sys.executable, os.path.join(REPO, "reproduce.py"), "table9", "--scale", "cpu"]
+    argv += ["--jobs", "2", "--seeds", "1", "--runs", str(runs), "--results", str(tmp_path / "r")]
+    cpu_only = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    quiet = subprocess.DEVNULL
+    sweep_process = subprocess.Popen(
+        argv, cwd=tmp_path, env=cpu_only, stdout=quiet, stderr=subprocess.PIPE, text=True
+    )
+    # both workers training: each run's directory staged or in place
+    deadline = time.time() + 120
+    while len(list(runs.glob("*/*/metrics.jsonl"))) + len(list(runs.glob("*/*/config.json"))) < 2:
+        assert time.time() < deadline and sweep_process.poll() is None
+        time.sleep(0.5)
+    time.sleep(3)
+    sweep_process.send_signal(signal.SIGTERM)
+    _, err = sweep_process.communicate(timeout=120)
+    assert sweep_process.returncode == 130, err
+    assert len(list(runs.glob("*/*/checkpoint.pt"))) == 2
+    assert err.splitlines()[-1].startswith("reproduce.py: interrupted"), err
+    assert "resource_tracker" not in err and "leaked" not in err, err
