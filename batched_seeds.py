@@ -25,7 +25,14 @@ from machinery.cli import parse_args, seed_configs
 from machinery.code import code_state
 from machinery.config import build_seeded
 from machinery.console import first_line, forward_note
-from machinery.devices import Ranks, compiled, deterministic_kernels, pick_device, uses_bf16
+from machinery.devices import (
+    Ranks,
+    check_step_fits,
+    compiled,
+    deterministic_kernels,
+    pick_device,
+    uses_bf16,
+)
 from machinery.errors import FinishedBeforeStop, UsageError, ignore_stops, usage_errors
 from machinery.lifecycle import Run, time_training_step
 from machinery.rundir import (
@@ -77,6 +84,9 @@ def train_batched(cfg) -> list:
     # {name: (N, ...)}; frozen tensors stay without grad; Module.to moves each model in place
     params, _ = torch.func.stack_module_state([model.to(device) for model in models])
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
+    # every seed's batch at once, refused before the first is drawn if it cannot fit
+    row = task.test_set()[:1]
+    check_step_fits(row, cfg.batch_size, cfg.width, task.vocab_size, device, len(seeds))
     precision = torch.autocast(device.type, torch.bfloat16, enabled=uses_bf16(device, cfg.dtype))
     slowdown = choose_forward(base, task, cfg, device, precision)  # the seeds share their code
 

@@ -22,7 +22,14 @@ import torch
 
 from machinery.cli import parse_args, seed_configs
 from machinery.config import resolve
-from machinery.devices import Ranks, compiled, deterministic_kernels, step_seconds, uses_bf16
+from machinery.devices import (
+    Ranks,
+    check_step_fits,
+    compiled,
+    deterministic_kernels,
+    step_seconds,
+    uses_bf16,
+)
 from machinery.errors import FinishedBeforeStop, UsageError, ignore_stops, usage_errors
 from machinery.lifecycle import Run, resumed_config, spare_batch, time_training_step
 from machinery.rundir import check_start
@@ -60,6 +67,9 @@ def train(cfg, resume: bool = False) -> dict:
     except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
         raise UsageError(str(e)) from None
     model.to(device)
+    # a batch too big for this machine is refused before the first is drawn (choose_forward's)
+    row = task.test_set()[:1]
+    check_step_fits(row, cfg.batch_size, cfg.width, task.vocab_size, device, 1 / ranks.world)
     precision = torch.autocast(device.type, torch.bfloat16, enabled=uses_bf16(device, cfg.dtype))
     # What trains is what model.py says; evaluation runs the same path.
     slowdown = choose_forward(model, task, cfg, device, precision)

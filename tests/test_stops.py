@@ -8,10 +8,11 @@ import sys
 import time
 
 import pytest
+import torch
 
 import batched_seeds
 import train
-from machinery import rundir
+from machinery import devices, rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,3 +159,66 @@ def test_a_sweep_stopped_by_sigterm_ends_on_its_own_line(tmp_path):
     assert len(list(runs.glob("*/*/checkpoint.pt"))) == 2
     assert err.splitlines()[-1].startswith("reproduce.py: interrupted"), err
     assert "resource_tracker" not in err and "leaked" not in err, err
+
+
+# ---------------------------------------------------------------------------
+# A batch that cannot fit
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_of(monkeypatch):
+    """memory_of(n): this machine, as the memory check sees it, with n bytes available and no
+    cgroup limit."""
+
+    def fake(n):
+        monkeypatch.setattr(devices, "meminfo_available", lambda: n)
+        monkeypatch.setattr(devices, "cgroup_limits", lambda: [])
+
+    return fake
+
+
+def test_a_batch_that_cannot_fit_is_refused_in_one_line_before_it_is_drawn(
+    tmp_path, memory_of, monkeypatch, capsys
+):
+    # --batch-size 1000000000 was killed by the kernel's OOM killer after 92 s, with no line at all
+    memory_of(64 * 2**20)
+    drawn = []
+    monkeypatch.setattr(train, "choose_forward", lambda *args: drawn.append(1))
+    argv = TINY_ARGS + ["--steps", "0", "--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", "200000"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("train.py: error: --batch-size 200,000 needs at least ") and (
+        "more than the 0.1 GiB of memory available on cpu; --batch-size " in err
+    ), err
+    assert not drawn and not (tmp_path / "run").exists()
+    # the batch size it names fits; one more does not
+    fits = int(err.split("; --batch-size ")[1].split()[0].replace(",", ""))
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", str(fits + 1)], capsys)
+    assert code == 2 and f"--batch-size {fits:,} fits" in err, err
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", str(fits)], capsys)
+    assert code == 0 and drawn, err
+
+
+def test_a_batched_seeds_stack_counts_every_seed_against_the_memory(tmp_path, memory_of, capsys):
+    memory_of(64 * 2**20)
+    argv = TINY_ARGS + ["--steps", "0", "--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", "20000"], capsys)
+    assert code == 0, err
+    argv += ["--seeds", "20", "--batch-size", "20000"]
+    code, err = exit_code_and_stderr(batched_seeds.main, argv, capsys)
+    assert code == 2 and "batched_seeds.py: error: --batch-size 20,000 needs" in err, err
+
+
+def test_a_tiny_run_passes_the_memory_check_and_a_cgroup_limit_below_memavailable_counts(
+    tmp_path, memory_of, monkeypatch, capsys
+):
+    memory_of(64 * 2**20)
+    argv = TINY_ARGS + ["--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv, capsys)
+    assert code == 0 and rundir.run_state(str(tmp_path / "run")) == "finished", err
+    monkeypatch.setattr(devices, "cgroup_limits", lambda: [2**30, 3 * 2**30])
+    assert devices.memory_available(torch.device("cpu")) == 64 * 2**20
+    memory_of(8 * 2**30)
+    monkeypatch.setattr(devices, "cgroup_limits", lambda: [2**30, 3 * 2**30])
+    assert devices.memory_available(torch.device("cpu")) == 2**30
