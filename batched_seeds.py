@@ -25,8 +25,15 @@ from machinery.cli import parse_args, seed_configs
 from machinery.code import code_state
 from machinery.config import build_seeded
 from machinery.console import first_line, forward_note
-from machinery.devices import Ranks, compiled, deterministic_kernels, pick_device, uses_bf16
-from machinery.errors import UsageError, usage_errors
+from machinery.devices import (
+    Ranks,
+    check_step_fits,
+    compiled,
+    deterministic_kernels,
+    pick_device,
+    uses_bf16,
+)
+from machinery.errors import FinishedBeforeStop, UsageError, ignore_stops, usage_errors
 from machinery.lifecycle import Run, time_training_step
 from machinery.rundir import (
     check_start,
@@ -77,6 +84,9 @@ def train_batched(cfg) -> list:
     # {name: (N, ...)}; frozen tensors stay without grad; Module.to moves each model in place
     params, _ = torch.func.stack_module_state([model.to(device) for model in models])
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
+    # every seed's batch at once, refused before the first is drawn if it cannot fit
+    row = task.test_set()[:1]
+    check_step_fits(row, cfg.batch_size, cfg.width, task.vocab_size, device, len(seeds))
     precision = torch.autocast(device.type, torch.bfloat16, enabled=uses_bf16(device, cfg.dtype))
     slowdown = choose_forward(base, task, cfg, device, precision)  # the seeds share their code
 
@@ -315,6 +325,7 @@ class SeedRuns(Run):
 
     def save_final(self, step, stack, summary):
         """Each seed's model.pt and final.json, then the seeds' medians beside them."""
+        self.finishing = True  # a signal from here stops nothing (Run.request_stop)
         for i, (run, metrics, counts) in enumerate(zip(self.seeds, self.metrics, self.seed_counts)):
             weights = {name: stacked[i].detach().clone() for name, stacked in self.params.items()}
             final = {
@@ -339,8 +350,12 @@ def main(argv=None):
                 "a batched run writes no checkpoint, so there is nothing to resume; train.py "
                 "--resume continues single runs"
             )
-        train_batched(cfg)
+        try:
+            train_batched(cfg)
+        except FinishedBeforeStop:  # every seed finished all the same: nothing was interrupted
+            pass
 
 
 if __name__ == "__main__":
     main()
+    ignore_stops()

@@ -24,8 +24,15 @@ import torch
 
 from machinery.cli import parse_args, seed_configs
 from machinery.config import resolve
-from machinery.devices import Ranks, compiled, deterministic_kernels, step_seconds, uses_bf16
-from machinery.errors import UsageError, usage_errors
+from machinery.devices import (
+    Ranks,
+    check_step_fits,
+    compiled,
+    deterministic_kernels,
+    step_seconds,
+    uses_bf16,
+)
+from machinery.errors import FinishedBeforeStop, UsageError, ignore_stops, usage_errors
 from machinery.lifecycle import Run, resumed_config, spare_batch, time_training_step
 from machinery.rundir import check_start
 from machinery.seeds import seed_state, write_seed_summary
@@ -62,6 +69,9 @@ def train(cfg, resume: bool = False) -> dict:
     except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
         raise UsageError(str(e)) from None
     model.to(device)
+    # a batch too big for this machine is refused before the first is drawn (choose_forward's)
+    row = task.test_set()[:1]
+    check_step_fits(row, cfg.batch_size, cfg.width, task.vocab_size, device, 1 / ranks.world)
     precision = torch.autocast(device.type, torch.bfloat16, enabled=uses_bf16(device, cfg.dtype))
     # What trains is what model.py says; evaluation runs the same path.
     slowdown = choose_forward(model, task, cfg, device, precision)
@@ -106,8 +116,6 @@ def loop(cfg, run, model, task, test, optimizer, batches, precision, train_step,
         run.save_stopped(step, model, optimizer, batches.generator)
     elif step == cfg.steps:
         run.save_final(step, model, task.summary)
-    if run.stop_requested:
-        raise KeyboardInterrupt
 
 
 class Batches:
@@ -250,7 +258,12 @@ def main(argv=None):
             for run in seeds:
                 state = "resume" if resume else seed_state(run, len(seeds))
                 if state != "finished":
-                    train(run, resume=state == "resume")
+                    try:
+                        train(run, resume=state == "resume")
+                    except FinishedBeforeStop:
+                        # the run finished all the same; seeds left to train stop here
+                        if run is not seeds[-1]:
+                            raise
             if len(seeds) > 1:
                 write_seed_summary([resolve(run)[0] for run in seeds])
         finally:
@@ -260,3 +273,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    ignore_stops()

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from machinery.errors import UsageError
+from tasks import LENGTH_CHUNKS
 
 
 def pick_device(name: str) -> torch.device:
@@ -110,6 +111,102 @@ def step_seconds(model, loss_fn, batch, precision) -> float:
         loss.backward()
     loss.item()  # waits for the device
     return time.perf_counter() - began
+
+
+def step_bytes(row, width: int, vocab_size: int) -> float:
+    """A low estimate, in bytes, of what a training step holds at its peak, besides the weights,
+    for each row of its batch like `row` (a Batch of one): the row's tensors twice (as drawn, and
+    kept or sorted into chunks), and a LENGTH_CHUNKS-th (the chunks run one after another) of its
+    float32 activations: three width-wide vectors a token (the residual stream, and attention's keys
+    and values, which every forward path of every model holds for every token), and the logits at
+    the answers with the loss's copy of them. Low, so that no run that fits is refused: a real step
+    also holds every layer's activations for the backward, gradients and the kernels' buffers."""
+    row_bytes = 0
+    for tensor in vars(row).values():
+        if tensor is not None:
+            row_bytes += tensor.nbytes
+    tokens, answers = row.x.size(-1), row.pos.size(-1)
+    floats = 3 * width * tokens + 2 * answers * vocab_size
+    return 2 * row_bytes + 4 * floats / LENGTH_CHUNKS
+
+
+def memory_available(device):
+    """Bytes this process may still allocate on device, or None where that is not known (mps, a
+    system without /proc): on CUDA the GPU's free memory, with what torch's allocator holds unused;
+    on a CPU /proc/meminfo's MemAvailable, or the memory limit of the process's cgroup where that is
+    lower (the limit whole: its page cache gives way)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type != "cpu":
+        return None
+    available = meminfo_available()
+    for limit in cgroup_limits():
+        if available is None or limit < available:
+            available = limit
+    return available
+
+
+def meminfo_available():
+    """/proc/meminfo's MemAvailable in bytes: what the system can give without swapping; None
+    without /proc."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def cgroup_limits() -> list:
+    """The memory limits in bytes, where any is set, of this process's cgroup (v2 memory.max, v1
+    memory.limit_in_bytes) and of the cgroup root, which is the process's own in a container."""
+    paths = ["/"]
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers in ("", "memory"):
+                    paths.append(path)
+    except OSError:
+        return []
+    limits = []
+    for path in paths:
+        for name in ("memory.max", "memory/memory.limit_in_bytes"):
+            parent, file = os.path.split(name)
+            try:
+                with open(os.path.join("/sys/fs/cgroup", parent, path.lstrip("/"), file)) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            # "max", or v1's "no limit", a number near 2**63
+            if text.isdigit() and int(text) < 2**62:
+                limits.append(int(text))
+    return limits
+
+
+def check_step_fits(row, batch_size: int, width: int, vocab_size: int, device, share=1.0):
+    """UsageError, before a batch is drawn, where a training step at --batch-size batch_size needs
+    more than the memory available here (step_bytes against memory_available). share: the rows this
+    process trains per row of the batch (the seeds a batched run stacks; under torchrun, this rank's
+    slice). One line: the batch size, the estimate, the memory, and the largest batch size the
+    estimate lets fit."""
+    available = memory_available(device)
+    per_row = share * step_bytes(row, width, vocab_size)
+    needed = batch_size * per_row
+    if available is None or needed <= available:
+        return
+    fits = int(available // per_row)
+    advice = "no batch fits that estimate; try a smaller --width"
+    if fits > 0:
+        advice = f"--batch-size {fits:,} fits that estimate"
+    raise UsageError(
+        f"--batch-size {batch_size:,} needs at least {needed / 2**30:,.1f} GiB for a training "
+        f"step (the batch, activations and logits, estimated), more than the "
+        f"{available / 2**30:,.1f} GiB of memory available on {device}; {advice}"
+    )
 
 
 def uses_bf16(device, dtype="auto") -> bool:

@@ -18,6 +18,13 @@ class UsageError(Exception):
     never a traceback."""
 
 
+class FinishedBeforeStop(KeyboardInterrupt):
+    """A Ctrl-C or SIGTERM that came too late to stop its run: the run took its last step and
+    finished, whole (lifecycle.Run). A command with more to do stops there, as at any Ctrl-C
+    (train.py --seeds: `interrupted`, exit code 130); one whose last work it was ends as if no
+    signal had come, exit code 0, for nothing was interrupted."""
+
+
 class Diverged(Exception):
     """The training or test loss became NaN or infinite: the run stops, exit code 3."""
 
@@ -65,6 +72,15 @@ def usage_errors(prog: str, interrupted: str = ""):
             signal.signal(signal.SIGTERM, handler_before)
     print(f"{prog}: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def ignore_stops():
+    """A script's last act, its work done and saved: a Ctrl-C, SIGTERM or SIGHUP from here to the
+    process's exit has nothing left to stop, and is ignored. Python would otherwise raise the
+    KeyboardInterrupt inside torch's atexit callbacks (printed as "Exception ignored in atexit
+    callback", exit code 0) or die of the signal."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def stop_as_ctrl_c(signum, frame):

@@ -16,7 +16,7 @@ from machinery.code import code_state
 from machinery.config import saved_config
 from machinery.console import first_line, forward_note, metric_value, pace_words, result_line
 from machinery.devices import choose_threads, compiles, deterministic_kernels, step_seconds
-from machinery.errors import Diverged
+from machinery.errors import Diverged, FinishedBeforeStop
 from machinery.plateau import plateau_note
 from machinery.rundir import (
     StartPoint,
@@ -46,9 +46,10 @@ class Run:
             ...
             run.save_stopped(...) or run.save_final(...)
 
-    On exit, however the run ends: the signals back as they were, and the run directory closed (a
-    new run that never took its place goes; the locks go with their files). Under torchrun the lead
-    rank (0) alone writes files and prints.
+    On exit, however the run ends: the run directory closed (a new run that never took its place
+    goes; the locks go with their files) and the signals back as they were; then, if a signal asked
+    the run to stop, KeyboardInterrupt, or FinishedBeforeStop where the run finished all the same.
+    Under torchrun the lead rank (0) alone writes files and prints.
     """
 
     def __init__(self, cfg, counts, device, ranks, threads):
@@ -62,6 +63,8 @@ class Run:
         self.metrics = {}  # the last evaluation's test metrics
         self.losses = []  # training losses since the last log line
         self.stop_requested = False
+        # set as the final save begins: the run can no longer stop, and ends whole
+        self.finishing = False
         self.logged_elapsed = 0.0
         self.lap_restored = 0
 
@@ -224,8 +227,13 @@ class Run:
         """Ctrl-C (SIGINT), and SIGTERM or SIGHUP (a scheduler's stop, a closed terminal), stop the
         loop at the next step boundary, where a checkpoint resumes exactly, instead of mid-step; a
         second signal acts at once. Caught only in the main thread of a single process:
-        data-parallel ranks would stop at different steps."""
+        data-parallel ranks would stop at different steps. Once the run is finishing (save_final),
+        a signal has nothing left to stop: it says nothing, and the run ends whole (__exit__ raises
+        FinishedBeforeStop, for a command with more to do); so does any signal after it, which
+        would otherwise break into the save of a finished run or call it interrupted."""
         self.stop_requested = True
+        if self.finishing:
+            return
         self.restore_signals()
         if signum == signal.SIGINT:
             name = "Ctrl-C"
@@ -271,6 +279,7 @@ class Run:
     def save_final(self, step, model, summary):
         """The finished run: model.pt, then final.json (the test metrics, and what the task's
         summary adds to them), then its last line beside the paper's number."""
+        self.finishing = True
         if not self.ranks.lead:
             return
         final = {
@@ -286,8 +295,13 @@ class Run:
     def __exit__(self, error, *details):
         if hasattr(self, "bar"):
             self.bar.close()
-        self.restore_signals()
+        # the locks released while a signal is still the run's to handle
         self.close()
+        self.restore_signals()
+        if error is None and self.stop_requested:
+            if self.finishing:
+                raise FinishedBeforeStop
+            raise KeyboardInterrupt
 
     def close(self):
         self.start.close()

@@ -16,6 +16,7 @@ import ctypes
 import glob
 import math
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -82,9 +83,7 @@ def train_one(finish, cfg: TrainConfig, k=1, n=1, analyses=()):
             # A pool worker stopped by a signal, its checkpoint saved: reproduce.py was
             # stopped (its end sends this signal, start_worker). The pool would hand it the
             # next run, or leave it waiting for one from a parent that is gone: it ends.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)
+            end_worker(130)
         raise
     return (
         read_json(
@@ -94,6 +93,17 @@ def train_one(finish, cfg: TrainConfig, k=1, n=1, analyses=()):
         state,
         time.time() - start,
     )
+
+
+def end_worker(code: int):
+    """End this pool worker now, with exit code `code`, after what a process's normal end does
+    first: multiprocessing's exit, which unlinks the named semaphores the worker made (tqdm's
+    lock) and takes them off the resource tracker's list. os._exit alone leaves them listed, and the
+    tracker, outliving reproduce.py, warned of "leaked semaphore objects" after its last line."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    multiprocessing.util._exit_function()
+    os._exit(code)
 
 
 def run_cost(cfg: TrainConfig) -> float:

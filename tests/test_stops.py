@@ -1,0 +1,224 @@
+"""What a user reads at a stop: a signal once a run has finished says nothing false and exits 0; a
+stopped sweep's last line is its own; a batch that cannot fit is refused before it is built."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import batched_seeds
+import train
+from machinery import devices, rundir
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A run that trains in about a second on one CPU core (conftest's TINY, as flags).
+TINY_ARGS = ["--task", "parens", "--frozen", "--width", "16", "--heads", "2", "--steps", "8"]
+TINY_ARGS += ["--batch-size", "32", "--lr", "3e-3", "--warmup", "2", "--eval-every", "4"]
+TINY_ARGS += ["--max-parens", "10", "--test-size", "200", "--device", "cpu"]
+
+
+def exit_code_and_stderr(main, argv, capsys):
+    """main(argv) in this process: its exit code (0 where it returns) and its stderr."""
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def signals_after_final_json(monkeypatch, sent):
+    """Each signal of sent, sent to this process just after a final.json is moved into place (the
+    rename that marks a run finished)."""
+    replace_file = os.replace
+
+    def replace_then_signal(src, dst):
+        replace_file(src, dst)
+        if os.path.basename(dst) == "final.json":
+            for name in sent:
+                os.kill(os.getpid(), getattr(signal, name))
+
+    monkeypatch.setattr(rundir.os, "replace", replace_then_signal)
+
+
+# ---------------------------------------------------------------------------
+# A signal once the run has finished
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sent", [["SIGINT"], ["SIGTERM"], ["SIGINT", "SIGINT"]])
+def test_a_signal_just_after_final_json_is_in_place_exits_0_and_says_nothing_false(
+    sent, tmp_path, monkeypatch, capsys
+):
+    # it printed "Ctrl-C: stopping after this step, with a checkpoint to resume from", then
+    # "train.py: interrupted", exit code 130, the run whole (a second Ctrl-C: at once)
+    signals_after_final_json(monkeypatch, sent)
+    argv = TINY_ARGS + ["--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv, capsys)
+    assert code == 0, err
+    assert "interrupted" not in err and "stopping" not in err and "Traceback" not in err, err
+    assert rundir.run_state(str(tmp_path / "run")) == "finished"
+    assert not (tmp_path / "run" / ".lock").exists()
+
+
+def test_a_signal_after_a_seeds_final_json_still_stops_the_seeds_left(
+    tmp_path, monkeypatch, capsys
+):
+    # the run it came after is whole; the next seed is what the Ctrl-C stops
+    signals_after_final_json(monkeypatch, ["SIGINT"])
+    argv = TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv, capsys)
+    assert code == 130 and err.strip().endswith("train.py: interrupted"), err
+    assert rundir.run_state(str(tmp_path / "run-s0")) == "finished"
+    assert os.listdir(tmp_path) == ["run-s0"]
+
+
+def test_a_signal_after_a_batched_seeds_final_json_exits_0_with_every_seed_whole(
+    tmp_path, monkeypatch, capsys
+):
+    # it said "interrupted; a batched run keeps no checkpoint: the same command with --overwrite
+    # starts it again", exit code 130, of seeds all finished
+    signals_after_final_json(monkeypatch, ["SIGTERM"])
+    argv = TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(batched_seeds.main, argv, capsys)
+    assert code == 0 and "interrupted" not in err, err
+    for seed in (0, 1):
+        assert rundir.run_state(str(tmp_path / f"run-s{seed}")) == "finished"
+    assert (tmp_path / "run-seeds.json").exists()
+
+
+# train.py run as a script, sending itself a signal as the interpreter exits (an atexit callback:
+# registered first, it runs after torch's own)
+SIGNAL_AT_EXIT = """
+import atexit, os, runpy, signal, sys, time
+script, sent = sys.argv[1], getattr(signal, sys.argv[2])
+sys.path.insert(0, os.path.dirname(script))  # as `python train.py` would
+
+def signal_at_exit():
+    os.kill(os.getpid(), sent)
+    time.sleep(0.1)  # a handler runs in the meantime
+
+atexit.register(signal_at_exit)
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_a_finished_script_exits_is_ignored(sent, tmp_path):
+    # SIGINT: "Exception ignored in atexit callback ... KeyboardInterrupt" (exit code 0); SIGTERM:
+    # killed by it, exit code -15
+    for script, extra in (("train.py", []), ("batched_seeds.py", ["--seeds", "2"])):
+        out = tmp_path / script
+        done = subprocess.run(
+            [sys.executable, "-c", SIGNAL_AT_EXIT, os.path.join(REPO, script), sent]
+            + TINY_ARGS
+            + extra
+            + ["--out", str(out)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        for said in ("Traceback", "Exception ignored", "KeyboardInterrupt", "interrupted"):
+            assert said not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------------------
+# A stopped sweep
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_sigterm_ends_on_its_own_line(tmp_path):
+    # then came two lines of multiprocessing's "resource_tracker: There appear to be 2 leaked
+    # semaphore objects to clean up at shutdown": the workers' tqdm locks, left by os._exit
+    runs = tmp_path / "runs"
+    argv = [sys.executable, os.path.join(REPO, "reproduce.py"), "table9", "--scale", "cpu"]
+    argv += ["--jobs", "2", "--seeds", "1", "--runs", str(runs), "--results", str(tmp_path / "r")]
+    cpu_only = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    quiet = subprocess.DEVNULL
+    sweep_process = subprocess.Popen(
+        argv, cwd=tmp_path, env=cpu_only, stdout=quiet, stderr=subprocess.PIPE, text=True
+    )
+    # both workers training: each run's directory staged or in place
+    deadline = time.time() + 120
+    while len(list(runs.glob("*/*/metrics.jsonl"))) + len(list(runs.glob("*/*/config.json"))) < 2:
+        assert time.time() < deadline and sweep_process.poll() is None
+        time.sleep(0.5)
+    time.sleep(3)
+    sweep_process.send_signal(signal.SIGTERM)
+    _, err = sweep_process.communicate(timeout=120)
+    assert sweep_process.returncode == 130, err
+    assert len(list(runs.glob("*/*/checkpoint.pt"))) == 2
+    assert err.splitlines()[-1].startswith("reproduce.py: interrupted"), err
+    assert "resource_tracker" not in err and "leaked" not in err, err
+
+
+# ---------------------------------------------------------------------------
+# A batch that cannot fit
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_of(monkeypatch):
+    """memory_of(n): this machine, as the memory check sees it, with n bytes available and no
+    cgroup limit."""
+
+    def fake(n):
+        monkeypatch.setattr(devices, "meminfo_available", lambda: n)
+        monkeypatch.setattr(devices, "cgroup_limits", lambda: [])
+
+    return fake
+
+
+def test_a_batch_that_cannot_fit_is_refused_in_one_line_before_it_is_drawn(
+    tmp_path, memory_of, monkeypatch, capsys
+):
+    # --batch-size 1000000000 was killed by the kernel's OOM killer after 92 s, with no line at all
+    memory_of(64 * 2**20)
+    drawn = []
+    monkeypatch.setattr(train, "choose_forward", lambda *args: drawn.append(1))
+    argv = TINY_ARGS + ["--steps", "0", "--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", "200000"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("train.py: error: --batch-size 200,000 needs at least ") and (
+        "more than the 0.1 GiB of memory available on cpu; --batch-size " in err
+    ), err
+    assert not drawn and not (tmp_path / "run").exists()
+    # the batch size it names fits; one more does not
+    fits = int(err.split("; --batch-size ")[1].split()[0].replace(",", ""))
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", str(fits + 1)], capsys)
+    assert code == 2 and f"--batch-size {fits:,} fits" in err, err
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", str(fits)], capsys)
+    assert code == 0 and drawn, err
+
+
+def test_a_batched_seeds_stack_counts_every_seed_against_the_memory(tmp_path, memory_of, capsys):
+    memory_of(64 * 2**20)
+    argv = TINY_ARGS + ["--steps", "0", "--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv + ["--batch-size", "20000"], capsys)
+    assert code == 0, err
+    argv += ["--seeds", "20", "--batch-size", "20000"]
+    code, err = exit_code_and_stderr(batched_seeds.main, argv, capsys)
+    assert code == 2 and "batched_seeds.py: error: --batch-size 20,000 needs" in err, err
+
+
+def test_a_tiny_run_passes_the_memory_check_and_a_cgroup_limit_below_memavailable_counts(
+    tmp_path, memory_of, monkeypatch, capsys
+):
+    memory_of(64 * 2**20)
+    argv = TINY_ARGS + ["--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(train.main, argv, capsys)
+    assert code == 0 and rundir.run_state(str(tmp_path / "run")) == "finished", err
+    monkeypatch.setattr(devices, "cgroup_limits", lambda: [2**30, 3 * 2**30])
+    assert devices.memory_available(torch.device("cpu")) == 64 * 2**20
+    memory_of(8 * 2**30)
+    monkeypatch.setattr(devices, "cgroup_limits", lambda: [2**30, 3 * 2**30])
+    assert devices.memory_available(torch.device("cpu")) == 2**30
