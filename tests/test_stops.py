@@ -14,6 +14,10 @@ import batched_seeds
 import train
 from machinery import devices, rundir
 
+# the failure matrix: kills, signals, damaged and edited records, bad input; CI runs it, the quick
+# subset (-m "not slow") does not
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A run that trains in about a second on one CPU core (conftest's TINY, as flags).
