@@ -30,6 +30,7 @@ from machinery.config import build_seeded, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import (
     FINAL_KEYS,
+    check_checksums,
     load_checkpoint,
     read_json,
     read_metrics,
@@ -1207,11 +1208,14 @@ def watch(run_dir):
             finished = os.path.exists(os.path.join(run_dir, "final.json"))
             # score checkpoint.pt and model.pt, each at a step not yet scored, into unseen.jsonl
             for name in ("checkpoint.pt", "model.pt"):
+                path = os.path.join(run_dir, name)
+                if not os.path.exists(path):
+                    continue
+                # a damaged file is refused, never scored (a file gone since is passed over)
+                check_checksums(path)
                 try:
-                    saved = torch.load(
-                        os.path.join(run_dir, name), map_location="cpu", weights_only=True
-                    )
-                except Exception:  # not written yet, or being replaced
+                    saved = torch.load(path, map_location="cpu", weights_only=True)
+                except Exception:  # gone since: the run finished, or replaced it
                     continue
                 step = saved.get("step", cfg.steps)
                 if step not in scored:

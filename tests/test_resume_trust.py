@@ -94,6 +94,22 @@ def test_a_finished_runs_damaged_model_pt_is_refused_where_it_is_read(tmp_path, 
     assert files_of(run) == before
 
 
+def test_analyze_watch_refuses_a_damaged_checkpoint_and_scores_nothing_of_it(
+    tmp_path, capsys, tiny
+):
+    # it read checkpoints with a bare torch.load, and would have scored damaged weights
+    train_killed_after(tiny(tmp_path), 4)
+    run = tmp_path / "run"
+    checkpoint = torch.load(run / "checkpoint.pt")
+    flip_bytes_inside(run / "checkpoint.pt", checkpoint["model"]["wpe.weight"])
+    with pytest.raises(SystemExit) as refused:
+        analyze.main(["--watch", str(run)])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"checkpoint.pt in {run} is damaged: " in err
+    assert not (run / "unseen.jsonl").exists()
+
+
 # ---------------------------------------------------------------------------
 # A lost evaluation record
 # ---------------------------------------------------------------------------
