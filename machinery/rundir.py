@@ -136,8 +136,11 @@ def start_or_resume(
     checkpoint. Only rank 0 touches files. code_diff: a new run's uncommitted edits to the code
     (machinery/code.py), kept beside its config.json as code.diff."""
     # checked again, though train.py checked before timing a step: another process may have
-    # started a run there since
-    check_start(cfg, resume, lead)
+    # started a run there since (a resume's checkpoint is checked as restore loads it, below)
+    if resume:
+        check_resumable(cfg, lead)
+    else:
+        check_start(cfg, resume, lead)
     start, staged = StartPoint(), hidden_sibling(cfg.out, "new")
     try:  # refused or failed: the start is undone, and the locks go with their files
         if resume:
@@ -169,17 +172,23 @@ def start_or_resume(
     return start
 
 
+def check_resumable(cfg, lead=True):
+    """UsageError unless cfg.out holds a run a resume may continue: one that has not finished (after
+    completing what a kill left of a swap there)."""
+    if lead:
+        finish_swap(cfg.out)
+    if os.path.exists(os.path.join(cfg.out, "final.json")):
+        raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
+
+
 def check_start(cfg, resume, lead=True):
-    """UsageError unless a run may start at cfg.out: resumed, one that has not finished (after
-    completing what a kill left of a swap there), whose checkpoint, if it has one yet, it goes on
-    from bit for bit (check_checkpoint); new, a directory check_run_dir accepts. train.py
-    calls it before it builds the model and times a step (slow on a busy CPU), so that a refused
-    start is refused at once; start_or_resume calls it again as it stages the run."""
+    """UsageError unless a run may start at cfg.out: resumed, one check_resumable accepts, whose
+    checkpoint, if it has one yet, it goes on from bit for bit (check_checkpoint); new, a directory
+    check_run_dir accepts. train.py calls it before it builds the model and times a step (slow on a
+    busy CPU), so that a refused start is refused at once; start_or_resume checks again as it
+    stages the run."""
     if resume:
-        if lead:
-            finish_swap(cfg.out)
-        if os.path.exists(os.path.join(cfg.out, "final.json")):
-            raise UsageError(f"{cfg.out} has finished (final.json); there is nothing to resume")
+        check_resumable(cfg, lead)
         path = os.path.join(cfg.out, "checkpoint.pt")
         if os.path.exists(path):
             check_checkpoint(cfg, load_checkpoint(path, CHECKPOINT_KEYS), path)
@@ -191,8 +200,9 @@ def check_start(cfg, resume, lead=True):
 
 def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
     """Set model, optimizer, RNGs and start to cfg.out's checkpoint, every state checked before any
-    file changes (check_checkpoint, as check_start did: the file may have changed since); then roll
-    the files back to it (roll_back). No checkpoint yet: start over in place."""
+    file changes (check_checkpoint, as train.py's check_start did: the file may have changed since,
+    and is checked here under the run's lock); then roll the files back to it (roll_back). No
+    checkpoint yet: start over in place."""
     checkpoint_path = os.path.join(cfg.out, "checkpoint.pt")
     if not os.path.exists(checkpoint_path):  # killed before its first checkpoint
         if lead:
