@@ -39,6 +39,7 @@ from machinery.files import (
     is_json_type,
     read_json,
     read_metrics,
+    relative_inside,
     shown_path,
     write_json,
     write_text,
@@ -70,8 +71,8 @@ def in_repository(*parts) -> str:
     working directory found none of its records): relative from inside the repository, so that
     the runs' config.json record runs/reproduce/..., as the committed ones do; else absolute."""
     path = os.path.join(REPOSITORY, *parts)
-    relative = os.path.relpath(path)
-    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+    relative = relative_inside(path, os.getcwd())
+    if relative is None:
         return path
     return relative
 
@@ -770,9 +771,10 @@ def record_results(records: dict, name: str) -> dict:
     for run, record in records.items():
         result = read_analysis(os.path.join(REPOSITORY, record), name)
         if result is None:
+            analyse = shell_command("python", "analyze.py", record, "--only", name)
             raise UsageError(
-                f"{record}/analysis.json holds no {name} analysis; `python analyze.py {record} "
-                f"--only {name}` makes it from the run's weights"
+                f"{record}/analysis.json holds no {name} analysis; `{analyse}` makes it from the "
+                "run's weights"
             )
         results[run] = result
     return results
@@ -785,7 +787,7 @@ def addition_records() -> dict:
     root = os.path.join(REPOSITORY, "runs", "reproduce")
     records = {}
     for cfg in cell_runs(table, "cpu", root, SEEDS["cpu"])["Random Emb PCs", "k=1"]:
-        records[f"seed {cfg.seed}"] = os.path.relpath(cfg.out, REPOSITORY).replace(os.sep, "/")
+        records[f"seed {cfg.seed}"] = shown_path(cfg.out)
     return records
 
 
@@ -795,8 +797,8 @@ def record_text(name: str, title: str, records: dict, body: list) -> str:
     lines = [
         f"# {title}",
         "",
-        f"Drawn by `python reproduce.py {name} --scale cpu` from these committed records alone "
-        "(nothing trains or is analysed):",
+        f"Drawn by `{shell_command('python', 'reproduce.py', name, '--scale', 'cpu')}` from these "
+        "committed records alone (nothing trains or is analysed):",
         "",
     ]
     for run, record in records.items():

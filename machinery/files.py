@@ -22,11 +22,19 @@ UMASK = os.umask(0o022)
 os.umask(UMASK)  # reading the process's umask means setting it: put it back at once
 
 
+def relative_inside(path: str, folder: str):
+    """path relative to folder where it lies inside it, else None."""
+    relative = os.path.relpath(os.path.abspath(path), folder)
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return None
+    return relative
+
+
 def shown_path(path: str) -> str:
     """path as documents and messages show it: relative to the repository where it lies inside it
     (runs/reproduce/..., the same from any working directory), else as given."""
-    inside = os.path.relpath(os.path.abspath(path), REPOSITORY)
-    if inside == os.pardir or inside.startswith(os.pardir + os.sep):
+    inside = relative_inside(path, REPOSITORY)
+    if inside is None:
         return path
     return inside
 
