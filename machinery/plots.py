@@ -183,6 +183,16 @@ def log_ticks(xs) -> list:
     return sorted(kept)
 
 
+def log2_axis(ax, xs):
+    """ax's x axis on a log-2 scale, in plain numbers, its ticks at xs as log_ticks keeps them."""
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.minorticks_off()
+    ax.set_xticks(log_ticks(xs))
+
+
 def plot_seeds(table, cells: dict, axes: dict) -> list:
     """Draw a table on its panels' axes: per column the seeds as points, a median bar (a box plot
     from 5 seeds), the paper's number as a star; returns the legend's handles."""
@@ -286,7 +296,6 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
     """A figure over width: per line the median over seeds with a min-max band, log2 width axis;
     returns the legend."""
     from matplotlib.patches import Patch
-    from matplotlib.ticker import ScalarFormatter
 
     for panel, ax in axes.items():
         for line in dict.fromkeys(name for p, name, _ in cells if p == panel):
@@ -343,16 +352,13 @@ def plot_lines(table, cells: dict, axes: dict) -> list:
                     fontsize=7,
                     color=COLORS.get(line),
                 )
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.minorticks_off()
+        log2_axis(ax, [x for p, _, x in cells if p == panel])
         if table.metric == "accuracy":
             ax.set_ylim(-5, 105)
         if table.metric == "kl" and all(min(v) > 0 for v, _ in cells.values() if v):
             ax.set_yscale("log")  # the paper's Figure 6 shows KL on a log axis too
         ax.set_title(panel, fontsize=10)
         ax.set(
-            xticks=log_ticks(x for p, _, x in cells if p == panel),
             ylabel=y_label(table, panel),
             xlabel={"fig6": "target transformer width", "projection": "k, directions kept"}.get(
                 table.name, "width"
@@ -671,8 +677,6 @@ def plot_needle_projection(projections: dict, reference: list, reference_name: s
     its projection result) and basis, and the reference's (a trained run's projection results, one
     per seed) medians over its seeds dashed."""
     plt = pyplot()
-    from matplotlib.ticker import ScalarFormatter
-
     layers = next(iter(projections.values()))["layers"]
     fig, axes = plt.subplots(
         1, len(layers), figsize=(3.8 * len(layers) + 0.6, 4.4), squeeze=False, sharey=True
@@ -700,12 +704,9 @@ def plot_needle_projection(projections: dict, reference: list, reference_name: s
                 alpha=0.6,
                 label=f"{reference_name}: {name}, median over its {len(reference)} seeds",
             )
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.minorticks_off()
+        log2_axis(ax, result["k"])
         ax.set(
             title=f"projected at {layer}",
-            xticks=log_ticks(result["k"]),
             xlabel="k, directions kept",
             ylim=(-5, 105),
         )
