@@ -287,9 +287,8 @@ RECORDS = os.path.join(REPOSITORY, "runs")
 # the GPUs a record's directory may name (h200-needle-random-1024-s0), as the plan writes them
 GPUS = ("A100", "H100", "H200", "B200")
 
-PLAN_NOTE = f"""# The paper scale's cost: measured where a GPU record has the pace, else predicted
-
-Predicted cost of the paper scale on one GPU a run: measured where a run record has
+PLAN_TITLE = "# The paper scale's cost: measured where a GPU record has the pace, else predicted"
+PLAN_NOTE = f"""Predicted cost of the paper scale on one GPU a run: measured where a run record has
 the pace, else assumed.
 
 - Pace: where a run record under runs/ trained on CUDA with a cell's settings (those that decide a
@@ -425,9 +424,9 @@ def run_estimate(cfg: TrainConfig, speeds=None) -> tuple:
 
 
 def plan(tables: list, scale: str, command: str) -> str:
-    """--plan: PLAN_NOTE, then per table a row per cell with its runs' predicted cost, and the
-    GPU-hours of each and all."""
-    lines = [PLAN_NOTE.replace("\n\n", f"\n\n`{command}`: nothing trains.\n\n", 1)]
+    """--plan: PLAN_TITLE, the command, PLAN_NOTE, then per table a row per cell with its runs'
+    predicted cost, and the GPU-hours of each and all."""
+    lines = [PLAN_TITLE, "", f"`{command}`: nothing trains.", "", PLAN_NOTE]
     estimates = {}  # run directory -> (runs, *run_estimate)
     speeds = measured_speeds(RECORDS)
     for table, runs in tables:
