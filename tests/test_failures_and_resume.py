@@ -1084,6 +1084,19 @@ train.main(sys.argv[3:])
 """
 
 
+def interrupted_train(cwd, nth: int, flags: list, sent="SIGINT"):
+    """train.py's main on TINY_ARGS and flags, run in cwd, sent `sent` during its nth training step
+    (INTERRUPTER): the finished process, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", INTERRUPTER.replace("SIGINT", sent), REPO, str(nth)]
+        + TINY_ARGS
+        + flags,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize(
     "sent, said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGHUP")]
 )
@@ -1091,14 +1104,7 @@ train.main(sys.argv[3:])
 def test_ctrl_c_saves_a_checkpoint_and_resumes_to_the_uninterrupted_result(sent, said, tmp_path):
     whole = train.train(cli.parse_args(TINY_ARGS + ["--out", str(tmp_path / "whole")])[0])
     run = tmp_path / "run"
-    stopped = subprocess.run(
-        [sys.executable, "-c", INTERRUPTER.replace("SIGINT", sent), REPO, "6"]
-        + TINY_ARGS
-        + ["--out", str(run)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
+    stopped = interrupted_train(tmp_path, 6, ["--out", str(run)], sent)
     assert stopped.returncode == 130, stopped.stderr
     assert (
         f"{said}: stopping after this step, with a checkpoint to resume from; {said} again to "
@@ -1555,14 +1561,7 @@ def test_ctrl_c_in_the_first_step_of_an_overwrite_leaves_the_old_run_byte_identi
     run = tmp_path / "run"
     train.train(cli.parse_args(TINY_ARGS + ["--steps", "4", "--out", str(run)])[0])
     before = snapshot(tmp_path)
-    stopped = subprocess.run(
-        [sys.executable, "-c", INTERRUPTER, REPO, "1"]
-        + TINY_ARGS
-        + ["--out", str(run), "--overwrite"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
+    stopped = interrupted_train(tmp_path, 1, ["--out", str(run), "--overwrite"])
     assert (
         stopped.returncode == 130
         and f"interrupted before the first step; {run} is as it was" in stopped.stderr

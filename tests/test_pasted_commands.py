@@ -13,7 +13,7 @@ import analyze
 import train
 from machinery import cli, sweep
 from machinery.errors import UsageError
-from tests.test_failures_and_resume import INTERRUPTER, REPO, TINY_ARGS
+from tests.test_failures_and_resume import REPO, interrupted_train
 
 # the failure matrix: kills, signals, damaged and edited records, bad input; CI runs it, the quick
 # subset (-m "not slow") does not
@@ -61,14 +61,7 @@ def odd(tmp_path):
 @pytest.mark.slow
 def test_the_interrupted_runs_resume_line_resumes_it(tmp_path, odd):
     run = odd / "run"
-    stopped = subprocess.run(
-        [sys.executable, "-c", INTERRUPTER.replace("SIGINT", "SIGTERM"), REPO, "6"]
-        + TINY_ARGS
-        + ["--out", str(run)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
+    stopped = interrupted_train(tmp_path, 6, ["--out", str(run)], "SIGTERM")
     assert stopped.returncode == 130, stopped.stderr
     line = stopped.stderr.split("continue with: ")[1].splitlines()[0]
     os.symlink(os.path.join(REPO, "train.py"), tmp_path / "train.py")
