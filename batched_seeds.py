@@ -239,6 +239,11 @@ class SeedRuns(Run):
     """lifecycle.Run for the seeds' N run directories at once: staged and put in place together, one
     log line per seed, no checkpoints (a batched run does not resume), a final.json per seed."""
 
+    STOPPING = (
+        "stopping after this step; a batched run keeps no checkpoint: the same command with "
+        "--overwrite starts it again"
+    )
+
     def __init__(self, seeds, models, params, counts, device, threads):
         super().__init__(seeds[0], counts[0], device, Ranks(), threads)
         self.seeds = seeds

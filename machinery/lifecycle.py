@@ -52,6 +52,9 @@ class Run:
     Under torchrun the lead rank (0) alone writes files and prints.
     """
 
+    # what a signal before the last step does (request_stop)
+    STOPPING = "stopping after this step, with a checkpoint to resume from"
+
     def __init__(self, cfg, counts, device, ranks, threads):
         self.cfg = cfg
         self.counts = counts
@@ -63,6 +66,7 @@ class Run:
         self.metrics = {}  # the last evaluation's test metrics
         self.losses = []  # training losses since the last log line
         self.stop_requested = False
+        self.step = 0  # the step the loop takes next (open: where the run starts)
         # set as the final save begins: the run can no longer stop, and ends whole
         self.finishing = False
         self.logged_elapsed = 0.0
@@ -89,6 +93,7 @@ class Run:
         )
         self.metrics = self.start.metrics
         self.losses = self.start.losses
+        self.step = self.start.step
         # a resumed run carries its earlier time
         self.began = time.time() - self.start.elapsed
         self.lap_began = time.time()
@@ -136,6 +141,7 @@ class Run:
         moved on, and a new run put in its directory's place once this first step has succeeded
         (take_place)."""
         self.losses.append(loss)
+        self.step += 1
         self.bar.update()
         self.take_place()
 
@@ -239,11 +245,12 @@ class Run:
             name = "Ctrl-C"
         else:
             name = signal.Signals(signum).name
-        tqdm.write(
-            f"{name}: stopping after this step, with a checkpoint to resume from; {name} again to "
-            "stop now",
-            file=sys.stderr,
-        )
+        # from the last step on, the loop's next stop is the finish
+        if self.step >= self.cfg.steps - 1:
+            stopping = "the run is in its last step, so it finishes first"
+        else:
+            stopping = self.STOPPING
+        tqdm.write(f"{name}: {stopping}; {name} again to stop now", file=sys.stderr)
 
     def restore_signals(self):
         while self.handlers:

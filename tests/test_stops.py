@@ -96,6 +96,49 @@ def test_a_signal_after_a_batched_seeds_final_json_exits_0_with_every_seed_whole
     assert (tmp_path / "run-seeds.json").exists()
 
 
+def signal_in_step(monkeypatch, module, step_name, nth, sent="SIGINT"):
+    """The loop's step, module.step_name, sends this process `sent` during its nth call (a step
+    timed before the loop is not one)."""
+    steps = []
+    train_step = getattr(module, step_name)
+
+    def signalled_step(*args):
+        steps.append(1)
+        if len(steps) == nth:
+            os.kill(os.getpid(), getattr(signal, sent))
+        return train_step(*args)
+
+    monkeypatch.setattr(module, step_name, signalled_step)
+
+
+def test_a_signal_in_the_last_step_says_the_run_finishes_and_it_does(tmp_path, monkeypatch, capsys):
+    # it said "Ctrl-C: stopping after this step, with a checkpoint to resume from", and then the
+    # run finished, keeping no checkpoint
+    signal_in_step(monkeypatch, train, "train_step", 8)  # TINY_ARGS: 8 steps
+    code, err = exit_code_and_stderr(
+        train.main, TINY_ARGS + ["--out", str(tmp_path / "run")], capsys
+    )
+    assert code == 0, err
+    assert (
+        "Ctrl-C: the run is in its last step, so it finishes first; Ctrl-C again to stop now" in err
+    )
+    assert "checkpoint" not in err and "interrupted" not in err, err
+    assert rundir.run_state(str(tmp_path / "run")) == "finished"
+
+
+def test_a_signal_in_a_batched_run_does_not_promise_a_checkpoint(tmp_path, monkeypatch, capsys):
+    # it said "stopping after this step, with a checkpoint to resume from": a batched run keeps none
+    signal_in_step(monkeypatch, batched_seeds, "stacked_step", 3, "SIGTERM")
+    argv = TINY_ARGS + ["--seeds", "2", "--out", str(tmp_path / "run")]
+    code, err = exit_code_and_stderr(batched_seeds.main, argv, capsys)
+    assert code == 130, err
+    assert (
+        "SIGTERM: stopping after this step; a batched run keeps no checkpoint: the same command "
+        "with --overwrite starts it again; SIGTERM again to stop now" in err
+    ), err
+    assert "resume" not in err, err
+
+
 # train.py run as a script, sending itself a signal as the interpreter exits (an atexit callback:
 # registered first, it runs after torch's own)
 SIGNAL_AT_EXIT = """
