@@ -191,6 +191,7 @@ class TrainConfig:
 IGNORED_KEYS = {
     "parameters",
     "device",
+    "machine",
     "resolved_dtype",
     "threads",
     "torch",

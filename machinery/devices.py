@@ -10,6 +10,7 @@ sizes hold whatever the number of GPUs).
 """
 
 import os
+import platform
 import sys
 import time
 from contextlib import contextmanager
@@ -48,6 +49,25 @@ def present(kind: str) -> bool:
 
 
 THREADS = torch.get_num_threads()  # torch's own choice, a thread per core, before any run chooses
+
+
+def machine_name(device) -> str:
+    """What computes on device, as a record names it: the GPU's model, or the CPU's and its cores
+    (config.json's "machine", a results table's line). A figure of speed means little without it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass  # not Linux: the platform's own name
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def threads_chosen() -> bool:

@@ -43,7 +43,7 @@ from machinery.config import (
     recorded_settings,
 )
 from machinery.console import metric_value
-from machinery.devices import compiles, pick_device, uses_bf16
+from machinery.devices import compiles, machine_name, pick_device, uses_bf16
 from machinery.errors import UsageError
 from machinery.files import (
     load_checkpoint,
@@ -795,13 +795,14 @@ def save_final(cfg, state_dict, model_cfg, metrics, final):
 
 
 def run_record(cfg, counts: dict, device, threads: int, forward: str, code: dict) -> dict:
-    """config.json: cfg, the parameter counts, what cfg resolved to here (device, dtype, CPU
-    threads, torch version), which of model.py's code trained (forward: "fast paths" or
+    """config.json: cfg, the parameter counts, what cfg resolved to here (device and its model,
+    dtype, CPU threads, torch version), which of model.py's code trained (forward: "fast paths" or
     "written-out") and the code itself (machinery/code.py's record)."""
     return {
         **recorded_settings(cfg),
         "parameters": counts,
         "device": str(device),
+        "machine": machine_name(device),
         "resolved_dtype": "bf16" if uses_bf16(device, cfg.dtype) else "fp32",
         "threads": threads,
         "torch": torch.__version__,

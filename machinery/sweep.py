@@ -368,14 +368,18 @@ def measured_speeds(root: str) -> dict:
         settings = tuple(getattr(saved, name) for name in STEP_COST)
         if len(rates) > laps.get(settings, 0):
             record = os.path.relpath(run, os.path.dirname(root))
-            speeds[settings] = (rates[len(rates) // 2], record, record_gpu(record))
+            machine = read_json(config_path).get("machine")
+            speeds[settings] = (rates[len(rates) // 2], record, record_gpu(record, machine))
             laps[settings] = len(rates)
     return speeds
 
 
-def record_gpu(record: str) -> str:
-    """The GPU a run record's directory names (a part of its name or a folder's, as in
-    runs/probes/h200-needle-random-1024-s0), or "GPU not recorded"."""
+def record_gpu(record: str, machine=None) -> str:
+    """The GPU a run record names: its config.json's machine, or in a record from before that was
+    kept, a part of its directory's name or a folder's (as in
+    runs/probes/h200-needle-random-1024-s0); else "GPU not recorded"."""
+    if isinstance(machine, str):
+        return machine
     for folder in record.lower().split(os.sep):
         for gpu in GPUS:
             if gpu.lower() in folder.split("-"):

@@ -12,7 +12,6 @@ read their numbers through the same Table.seed_values. Nothing here trains or dr
 import json
 import math
 import os
-import platform
 import re
 from dataclasses import dataclass, field, fields, replace
 from datetime import date
@@ -32,6 +31,7 @@ from machinery.config import (
     digest,
     saved_config,
 )
+from machinery.devices import machine_name
 from machinery.errors import UsageError
 from machinery.files import (
     FINAL_KEYS,
@@ -363,9 +363,7 @@ def results_text(
         runs,
         seeds,
         command,
-        torch.cuda.get_device_name()
-        if torch.cuda.is_available()
-        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+        machine_name(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
     ).split("\n")
     if trained or not os.path.exists(path):
         lines.insert(

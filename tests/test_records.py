@@ -12,12 +12,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import analyze
 import compare
 import reproduce
 import train
-from machinery import plots, sweep, tables
+from machinery import devices, plots, sweep, tables
 from machinery.config import TrainConfig, saved_config
 from machinery.errors import UsageError
 from machinery.files import REPOSITORY
@@ -84,6 +85,28 @@ def test_the_plan_names_the_gpu_of_each_measured_row_and_prices_whole_rows_as_on
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     cells = rows[1].split(" | ")[0]
     assert cells.endswith(" / Random L2 neurons: all 10 columns (table7's runs)"), cells
+
+
+def test_a_run_records_the_machine_it_trained_on_and_the_plan_names_it(
+    tmp_path, tiny, monkeypatch, capsys
+):
+    # config.json named the device's kind alone ("cuda"), so a pace in the plan could name its GPU
+    # only where a folder's name did ("GPU not recorded" for parentheses' paper-scale run)
+    train.train(tiny(tmp_path, steps=0))
+    machine = json.loads((tmp_path / "run" / "config.json").read_text())["machine"]
+    assert machine == devices.machine_name(torch.device("cpu")) and machine.endswith(" cores")
+    monkeypatch.setattr(sweep, "RECORDS", str(tmp_path / "runs"))
+    cfg = sweep.resolve(reproduce.table1("paper").configs["needle", "Random 1024"])[0]
+    record = tmp_path / "runs" / "probes" / "needle-random-1024-s0"
+    record.mkdir(parents=True)
+    settings = {**dataclasses.asdict(cfg), "device": "cuda", "machine": "NVIDIA H200"}
+    (record / "config.json").write_text(json.dumps(settings))
+    (record / "metrics.jsonl").write_text(json.dumps({"step": 500, "steps_per_s": 45.0}) + "\n")
+    reproduce.main(["table1", "--scale", "paper", "--plan"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| needle")]
+    assert rows[0].endswith(
+        "| measured, NVIDIA H200, 45.0 steps/s (runs/probes/needle-random-1024-s0) |"
+    ), rows[0]
 
 
 def test_a_redraw_from_another_directory_draws_the_repositorys_records(tmp_path, monkeypatch):
