@@ -5,10 +5,12 @@
 #                  batched-seeds tests have CUDA variants);
 #   bench          bench.py at the paper's settings for each of TASKS, compiled and eager: steps/s, MFU,
 #                  data share;
+#   draws          where each task should draw its batches: on the GPU, on the host, or on the host in a
+#                  thread one batch ahead (.gpu/host_data_probe.py, eager);
 #   deterministic  what --deterministic costs, on needle and parentheses;
 #   seeds          ten batched seeds of needle random 1024 against one seed, 500 steps each (time, and
 #                  final metrics).
-# PARTS picks the parts (default: all four, in that order) and TASKS the benches' tasks (default: all
+# PARTS picks the parts (default: all five, in that order) and TASKS the benches' tasks (default: all
 # seven). UNTIL, in seconds since the epoch, is the slot's end: a bench that could not end before it is
 # skipped, so a slot shared with a training run ends on time.
 # Run from the repository root on the GPU machine; everything it prints lands in $OUT (the device tool
@@ -19,7 +21,7 @@ if ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/d
   exit 2
 fi
 out=${OUT:-/tmp/gpu-check}
-parts=${PARTS:-suite bench deterministic seeds}
+parts=${PARTS:-suite bench draws deterministic seeds}
 tasks=${TASKS:-needle parens addition modadd imitate memorize lm}
 until=${UNTIL:-$(($(date +%s) + 3600))}
 mkdir -p "$out"
@@ -64,6 +66,11 @@ for part in $parts; do
         bench "$task" --compile
         bench "$task" --no-compile
       done
+      ;;
+    draws)
+      log "where each task draws its batches (eager): device, host, host a thread ahead"
+      timeout 240 python .gpu/host_data_probe.py --device cuda parens needle addition 2>&1 \
+        | tee -a "$out/check.log"
       ;;
     deterministic)
       bench needle --deterministic

@@ -8,13 +8,18 @@ drawing adds to a step. Eager by default (the question is the data; compiling a 
 place takes a slot's minutes); --compile as train.py runs on CUDA:
     python .gpu/host_data_probe.py --device cuda parens addition needle imitate
     python .gpu/host_data_probe.py --device cuda --compile parens needle
-The place with more steps/s is the one for the task's draws_on_host (tasks.py). On a CPU
-(--device cpu --width 16) both places are the same, a smoke test.
+The place with more steps/s is the one for the task's draws_on_host (tasks.py). A third place,
+"host, a thread ahead", draws on the host in a thread one batch ahead of the step: on a CPU a
+drawing thread gains nothing (parentheses' draw and a step of many small operations both hold
+Python's GIL), but on CUDA the loop waits for the GPU once a step (the length chunks' ends), and
+the GIL is free while it waits. On a CPU (--device cpu --width 16) the places are the same, a smoke
+test.
 """
 
 import argparse
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -35,7 +40,7 @@ args = parser.parse_args()
 device = torch.device(args.device)
 
 for name in args.tasks:
-    for place in ("device", "host"):
+    for place in ("device", "host", "host, a thread ahead"):
         settings = dict(task=name, mode="frozen", scale="paper", device=args.device, out="unused")
         if args.width:
             settings.update(width=args.width, heads=2, scale="cpu")
@@ -46,12 +51,21 @@ for name in args.tasks:
         model = compiled(model, device, args.compile)
         optimizer = make_optimizer(model.parameters(), cfg, device)
         ranks = Ranks()
-        task.draws_on_host = place == "host"  # this task object's alone, for this probe
+        task.draws_on_host = place != "device"  # this task object's alone, for this probe
         batches = Batches(task, cfg.batch_size, cfg.seed, device)
         drawn = batches.next()
+        ahead = ThreadPoolExecutor(1)
+        pending = [ahead.submit(batches.next)]
+
+        def next_batch():
+            if place != "host, a thread ahead":
+                return batches.next()
+            batch = pending[0].result()
+            pending[0] = ahead.submit(batches.next)
+            return batch
 
         def step():
-            batch = batches.next()
+            batch = next_batch()
             train_step(
                 model, task.loss, batch.length_chunks(), optimizer, ranks, cfg.clip, precision
             )
@@ -70,3 +84,5 @@ for name in args.tasks:
             f"{1 / bare:.3g} on a batch drawn before, data share {(seconds - bare) / seconds:.1%}",
             flush=True,
         )
+        pending[0].result()
+        ahead.shutdown()

@@ -3,7 +3,8 @@
 #   - the CUDA suite (check.sh's suite part), pinned to cores 0-11, in the background;
 #   - meanwhile check.sh's benches, pinned to cores 12-15: each task compiled, then eager, skipped
 #     once the slot's end is near (the suite shares the GPU with them: a few of its tests use it);
-#   - once the suite is done, with the time left: a 1,000-step canonical needle run (its first line's
+#   - once the suite is done, with the time left: where each task draws its batches fastest
+#     (check.sh's draws), a 1,000-step canonical needle run (its first line's
 #     estimate against the time it took), then ten batched seeds against one (check.sh's seeds).
 # Run from the repository root on the GPU machine; everything lands in $OUT.
 set -uo pipefail
@@ -22,6 +23,9 @@ PARTS=suite pin 0-11 bash .gpu/check.sh >"$out/suite.out" 2>&1 &
 suite=$!
 PARTS=bench pin 12-15 bash .gpu/check.sh >"$out/bench.out" 2>&1
 wait "$suite"
+if [ $((UNTIL - $(date +%s))) -gt 300 ]; then
+  PARTS=draws bash .gpu/check.sh >"$out/draws.out" 2>&1
+fi
 left=$((UNTIL - $(date +%s) - 15))
 if [ "$left" -gt 90 ]; then
   echo "== canonical needle, 1,000 steps, at most $left s" >>"$out/check.log"
