@@ -11,7 +11,8 @@ that each comparison keeps its own picture.
 Runs whose directory names differ only in a trailing -s<seed> and whose settings differ only in
 the seed share a row: median [min, max] over the seeds. A run without final.json (still training,
 or killed) shows its last evaluation. The code a run ran is a setting too: an edit to model.py shows
-as "code: 8341827 + model.py edited (<hash of the edits>)", the edits in the run's code.diff.
+as "code: 8341827 + model.py edited (<hash of the edits>)", the edits in the run's code.diff; a run
+resumed under other code shows both ("8341827; from step 6: 8341827 + model.py edited (...)").
 """
 
 import json
@@ -21,7 +22,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from machinery.code import code_text
+from machinery.code import run_code_text
 from machinery.config import MAX_NAME, digest, recorded_settings, saved_config
 from machinery.errors import OneLineParser, UsageError, usage_errors
 from machinery.files import FINAL_KEYS, read_json, read_metrics
@@ -77,7 +78,7 @@ def load(path) -> RunRecords:
         if k not in IGNORED:
             settings[k] = v
     record = read_json(os.path.join(path, "config.json"))
-    settings["code"] = code_text(record.get("code"))
+    settings["code"] = run_code_text(record)
     final_path = os.path.join(path, "final.json")
     if os.path.isfile(final_path):
         final = read_json(final_path, optional=FINAL_KEYS)

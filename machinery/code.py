@@ -4,7 +4,8 @@ edited since, so that an ablation made by editing the code is a setting that dif
     python train.py --task needle --frozen      # config.json: "code": {"commit": ..., ...}
 
 A run keeps the edits themselves beside its config.json, as code.diff; compare.py shows a code
-difference as a column ("8341827 + model.py edited").
+difference as a column ("8341827 + model.py edited"). A run resumed under other code records that
+code too, from the step it resumed at, and its edits in code-resumed.diff.
 """
 
 import hashlib
@@ -47,6 +48,22 @@ def code_state() -> tuple:
     return record, diff
 
 
+def same_code(before, now) -> bool:
+    """Whether two code_state records ran the same Python: equal records, or commits between which
+    git finds no change to the code a run imports, with the same edits on top of each."""
+    if before == now:
+        return True
+    if before.get("commit") is None or now.get("commit") is None:
+        return False
+    if before.get("edits") != now.get("edits"):
+        return False
+    try:
+        git("diff", "--quiet", before["commit"], now["commit"], "--", *PYTHON_FILES)
+    except (OSError, subprocess.CalledProcessError):
+        return False  # they differ, or this checkout no longer knows the commit
+    return True
+
+
 def files_hash() -> str:
     """A short hash of every Python file under the project's root, by path and content."""
     digest = hashlib.sha256()
@@ -76,3 +93,17 @@ def code_text(record) -> str:
     if not edited:
         return record["commit"]
     return f"{record['commit']} + {', '.join(edited)} edited ({record.get('edits')})"
+
+
+def run_code_text(record: dict) -> str:
+    """The code of a run's config.json (record) as a reader compares it: code_text of the code it
+    began with, then of each code a resume brought ("8341827; from step 6: 9a0b1c2"); None for a
+    run recorded before runs recorded their code."""
+    text = code_text(record.get("code"))
+    resumed = record.get("resumed_code")
+    if text is None or not isinstance(resumed, list):
+        return text
+    for change in resumed:
+        if isinstance(change, dict):
+            text += f"; from step {change.get('step')}: {code_text(change)}"
+    return text

@@ -23,6 +23,7 @@ from machinery.rundir import (
     computed_on,
     finish_swap,
     log_eval,
+    record_resumed_code,
     recorded_threads,
     replace_old_run,
     run_record,
@@ -91,6 +92,9 @@ class Run:
         self.start = start_or_resume(
             self.cfg, resume, model, optimizer, generator, record, self.ranks.lead, diff
         )
+        self.code_note = None
+        if resume and self.ranks.lead:
+            self.code_note = record_resumed_code(self.cfg.out, self.start.step, code, diff)
         self.metrics = self.start.metrics
         self.losses = self.start.losses
         self.step = self.start.step
@@ -130,6 +134,8 @@ class Run:
             note = plateau_note(self.cfg, reached=self.metrics.get("accuracy"))
         if note:
             line += "\n" + note
+        if self.code_note:
+            line += "\n" + self.code_note
         line += "\n" + forward_note(self.forward, slowdown)
         return (
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from machinery.cli import shell_command
+from machinery.code import code_text, same_code
 from machinery.config import (
     NOT_COMPUTED,
     RENAMED_KEYS,
@@ -59,6 +60,7 @@ from machinery.files import (
 RUN_FILES = {
     "config.json",
     "code.diff",
+    "code-resumed.diff",
     "metrics.jsonl",
     "checkpoint.pt",
     "model.pt",
@@ -170,6 +172,34 @@ def start_or_resume(
         start.close()
         raise
     return start
+
+
+def record_resumed_code(run_dir, step, code, diff):
+    """A run resumed at step under other Python than it last ran (config.json's "code", or its last
+    resume's): config.json's "resumed_code" gains {"step": step, **code}, and code-resumed.diff the
+    edits; returns the line that says so. None where the code is the same, or the run recorded no
+    code (it began before runs recorded theirs)."""
+    path = os.path.join(run_dir, "config.json")
+    record = read_json(path)
+    last = record.get("code")
+    resumed = record.get("resumed_code", [])
+    if resumed:
+        last = resumed[-1]
+    if not isinstance(last, dict) or same_code(last, code):
+        return None
+    record["resumed_code"] = resumed + [{"step": step, **code}]
+    write_json(path, record)
+    if diff:
+        diff_path = os.path.join(run_dir, "code-resumed.diff")
+        earlier = ""
+        if os.path.exists(diff_path):
+            with open(diff_path, encoding="utf-8") as f:
+                earlier = f.read()
+        write_text(diff_path, f"{earlier}# the edits from step {step} on\n{diff}")
+    return (
+        f"the code is not what trained this run until step {step} ({code_text(last)}; now "
+        f"{code_text(code)}): config.json records both"
+    )
 
 
 def check_resumable(cfg, lead=True):

@@ -5,6 +5,7 @@ ran, which compare.py shows as a setting that differs."""
 import inspect
 import json
 import os
+import signal
 import subprocess
 import textwrap
 
@@ -16,7 +17,7 @@ import compare
 import model
 import tasks
 import train
-from machinery import code
+from machinery import code, lifecycle, rundir
 
 
 @pytest.fixture
@@ -145,6 +146,23 @@ def test_a_run_records_its_commit_and_its_uncommitted_edits(tmp_path, monkeypatc
         f"{record['commit']} + ablation.py, model.py edited ({record['edits']})"
     )
 
+    # a commit that changes no code a run imports leaves the same code; one that does, not
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "next"]
+    (repo / "model.py").write_text("width = 16\n")
+    (repo / "ablation.py").unlink()
+    began, _ = code.code_state()
+    (repo / "README.md").write_text("docs\n")
+    (repo / "tests" / "test_model.py").write_text("x = 3\n")
+    git(repo, "add", ".")
+    git(repo, *commit)
+    docs_only, _ = code.code_state()
+    assert docs_only["commit"] != began["commit"] and code.same_code(began, docs_only)
+    (repo / "model.py").write_text("width = 64\n")
+    git(repo, "add", ".")
+    git(repo, *commit)
+    assert not code.same_code(began, code.code_state()[0])
+    assert not code.same_code(began, {**began, "commit": "0000000"})  # a commit git does not know
+
     outside = tmp_path / "copy"
     outside.mkdir()
     (outside / "model.py").write_text("width = 32\n")
@@ -180,6 +198,53 @@ def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(
     assert "| code |" in header
     assert "| 8341827 |" in baseline
     assert f"| 8341827 + model.py edited ({record['code']['edits']}) |" in ablation
+
+
+@pytest.mark.slow
+def test_a_resume_under_other_code_records_it_from_the_step_it_resumed_at(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # a run stopped, its code edited, and resumed recorded only the code it began with: half of it
+    # trained by code no record named
+    def clean():
+        return {"commit": "8341827", "edited": [], "edits": None}, ""
+
+    def edited():
+        diff = "--- a/model.py\n+++ b/model.py\n-old\n+new\n"
+        return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
+
+    run = tmp_path / "run"
+    steps = []
+    train_step = train.train_step
+
+    def stopped_at_step_6(*args):
+        steps.append(1)
+        if len(steps) == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return train_step(*args)
+
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean)
+    monkeypatch.setattr(train, "train_step", stopped_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(tiny(tmp_path))
+    monkeypatch.setattr(train, "train_step", train_step)
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    capsys.readouterr()
+    train.train(lifecycle.resumed_config(str(run)), resume=True)
+    hashed = edited()[0]["edits"]
+    assert (
+        "the code is not what trained this run until step 6 (8341827; now 8341827 + model.py "
+        f"edited ({hashed})): config.json records both" in capsys.readouterr().out
+    )
+    record = json.loads((run / "config.json").read_text())
+    assert record["code"] == clean()[0]
+    assert record["resumed_code"] == [{"step": 6, **edited()[0]}]
+    assert (run / "code-resumed.diff").read_text() == "# the edits from step 6 on\n" + edited()[1]
+    assert compare.load(str(run)).settings["code"] == (
+        f"8341827; from step 6: 8341827 + model.py edited ({hashed})"
+    )
+    # the same code again: nothing more to record
+    assert rundir.record_resumed_code(str(run), 8, *edited()) is None
 
 
 # ---------------------------------------------------------------------------
