@@ -270,9 +270,9 @@ def train_command(cfg, seeds: int) -> str:
     return command_line(replace(cfg, seed=0, out=out, seeds=seeds))
 
 
-def render(table, scale: str, runs: dict, seeds: int, command: str, device: str) -> str:
+def render(table, scale: str, runs: dict, seeds: int, command: str, machine: str) -> str:
     """results/<table>-<scale>.md: our median [min, max] over seeds beside the paper's number, and
-    how it was made."""
+    how it was made (machine: where its runs trained)."""
 
     def cell_text(row, col):
         values = table.seed_values(row, col, runs[row, col])
@@ -309,7 +309,7 @@ def render(table, scale: str, runs: dict, seeds: int, command: str, device: str)
         [
             f"# {table.title}",
             "",
-            f"Scale `{scale}`, {date.today().isoformat()}, {device}; {len(finals)} runs, "
+            f"Scale `{scale}`, {date.today().isoformat()}, {machine}; {len(finals)} runs, "
             f"{sum(final['elapsed'] for final in finals) / 60:.0f} min of training summed over "
             "runs.",
             f"Command: `{command}`",
@@ -357,14 +357,13 @@ def results_text(
     records'. Such a command that changes nothing but its own dated line keeps the old text whole,
     so the file stays as it was."""
     path = os.path.join(results, f"{table.name}-{scale}.md")
-    lines = render(
-        table,
-        scale,
-        runs,
-        seeds,
-        command,
-        machine_name(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
-    ).split("\n")
+    if trained:
+        machine = machine_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    elif not os.path.exists(path):
+        machine = records_machines(runs)  # a first drawing from records: the runs' machines
+    else:
+        machine = None  # the old file's line, below, names it
+    lines = render(table, scale, runs, seeds, command, machine).split("\n")
     if trained or not os.path.exists(path):
         lines.insert(
             4,
@@ -389,6 +388,26 @@ def results_text(
     if not_redrawn(lines) == not_redrawn(old):
         return old_text
     return "\n".join(lines)
+
+
+def records_machines(runs: dict) -> str:
+    """The machines the finished runs of runs' cells name in their config.json ("machine"; a run
+    recorded before runs named theirs, by its device: "cuda, GPU not recorded"), in order met."""
+    machines = []
+    for cell in runs.values():
+        for cfg in cell:
+            if run_state(cfg.out) != "finished":
+                continue
+            record = {}
+            if os.path.exists(os.path.join(cfg.out, "config.json")):
+                record = read_json(os.path.join(cfg.out, "config.json"))
+            machine = record.get("machine")
+            if not isinstance(machine, str):
+                kind = record.get("device")
+                machine = f"{kind}, {'GPU' if kind == 'cuda' else 'machine'} not recorded"
+            if machine not in machines:
+                machines.append(machine)
+    return "; ".join(machines) or "no run finished"
 
 
 def check_no_cell_lost(table, runs: dict, path: str, old: list, new: list):

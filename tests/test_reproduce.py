@@ -615,6 +615,26 @@ def test_the_committed_tables_and_documents_are_what_the_committed_records_draw(
             )
 
 
+def test_a_first_drawing_from_records_names_the_machines_they_trained_on(tmp_path, monkeypatch):
+    # it named the machine that drew it: "CPU (x86_64, 2 cores)" over a table of GPU runs
+    monkeypatch.chdir(tmp_path)
+    runs = os.path.join("runs", "reproduce")
+    cells = reproduce.cell_runs(reproduce.table9("cpu"), "cpu", runs, 1)
+    for i, cell in enumerate(cells.values()):
+        write_final(cell[0].out, accuracy=0.5, loss=1.0, elapsed=60.0)
+        settings = dataclasses.asdict(config.resolve(cell[0])[0])
+        record = {**settings, "device": "cuda", "machine": "NVIDIA H200"}
+        if i > 0:
+            del record["machine"]  # recorded before runs named their machine
+            record["device"] = "cpu"
+        write_json(os.path.join(cell[0].out, "config.json"), record)
+    reproduce.main(["table9", *HERE, "--seeds", "1", "--redraw"])
+    line = (tmp_path / "results" / "table9-cpu.md").read_text().splitlines()[2]
+    assert line.startswith("Scale `cpu`, ") and (
+        ", NVIDIA H200; cpu, machine not recorded; 6 runs, " in line
+    ), line
+
+
 @pytest.mark.slow
 def test_a_redraw_keeps_the_date_device_and_command_that_trained_its_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
