@@ -9,11 +9,11 @@ place takes a slot's minutes); --compile as train.py runs on CUDA:
     python .gpu/host_data_probe.py --device cuda parens addition needle imitate
     python .gpu/host_data_probe.py --device cuda --compile parens needle
 The place with more steps/s is the one for the task's draws_on_host (tasks.py). A third place,
-"host, a thread ahead", draws on the host in a thread one batch ahead of the step: on a CPU a
-drawing thread gains nothing (parentheses' draw and a step of many small operations both hold
-Python's GIL), but on CUDA the loop waits for the GPU once a step (the length chunks' ends), and
-the GIL is free while it waits. On a CPU (--device cpu --width 16) the places are the same, a smoke
-test.
+"host, a thread ahead", draws on the host in a thread one batch ahead of the step. A thread gains
+only while the step's thread waits: Python's GIL runs one thread's Python at a time, and both the
+draw and the launching of a step's kernels are mostly Python. On CUDA the loop waits for the GPU
+once a step (the length chunks' ends), and the GIL is free while it waits. On a CPU (--device cpu
+--width 16) the places are the same, a smoke test.
 """
 
 import argparse
