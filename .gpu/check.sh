@@ -7,10 +7,11 @@
 #                  data share;
 #   draws          where each task should draw its batches: on the GPU, on the host, or on the host in a
 #                  thread one batch ahead (.gpu/host_data_probe.py, eager);
+#   profile        where a compiled step's time goes, needle's and parentheses' (.gpu/step_profile.py);
 #   deterministic  what --deterministic costs, on needle and parentheses;
 #   seeds          ten batched seeds of needle random 1024 against one seed, 500 steps each (time, and
 #                  final metrics).
-# PARTS picks the parts (default: all five, in that order) and TASKS the benches' tasks (default: all
+# PARTS picks the parts (default: all six, in that order) and TASKS the benches' tasks (default: all
 # seven). UNTIL, in seconds since the epoch, is the slot's end: a bench that could not end before it is
 # skipped, so a slot shared with a training run ends on time.
 # Run from the repository root on the GPU machine; everything it prints lands in $OUT (the device tool
@@ -21,7 +22,7 @@ if ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/d
   exit 2
 fi
 out=${OUT:-/tmp/gpu-check}
-parts=${PARTS:-suite bench draws deterministic seeds}
+parts=${PARTS:-suite bench draws profile deterministic seeds}
 tasks=${TASKS:-needle parens addition modadd imitate memorize lm}
 until=${UNTIL:-$(($(date +%s) + 3600))}
 mkdir -p "$out"
@@ -70,6 +71,11 @@ for part in $parts; do
     draws)
       log "where each task draws its batches (eager): device, host, host a thread ahead"
       timeout 240 python .gpu/host_data_probe.py --device cuda parens needle addition 2>&1 \
+        | tee -a "$out/check.log"
+      ;;
+    profile)
+      log "where a compiled step's time goes"
+      timeout 240 python .gpu/step_profile.py --device cuda needle parens 2>&1 | grep -v "^USDT" \
         | tee -a "$out/check.log"
       ;;
     deterministic)

@@ -3,9 +3,10 @@
 #   - the CUDA suite (check.sh's suite part), pinned to cores 0-11, in the background;
 #   - meanwhile check.sh's benches, pinned to cores 12-15: each task compiled, then eager, skipped
 #     once the slot's end is near (the suite shares the GPU with them: a few of its tests use it);
-#   - once the suite is done, with the time left: where each task draws its batches fastest
-#     (check.sh's draws), a 1,000-step canonical needle run (its first line's
-#     estimate against the time it took), then ten batched seeds against one (check.sh's seeds).
+#   - once the suite is done, with the time left: where each task draws its batches fastest and
+#     where a compiled step's time goes (check.sh's draws and profile), a 1,000-step canonical
+#     needle run (its first line's estimate against the time it took), then ten batched seeds
+#     against one (check.sh's seeds).
 # Run from the repository root on the GPU machine; everything lands in $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/slot}
@@ -24,7 +25,7 @@ suite=$!
 PARTS=bench pin 12-15 bash .gpu/check.sh >"$out/bench.out" 2>&1
 wait "$suite"
 if [ $((UNTIL - $(date +%s))) -gt 300 ]; then
-  PARTS=draws bash .gpu/check.sh >"$out/draws.out" 2>&1
+  PARTS="draws profile" bash .gpu/check.sh >"$out/draws.out" 2>&1
 fi
 left=$((UNTIL - $(date +%s) - 15))
 if [ "$left" -gt 90 ]; then
