@@ -100,10 +100,15 @@ def run_code_text(record: dict) -> str:
     began with, then of each code a resume brought ("8341827; from step 6: 9a0b1c2"); None for a
     run recorded before runs recorded their code."""
     text = code_text(record.get("code"))
-    resumed = record.get("resumed_code")
+    resumed = record.get("resumed")
     if text is None or not isinstance(resumed, list):
         return text
-    for change in resumed:
-        if isinstance(change, dict):
-            text += f"; from step {change.get('step')}: {code_text(change)}"
+    last = text
+    for entry in resumed:
+        if not isinstance(entry, dict):
+            continue
+        code = code_text(entry.get("code"))
+        if code is not None and code != last:
+            text += f"; from step {entry.get('step')}: {code}"
+            last = code
     return text

@@ -198,7 +198,7 @@ IGNORED_KEYS = {
     "batched_seeds",
     "forward",
     "code",
-    "resumed_code",
+    "resumed",
 }
 # earlier versions' names of settings: committed records keep them
 RENAMED_KEYS = {"train": "mode", "pos": "positional"}

@@ -23,7 +23,7 @@ from machinery.rundir import (
     computed_on,
     finish_swap,
     log_eval,
-    record_resumed_code,
+    record_resumed,
     recorded_threads,
     replace_old_run,
     run_record,
@@ -94,7 +94,7 @@ class Run:
         )
         self.code_note = None
         if resume and self.ranks.lead:
-            self.code_note = record_resumed_code(self.cfg.out, self.start.step, code, diff)
+            self.code_note = record_resumed(self.cfg.out, self.start.step, code, diff)
         self.metrics = self.start.metrics
         self.losses = self.start.losses
         self.step = self.start.step

@@ -174,20 +174,30 @@ def start_or_resume(
     return start
 
 
-def record_resumed_code(run_dir, step, code, diff):
-    """A run resumed at step under other Python than it last ran (config.json's "code", or its last
-    resume's): config.json's "resumed_code" gains {"step": step, **code}, and code-resumed.diff the
-    edits; returns the line that says so. None where the code is the same, or the run recorded no
-    code (it began before runs recorded theirs)."""
+def record_resumed(run_dir, step, code, diff):
+    """A run resumed at step under other Python or another torch than it last ran (config.json's
+    "code" and "torch", or its last resume's): config.json's "resumed" gains {"step", "code",
+    "torch"}, and code-resumed.diff the edits; returns the line that says so. None where both are
+    the same, or the run recorded no code (it began before runs recorded theirs)."""
     path = os.path.join(run_dir, "config.json")
     record = read_json(path)
-    last = record.get("code")
-    resumed = record.get("resumed_code", [])
+    last = record
+    resumed = record.get("resumed")
+    if not isinstance(resumed, list):
+        resumed = []
     if resumed:
         last = resumed[-1]
-    if not isinstance(last, dict) or same_code(last, code):
+    last_code, last_torch = last.get("code"), last.get("torch")
+    if not isinstance(last_code, dict):
         return None
-    record["resumed_code"] = resumed + [{"step": step, **code}]
+    changed = []
+    if not same_code(last_code, code):
+        changed.append(f"code {code_text(last_code)}, now {code_text(code)}")
+    if last_torch != torch.__version__:
+        changed.append(f"torch {last_torch}, now {torch.__version__}")
+    if not changed:
+        return None
+    record["resumed"] = resumed + [{"step": step, "code": code, "torch": torch.__version__}]
     write_json(path, record)
     if diff:
         diff_path = os.path.join(run_dir, "code-resumed.diff")
@@ -196,10 +206,7 @@ def record_resumed_code(run_dir, step, code, diff):
             with open(diff_path, encoding="utf-8") as f:
                 earlier = f.read()
         write_text(diff_path, f"{earlier}# the edits from step {step} on\n{diff}")
-    return (
-        f"the code is not what trained this run until step {step} ({code_text(last)}; now "
-        f"{code_text(code)}): config.json records both"
-    )
+    return f"resumed at step {step} under other {' and '.join(changed)}: config.json records both"
 
 
 def check_resumable(cfg, lead=True):

@@ -201,11 +201,11 @@ def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(
 
 
 @pytest.mark.slow
-def test_a_resume_under_other_code_records_it_from_the_step_it_resumed_at(
+def test_a_resume_under_other_code_or_torch_records_it_from_the_step_it_resumed_at(
     tiny, tmp_path, monkeypatch, capsys
 ):
-    # a run stopped, its code edited, and resumed recorded only the code it began with: half of it
-    # trained by code no record named
+    # a run stopped, its code edited (or torch upgraded), and resumed recorded only the code it
+    # began with: half of it trained by code no record named
     def clean():
         return {"commit": "8341827", "edited": [], "edits": None}, ""
 
@@ -233,18 +233,28 @@ def test_a_resume_under_other_code_records_it_from_the_step_it_resumed_at(
     train.train(lifecycle.resumed_config(str(run)), resume=True)
     hashed = edited()[0]["edits"]
     assert (
-        "the code is not what trained this run until step 6 (8341827; now 8341827 + model.py "
-        f"edited ({hashed})): config.json records both" in capsys.readouterr().out
+        f"resumed at step 6 under other code 8341827, now 8341827 + model.py edited ({hashed}): "
+        "config.json records both" in capsys.readouterr().out
     )
     record = json.loads((run / "config.json").read_text())
     assert record["code"] == clean()[0]
-    assert record["resumed_code"] == [{"step": 6, **edited()[0]}]
+    assert record["resumed"] == [{"step": 6, "code": edited()[0], "torch": torch.__version__}]
     assert (run / "code-resumed.diff").read_text() == "# the edits from step 6 on\n" + edited()[1]
     assert compare.load(str(run)).settings["code"] == (
         f"8341827; from step 6: 8341827 + model.py edited ({hashed})"
     )
-    # the same code again: nothing more to record
-    assert rundir.record_resumed_code(str(run), 8, *edited()) is None
+    # the same code again: nothing more to record; another torch, though, is recorded
+    assert rundir.record_resumed(str(run), 8, *edited()) is None
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert rundir.record_resumed(str(run), 8, *edited()) == (
+        f"resumed at step 8 under other torch {record['torch']}, now 9.9.9: config.json records "
+        "both"
+    )
+    record = json.loads((run / "config.json").read_text())
+    assert record["resumed"][-1] == {"step": 8, "code": edited()[0], "torch": "9.9.9"}
+    assert compare.load(str(run)).settings["code"] == (
+        f"8341827; from step 6: 8341827 + model.py edited ({hashed})"
+    )
 
 
 # ---------------------------------------------------------------------------
