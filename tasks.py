@@ -471,7 +471,9 @@ class Parens(StreamTask):
         def randint(high, *shape):
             return torch.randint(high, shape, generator=generator, device=device)
 
-        # The random draws come in the authors' order (reference_parens in tests/test_core.py).
+        # The random draws come in the authors' order (reference_parens in tests/test_core.py);
+        # tests/test_parens_sampler.py holds every call, its shape and its place, as they are, so
+        # that a seed draws the same batches on any device.
         mutation = randint(4, n)  # SWAP and FLIP bits, each set with probability 1/2
         is_random = randint(3, n) == 0  # a third uniformly random strings, the rest balanced
         # Half the balanced strings stay unmutated: about a third of all examples are balanced.
@@ -487,17 +489,26 @@ class Parens(StreamTask):
         strings = strings * (torch.arange(L, device=device) < length[:, None])
 
         swaps = torch.where((mutation & SWAP) == SWAP, geometric_count(n, generator), 0)
-        rows = torch.arange(n, device=device)
-        for j in range(int(swaps.max())):
-            p = uniform_below(length, generator)
-            q = uniform_below(length, generator)
-            # a row swaps in round j if it has more than j swaps, and as the authors' sampler only
-            # when p < q
-            swapped = (swaps > j) & (p < q)
-            at_p = strings[rows, p]
-            at_q = strings[rows, q]
-            strings[rows, p] = torch.where(swapped, at_q, at_p)
-            strings[rows, q] = torch.where(swapped, at_p, at_q)
+        rounds = int(swaps.max())
+        p, q = [], []  # round j swaps positions p[j] and q[j] of every row
+        for _ in range(rounds):
+            # a call of its own for each, in the authors' order: one call for all rounds would
+            # give a CUDA generator's numbers to other rows
+            p.append(uniform_below(length, generator))
+            q.append(uniform_below(length, generator))
+        if rounds > 0:
+            p, q = torch.stack(p), torch.stack(q)  # (rounds, n)
+            # A row swaps in round j if it has more than j swaps, and as the authors' sampler only
+            # when p < q; a row that does not swap swaps p with p, which leaves it as it is.
+            swapped = (swaps > torch.arange(rounds, device=device)[:, None]) & (p < q)
+            q = torch.where(swapped, q, p)
+            row_start = L * torch.arange(n, device=device)  # in the flattened strings
+            at_p, at_q = row_start + p, row_start + q
+            # Round by round, as a round reads the brackets the round before it left; flat is
+            # strings, flattened, so each swap writes into strings.
+            flat = strings.view(-1)
+            for into, out_of in zip(torch.cat([at_p, at_q], 1), torch.cat([at_q, at_p], 1)):
+                flat.index_copy_(0, into, flat.index_select(0, out_of))
 
         flips = torch.where((mutation & FLIP) == FLIP, geometric_count(n, generator), 0)
         doubled = randint(3, n) > 0  # probability 2/3
@@ -512,17 +523,18 @@ class Parens(StreamTask):
             # turn round the brackets that were hit an odd number of times.
             hits = torch.zeros(n, L, dtype=torch.long, device=device)
             hits.scatter_add_(1, flipped_at, used.long())  # hits[row, i]: flips at position i
-            odd = hits % 2 == 1
-            # OPEN = 1 and CLOSE = 2, so 3 - bracket turns it round.
-            strings = torch.where(odd, 3 - strings, strings)
+            # OPEN = 1 and CLOSE = 2 differ in both bits, so xor with 3 turns a bracket round, and
+            # hits & 1 is 1 where the hits are odd (hits % 2 and a torch.where over the whole batch
+            # take many times longer on a CPU).
+            strings = strings ^ (3 * (hits & 1))
 
         # Balanced: the depth (+1 for each '(', -1 for each ')', 0 for padding), counted from the
         # left, never drops below 0 and ends at 0.
-        step = (strings == OPEN).long() - (strings == CLOSE).long()
-        depth = step.cumsum(1)
+        depth_step = torch.tensor([0, 1, -1], device=device)  # by token: padding, OPEN, CLOSE
+        depth = depth_step.index_select(0, strings.flatten()).view(n, L).cumsum(1)
         balanced = (depth.min(1).values >= 0) & (depth[:, -1] == 0)
         x = F.pad(strings, (0, 1))
-        x[rows, length] = QUERY
+        x.scatter_(1, length[:, None], QUERY)  # the '?' after each string
         answer = torch.where(balanced, BALANCED, UNBALANCED)
         return Batch(x, length[:, None], answer[:, None])
 
@@ -538,30 +550,33 @@ def balanced_strings(pairs, width, generator):
 
     balanced(1) = "()"; balanced(t) = "(" + balanced(t-1) + ")" with prob 1/2, else balanced(u) +
     balanced(t-u) with u ~ U[1, t-1]. Instead of recursing per example, every pending sub-string of
-    the whole batch is one row of (example, offset, t) and each loop expands all of them one level.
-    The rows are masked rather than selected, so a level waits on the host once (how many rows are
-    still pending: the next level's random draws need that count), and a batch at most max_parens /
-    2 times.
+    the whole batch is one entry of (start, t), start being its first bracket's index in the
+    flattened (n, width) output, and each loop expands all of them one level. A level waits on the
+    host once (how many sub-strings are pending: the next level's random draws need that count),
+    and a batch at most max_parens / 2 times.
     """
-    device = pairs.device
-    # a split row writes to the extra column
-    out = torch.zeros(len(pairs), width + 1, dtype=torch.long, device=device)
-    row, offset, t = torch.arange(len(pairs), device=device), torch.zeros_like(pairs), pairs
-    while len(row):
-        wrap = (t == 1) | (torch.randint(2, t.shape, generator=generator, device=device) == 1)
-        # "()" is the t = 1 case of wrapping; wrap writes the outer pair and recurses on t - 1.
-        out[row, torch.where(wrap, offset, width)] = OPEN
-        out[row, torch.where(wrap, offset + 2 * t - 1, width)] = CLOSE
-        u = 1 + uniform_below(t - 1, generator)
+    n, device = len(pairs), pairs.device
+    start, t = width * torch.arange(n, device=device), pairs
+    starts = []
+    while len(t):
+        heads = torch.randint(2, t.shape, generator=generator, device=device) == 1
+        inside = t - 1  # pairs inside a wrap
+        u = 1 + uniform_below(inside, generator)
+        starts.append(start)
+        # t > 1 pairs wrap on heads and split on tails; "()", the t = 1 case of wrapping, has
+        # nothing inside to expand.
+        deeper = t > 1
+        wrap, split = deeper & heads, deeper & ~heads
         # The sub-strings to expand next, in the recursion's order: every wrap's inside, then every
         # split's two halves.
-        row, offset = row.repeat(3), torch.cat([offset + 1, offset, offset + 2 * u])
-        t = torch.cat(
-            [torch.where(wrap, t - 1, 0), torch.where(wrap, 0, u), torch.where(wrap, 0, t - u)]
-        )
-        pending = (t > 0).nonzero().squeeze(1)
-        row, offset, t = row[pending], offset[pending], t[pending]
-    return out[:, :width]
+        pending = torch.cat([wrap, split, split]).nonzero().squeeze(1)
+        start = torch.cat([start + 1, start, start + 2 * u]).index_select(0, pending)
+        t = torch.cat([inside, u, t - u]).index_select(0, pending)
+    # Every sub-string starts with '(', and every '(' starts one (the wrap that wrote it): the
+    # brackets that start no sub-string are the ')'.
+    out = CLOSE * (torch.arange(width, device=device) < 2 * pairs[:, None])
+    out.view(-1).index_fill_(0, torch.cat(starts), OPEN)
+    return out
 
 
 # ---------------------------------------------------------------------------
