@@ -70,7 +70,7 @@ for part in $parts; do
       ;;
     draws)
       log "where each task draws its batches (eager): device, host, host a thread ahead"
-      timeout 240 python .gpu/host_data_probe.py --device cuda parens needle addition 2>&1 \
+      timeout 240 python .gpu/host_data_probe.py --device cuda parens needle addition modadd 2>&1 \
         | tee -a "$out/check.log"
       ;;
     profile)
