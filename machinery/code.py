@@ -10,6 +10,7 @@ code too, from the step it resumed at, and its edits in code-resumed.diff.
 
 import hashlib
 import os
+import re
 import subprocess
 
 from machinery.files import REPOSITORY
@@ -53,12 +54,15 @@ def same_code(before, now) -> bool:
     git finds no change to the code a run imports, with the same edits on top of each."""
     if before == now:
         return True
-    if before.get("commit") is None or now.get("commit") is None:
-        return False
+    commits = [before.get("commit"), now.get("commit")]
+    for commit in commits:
+        # a commit's hash, never an option git would act on (a config.json edited by hand)
+        if not isinstance(commit, str) or not re.fullmatch("[0-9a-f]{4,40}", commit):
+            return False
     if before.get("edits") != now.get("edits"):
         return False
     try:
-        git("diff", "--quiet", before["commit"], now["commit"], "--", *PYTHON_FILES)
+        git("diff", "--quiet", *commits, "--", *PYTHON_FILES)
     except (OSError, subprocess.CalledProcessError):
         return False  # they differ, or this checkout no longer knows the commit
     return True

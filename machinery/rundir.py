@@ -185,7 +185,7 @@ def record_resumed(run_dir, step, code, diff):
     resumed = record.get("resumed")
     if not isinstance(resumed, list):
         resumed = []
-    if resumed:
+    if resumed and isinstance(resumed[-1], dict):
         last = resumed[-1]
     last_code, last_torch = last.get("code"), last.get("torch")
     if not isinstance(last_code, dict):

@@ -162,6 +162,10 @@ def test_a_run_records_its_commit_and_its_uncommitted_edits(tmp_path, monkeypatc
     git(repo, *commit)
     assert not code.same_code(began, code.code_state()[0])
     assert not code.same_code(began, {**began, "commit": "0000000"})  # a commit git does not know
+    # a config.json edited by hand: its "commit" is never an option git acts on
+    written = tmp_path / "written"
+    assert not code.same_code(began, {**began, "commit": f"--output={written}"})
+    assert not written.exists()
 
     outside = tmp_path / "copy"
     outside.mkdir()
