@@ -24,10 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 sys.path.insert(0, os.getcwd())
-from bench import best_seconds  # noqa: E402
+from bench import best_seconds, ours  # noqa: E402
 from machinery.config import TrainConfig, build_seeded  # noqa: E402
-from machinery.devices import Ranks, autocast, compiled  # noqa: E402
-from train import Batches, choose_forward, make_optimizer, train_step  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("tasks", nargs="+")
@@ -44,36 +42,26 @@ for name in args.tasks:
         settings = dict(task=name, mode="frozen", scale="paper", device=args.device, out="unused")
         if args.width:
             settings.update(width=args.width, heads=2, scale="cpu")
-        cfg, task, model, _ = build_seeded(TrainConfig(**settings))
-        model.to(device)
-        precision = autocast(device, cfg.dtype)
-        choose_forward(model, task, cfg, device, precision)
-        model = compiled(model, device, args.compile)
-        optimizer = make_optimizer(model.parameters(), cfg, device)
-        ranks = Ranks()
+        cfg, task, model, _ = build_seeded(TrainConfig(**settings, compile=args.compile))
         task.draws_on_host = place != "device"  # this task object's alone, for this probe
-        batches = Batches(task, cfg.batch_size, cfg.seed, device)
-        drawn = batches.next()
+        # bench.py's: the step as train.py takes it, on batches drawn as train.Batches draws them
+        _, train_on, draw, _ = ours(cfg, task, model, device)
+        drawn = draw()
         ahead = ThreadPoolExecutor(1)
-        pending = [ahead.submit(batches.next)]
+        pending = [ahead.submit(draw)]
 
         def next_batch():
             if place != "host, a thread ahead":
-                return batches.next()
+                return draw()
             batch = pending[0].result()
-            pending[0] = ahead.submit(batches.next)
+            pending[0] = ahead.submit(draw)
             return batch
 
         def step():
-            batch = next_batch()
-            train_step(
-                model, task.loss, batch.length_chunks(), optimizer, ranks, cfg.clip, precision
-            )
+            train_on(next_batch())
 
         def step_on_a_batch_drawn_before():
-            train_step(
-                model, task.loss, drawn.length_chunks(), optimizer, ranks, cfg.clip, precision
-            )
+            train_on(drawn)
 
         for _ in range(args.warmup):
             step()

@@ -20,9 +20,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
+from bench import ours  # noqa: E402
 from machinery.config import TrainConfig, build_seeded  # noqa: E402
-from machinery.devices import Ranks, autocast, compiled  # noqa: E402
-from train import Batches, choose_forward, make_optimizer, train_step  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("tasks", nargs="+")
@@ -54,18 +53,12 @@ for name in args.tasks:
     settings = dict(task=name, mode="frozen", scale="paper", device=args.device, out="unused")
     if args.width:
         settings.update(width=args.width, heads=2, scale="cpu")
-    cfg, task, model, _ = build_seeded(TrainConfig(**settings))
-    model.to(device)
-    precision = autocast(device, cfg.dtype)
-    choose_forward(model, task, cfg, device, precision)
-    model = compiled(model, device, not args.no_compile)
-    optimizer = make_optimizer(model.parameters(), cfg, device)
-    ranks = Ranks()
-    batches = Batches(task, cfg.batch_size, cfg.seed, device)
+    cfg, task, model, _ = build_seeded(TrainConfig(**settings, compile=not args.no_compile))
+    # bench.py's: the step as train.py takes it, on batches drawn as train.Batches draws them
+    _, train_on, draw, _ = ours(cfg, task, model, device)
 
     def step():
-        chunks = batches.next().length_chunks()
-        train_step(model, task.loss, chunks, optimizer, ranks, cfg.clip, precision)
+        train_on(draw())
 
     for _ in range(args.warmup):
         step()
