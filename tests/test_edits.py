@@ -5,13 +5,13 @@ ran, which compare.py shows as a setting that differs."""
 import inspect
 import json
 import os
-import signal
 import subprocess
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_core import train_killed_after
 
 import compare
 import model
@@ -218,34 +218,22 @@ def test_a_resume_under_other_code_or_torch_records_it_from_the_step_it_resumed_
         return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
 
     run = tmp_path / "run"
-    steps = []
-    train_step = train.train_step
-
-    def stopped_at_step_6(*args):
-        steps.append(1)
-        if len(steps) == 6:
-            os.kill(os.getpid(), signal.SIGINT)
-        return train_step(*args)
-
     monkeypatch.setattr("machinery.lifecycle.code_state", clean)
-    monkeypatch.setattr(train, "train_step", stopped_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        train.train(tiny(tmp_path))
-    monkeypatch.setattr(train, "train_step", train_step)
+    train_killed_after(tiny(tmp_path), 6)  # its checkpoint: step 4's
     monkeypatch.setattr("machinery.lifecycle.code_state", edited)
     capsys.readouterr()
     train.train(lifecycle.resumed_config(str(run)), resume=True)
     hashed = edited()[0]["edits"]
     assert (
-        f"resumed at step 6 under other code 8341827, now 8341827 + model.py edited ({hashed}): "
+        f"resumed at step 4 under other code 8341827, now 8341827 + model.py edited ({hashed}): "
         "config.json records both" in capsys.readouterr().out
     )
     record = json.loads((run / "config.json").read_text())
     assert record["code"] == clean()[0]
-    assert record["resumed"] == [{"step": 6, "code": edited()[0], "torch": torch.__version__}]
-    assert (run / "code-resumed.diff").read_text() == "# the edits from step 6 on\n" + edited()[1]
+    assert record["resumed"] == [{"step": 4, "code": edited()[0], "torch": torch.__version__}]
+    assert (run / "code-resumed.diff").read_text() == "# the edits from step 4 on\n" + edited()[1]
     assert compare.load(str(run)).settings["code"] == (
-        f"8341827; from step 6: 8341827 + model.py edited ({hashed})"
+        f"8341827; from step 4: 8341827 + model.py edited ({hashed})"
     )
     # the same code again: nothing more to record; another torch, though, is recorded
     assert rundir.record_resumed(str(run), 8, *edited()) is None
@@ -257,7 +245,7 @@ def test_a_resume_under_other_code_or_torch_records_it_from_the_step_it_resumed_
     record = json.loads((run / "config.json").read_text())
     assert record["resumed"][-1] == {"step": 8, "code": edited()[0], "torch": "9.9.9"}
     assert compare.load(str(run)).settings["code"] == (
-        f"8341827; from step 6: 8341827 + model.py edited ({hashed})"
+        f"8341827; from step 4: 8341827 + model.py edited ({hashed})"
     )
 
 
