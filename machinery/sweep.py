@@ -33,6 +33,7 @@ from machinery.config import (
     TrainConfig,
     build_task,
     changed_settings,
+    config_from_dict,
     resolve,
     saved_config,
     with_paper_defaults,
@@ -350,8 +351,9 @@ def measured_speeds(root: str) -> dict:
     for config_path in sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True)):
         run = os.path.dirname(config_path)
         try:
+            record = read_json(config_path)
             # as a run's settings: a record of a setting's older name (pos) still matches
-            saved = saved_config(run)
+            saved = config_from_dict(record)
             rates = []
             for line in read_metrics(run):
                 rate = line.get("steps_per_s")
@@ -361,15 +363,15 @@ def measured_speeds(root: str) -> dict:
                 if 0 < rate < math.inf:
                     rates.append(rate)
             rates.sort()
-        except (OSError, UsageError, AttributeError):
+        except (OSError, UsageError, ValueError, AttributeError):
             continue  # not a readable run record: nothing measured here
         if saved.device != "cuda" or not rates:
             continue
         settings = tuple(getattr(saved, name) for name in STEP_COST)
         if len(rates) > laps.get(settings, 0):
-            record = os.path.relpath(run, os.path.dirname(root))
-            machine = read_json(config_path).get("machine")
-            speeds[settings] = (rates[len(rates) // 2], record, record_gpu(record, machine))
+            where = os.path.relpath(run, os.path.dirname(root))
+            gpu = record_gpu(where, record.get("machine"))
+            speeds[settings] = (rates[len(rates) // 2], where, gpu)
             laps[settings] = len(rates)
     return speeds
 
