@@ -37,14 +37,28 @@ def drawn_figures(monkeypatch) -> list:
     return figures
 
 
-@pytest.mark.slow
-def test_needle_attention_redraws_every_head_of_the_committed_records(tmp_path, monkeypatch):
-    # from another directory: the records are the repository's, the picture goes to --results
+def redraw(name: str, tmp_path, monkeypatch) -> list:
+    """The figures `reproduce.py NAME --scale cpu --results out` draws, run from tmp_path (another
+    directory: the records are the repository's, the picture goes to --results); its .png is one."""
     monkeypatch.chdir(tmp_path)
     figures = drawn_figures(monkeypatch)
-    reproduce.main(["needle-attention", "--scale", "cpu", "--results", "out"])
-    with open("out/needle-attention-cpu.png", "rb") as f:
+    reproduce.main([name, "--scale", "cpu", "--results", "out"])
+    with open(f"out/{name}-cpu.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    return figures
+
+
+def assert_redrawn_md_is_committed(name: str):
+    """The committed results/NAME-cpu.md is redraw's (its numbers are the records')."""
+    with open(f"out/{name}-cpu.md") as f:
+        redrawn = f.read()
+    with open(os.path.join(ROOT, "results", f"{name}-cpu.md")) as f:
+        assert f.read() == redrawn
+
+
+@pytest.mark.slow
+def test_needle_attention_redraws_every_head_of_the_committed_records(tmp_path, monkeypatch):
+    figures = redraw("needle-attention", tmp_path, monkeypatch)
     # the panels, row by row: the untrained run's layers 1 and 2, then the trained run's
     panels = [ax for ax in figures[0].axes if ax.images]
     expected = []
@@ -58,20 +72,12 @@ def test_needle_attention_redraws_every_head_of_the_committed_records(tmp_path, 
     for ax, (pattern, score) in zip(panels, expected):
         assert ax.images[0].get_array().tolist() == pattern
         assert ax.get_title().endswith(score)
-    # the committed .md is this redraw's (its numbers are the records')
-    with open("out/needle-attention-cpu.md") as f:
-        redrawn = f.read()
-    with open(os.path.join(ROOT, "results", "needle-attention-cpu.md")) as f:
-        assert f.read() == redrawn
+    assert_redrawn_md_is_committed("needle-attention")
 
 
 @pytest.mark.slow
 def test_needle_projection_redraws_the_committed_curves_beside_addition(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    figures = drawn_figures(monkeypatch)
-    reproduce.main(["needle-projection", "--scale", "cpu", "--results", "out"])
-    with open("out/needle-projection-cpu.png", "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    figures = redraw("needle-projection", tmp_path, monkeypatch)
     additions = [analysis(record)["projection"] for record in reproduce.addition_records().values()]
     assert len(additions) == 3
     panels = [ax for ax in figures[0].axes if ax.lines]
@@ -91,10 +97,7 @@ def test_needle_projection_redraws_the_committed_curves_beside_addition(tmp_path
             )
         assert drawn == expected
     assert len(panels) == 3
-    with open("out/needle-projection-cpu.md") as f:
-        redrawn = f.read()
-    with open(os.path.join(ROOT, "results", "needle-projection-cpu.md")) as f:
-        assert f.read() == redrawn
+    assert_redrawn_md_is_committed("needle-projection")
 
 
 def test_a_record_picture_without_its_analysis_says_which_record_lacks_it(tmp_path, monkeypatch):

@@ -46,11 +46,12 @@ def assert_same_weights(a, b):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def flip_bytes_inside(path, tensor):
-    """Flip 64 bytes in the middle of tensor's data in the torch.save archive at path (found by its
-    bytes, as torch.save stores them), leaving every other byte as it was."""
+def flip_bytes_inside(path):
+    """Flip 64 bytes in the middle of the positional embedding's data in the torch.save archive at
+    path, a checkpoint or a model.pt (found by its bytes, as torch.save stores them), leaving every
+    other byte as it was."""
     data = bytearray(path.read_bytes())
-    raw = tensor.contiguous().numpy().tobytes()
+    raw = torch.load(path)["model"]["wpe.weight"].contiguous().numpy().tobytes()
     at = data.find(raw)
     assert at >= 0 and len(raw) >= 128
     middle = at + len(raw) // 2 - 32
@@ -75,8 +76,7 @@ def test_a_checkpoint_with_bytes_flipped_inside_a_tensor_is_refused_and_the_run_
     # it resumed with exit 0, and model.pt held values of 1.2e24: torch.load checks nothing
     train_killed_after(tiny(tmp_path), 4)
     run = tmp_path / "run"
-    checkpoint = torch.load(run / "checkpoint.pt")
-    flip_bytes_inside(run / "checkpoint.pt", checkpoint["model"]["wpe.weight"])
+    flip_bytes_inside(run / "checkpoint.pt")
     line = resume_refused(run, capsys)
     assert line.startswith(f"train.py: error: checkpoint.pt in {run} is damaged: ")
 
@@ -84,7 +84,7 @@ def test_a_checkpoint_with_bytes_flipped_inside_a_tensor_is_refused_and_the_run_
 def test_a_finished_runs_damaged_model_pt_is_refused_where_it_is_read(tmp_path, capsys, tiny):
     train.train(tiny(tmp_path))
     run = tmp_path / "run"
-    flip_bytes_inside(run / "model.pt", torch.load(run / "model.pt")["model"]["wpe.weight"])
+    flip_bytes_inside(run / "model.pt")
     before = files_of(run)
     with pytest.raises(SystemExit) as refused:
         analyze.main([str(run)])
@@ -100,8 +100,7 @@ def test_analyze_watch_refuses_a_damaged_checkpoint_and_scores_nothing_of_it(
     # it read checkpoints with a bare torch.load, and would have scored damaged weights
     train_killed_after(tiny(tmp_path), 4)
     run = tmp_path / "run"
-    checkpoint = torch.load(run / "checkpoint.pt")
-    flip_bytes_inside(run / "checkpoint.pt", checkpoint["model"]["wpe.weight"])
+    flip_bytes_inside(run / "checkpoint.pt")
     with pytest.raises(SystemExit) as refused:
         analyze.main(["--watch", str(run)])
     assert refused.value.code == 2
