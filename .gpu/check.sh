@@ -7,7 +7,8 @@
 #                  data share;
 #   draws          where each task should draw its batches: on the GPU, on the host, or on the host in a
 #                  thread one batch ahead (.gpu/host_data_probe.py, eager);
-#   profile        where a compiled step's time goes, needle's and parentheses' (.gpu/step_profile.py);
+#   profile        where a compiled step's time goes, needle's and parentheses' (.gpu/step_profile.py),
+#                  then the same in CUDA graphs (torch.compile's reduce-overhead mode);
 #   deterministic  what --deterministic costs, on needle and parentheses;
 #   seeds          ten batched seeds of needle random 1024 against one seed, 500 steps each (time, and
 #                  final metrics).
@@ -77,6 +78,9 @@ for part in $parts; do
       log "where a compiled step's time goes"
       timeout 240 python .gpu/step_profile.py --device cuda needle parens 2>&1 | grep -v "^USDT" \
         | tee -a "$out/check.log"
+      log "the same step in CUDA graphs (launch overhead's remedy)"
+      timeout 240 python .gpu/step_profile.py --device cuda --mode reduce-overhead needle parens 2>&1 \
+        | grep -v "^USDT" | tee -a "$out/check.log"
       ;;
     deterministic)
       bench needle --deterministic

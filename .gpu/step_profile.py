@@ -8,6 +8,10 @@ the GPU sat idle (launch overhead, or waiting on the host) is read off; then the
 took the most host time and the kernels that took the most GPU time.
     python .gpu/step_profile.py --device cuda needle parens
     python .gpu/step_profile.py --device cuda --no-compile needle
+    python .gpu/step_profile.py --device cuda --mode reduce-overhead needle
+The last asks the issue's question of launch overhead: the same step with its forward and
+backward compiled into CUDA graphs (torch.compile's "reduce-overhead", a graph for each chunk
+length).
 On a CPU (--device cpu --width 16) it is a smoke test: there is no GPU time to read.
 """
 
@@ -28,6 +32,9 @@ parser.add_argument("tasks", nargs="+")
 parser.add_argument("--device", default="cuda")
 parser.add_argument("--width", type=int, default=None)
 parser.add_argument("--no-compile", action="store_true", help="eager, as --no-compile trains")
+parser.add_argument(
+    "--mode", default=None, help="torch.compile's mode (train.py compiles with the default)"
+)
 parser.add_argument("--steps", type=int, default=10, help="steps profiled")
 parser.add_argument("--warmup", type=int, default=20, help="steps before (compilation's)")
 parser.add_argument("--rows", type=int, default=12, help="operations and kernels listed")
@@ -53,9 +60,14 @@ for name in args.tasks:
     settings = dict(task=name, mode="frozen", scale="paper", device=args.device, out="unused")
     if args.width:
         settings.update(width=args.width, heads=2, scale="cpu")
-    cfg, task, model, _ = build_seeded(TrainConfig(**settings, compile=not args.no_compile))
+    compile_here = args.mode is not None and not args.no_compile
+    use_compile = not args.no_compile and not compile_here
+    cfg, task, model, _ = build_seeded(TrainConfig(**settings, compile=use_compile))
     # bench.py's: the step as train.py takes it, on batches drawn as train.Batches draws them
     _, train_on, draw, _ = ours(cfg, task, model, device)
+    if compile_here:
+        # the step's closures call this model, so compiling its forward here compiles their step
+        model.forward = torch.compile(model.forward, mode=args.mode)
 
     def step():
         train_on(draw())
@@ -77,7 +89,11 @@ for name in args.tasks:
     kernels = [event for event in events if device_time(event) > 0]
     busy = sum(device_time(event) for event in kernels) / args.steps / 1e3
     launched = sum(event.count for event in kernels) / args.steps
-    compiled_text = "eager" if args.no_compile else "compiled"
+    compiled_text = "compiled"
+    if args.no_compile:
+        compiled_text = "eager"
+    elif compile_here:
+        compiled_text = f"compiled, mode {args.mode}"
     print(f"\n== {name}, {compiled_text}, {cfg.width} wide, batch {cfg.batch_size}, on {device}")
     line = f"a step: {wall:.2f} ms of wall time"
     if device.type == "cuda":
