@@ -94,7 +94,7 @@ class Run:
         )
         self.code_note = None
         if resume and self.ranks.lead:
-            self.code_note = record_resumed(self.cfg.out, self.start.step, code, diff)
+            self.code_note = record_resumed(self.cfg.out, self.start.step, code, diff, self.forward)
         self.metrics = self.start.metrics
         self.losses = self.start.losses
         self.step = self.start.step

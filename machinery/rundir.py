@@ -174,11 +174,12 @@ def start_or_resume(
     return start
 
 
-def record_resumed(run_dir, step, code, diff):
+def record_resumed(run_dir, step, code, diff, forward):
     """A run resumed at step under other Python or another torch than it last ran (config.json's
     "code" and "torch", or its last resume's): config.json's "resumed" gains {"step", "code",
-    "torch"}, and code-resumed.diff the edits; returns the line that says so. None where both are
-    the same, or the run recorded no code (it began before runs recorded theirs)."""
+    "torch", "forward"} (forward: which of model.py's code trains from step on, as run_record's),
+    and code-resumed.diff the edits; returns the line that says so. None where both are the same,
+    or the run recorded no code (it began before runs recorded theirs)."""
     path = os.path.join(run_dir, "config.json")
     record = read_json(path)
     last = record
@@ -197,7 +198,9 @@ def record_resumed(run_dir, step, code, diff):
         changed.append(f"torch {last_torch}, now {torch.__version__}")
     if not changed:
         return None
-    record["resumed"] = resumed + [{"step": step, "code": code, "torch": torch.__version__}]
+    # other code may train another path: an edit can stop the fast paths, or undoing it restart them
+    entry = {"step": step, "code": code, "torch": torch.__version__, "forward": forward}
+    record["resumed"] = resumed + [entry]
     write_json(path, record)
     if diff:
         diff_path = os.path.join(run_dir, "code-resumed.diff")

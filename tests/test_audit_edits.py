@@ -1,0 +1,37 @@
+"""A student's edit, as the audit made them: an edited model resumed, or read back by analyze.py
+after the edit was undone, is recorded and said as the code that ran."""
+
+import json
+
+from test_core import train_killed_after
+from test_edits import uniform_pattern
+
+import model
+import train
+from machinery import code, lifecycle
+
+
+def clean():
+    """code_state of a checkout with nothing edited."""
+    return {"commit": "8341827", "edited": [], "edits": None}, ""
+
+
+def edited():
+    """code_state of the same checkout with model.py edited."""
+    diff = "--- a/model.py\n+++ b/model.py\n-old\n+new\n"
+    return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
+
+
+def test_a_run_resumed_under_an_edit_the_fast_paths_lack_records_the_code_that_trains_on(
+    tiny, tmp_path, monkeypatch
+):
+    # config.json's "forward" names the code the run began with; after a resume under an edited
+    # attention, the written-out code trained, and the record said "fast paths" throughout
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean)
+    train_killed_after(tiny(tmp_path), 6)
+    monkeypatch.setattr(model.CausalSelfAttention, "pattern", uniform_pattern)
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True)
+    record = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert record["forward"] == "fast paths"
+    assert record["resumed"][-1]["forward"] == "edited"
