@@ -44,6 +44,7 @@ from machinery.rundir import (
     load_run,
     load_trained_weights,
     lock_held,
+    say_other_code,
 )
 from machinery.tables import markdown_table, measured, run_label
 from model import GPT, model_name, rows_at
@@ -81,6 +82,7 @@ class SavedRun:
                     f"{checkpoint} does not fit this run ({type(e).__name__}: "
                     f"{str(e).splitlines()[0][:120]})"
                 ) from None
+            say_other_code(path)
             self.final = saved["metrics"]
             stopped_at = saved["step"]
         else:

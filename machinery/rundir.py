@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from machinery.cli import shell_command
-from machinery.code import code_text, same_code
+from machinery.code import code_state, code_text, same_code
 from machinery.config import (
     NOT_COMPUTED,
     RENAMED_KEYS,
@@ -182,12 +182,10 @@ def record_resumed(run_dir, step, code, diff, forward):
     or the run recorded no code (it began before runs recorded theirs)."""
     path = os.path.join(run_dir, "config.json")
     record = read_json(path)
-    last = record
     resumed = record.get("resumed")
     if not isinstance(resumed, list):
         resumed = []
-    if resumed and isinstance(resumed[-1], dict):
-        last = resumed[-1]
+    last = last_start(record)
     last_code, last_torch = last.get("code"), last.get("torch")
     if not isinstance(last_code, dict):
         return None
@@ -210,6 +208,32 @@ def record_resumed(run_dir, step, code, diff, forward):
                 earlier = f.read()
         write_text(diff_path, f"{earlier}# the edits from step {step} on\n{diff}")
     return f"resumed at step {step} under other {' and '.join(changed)}: config.json records both"
+
+
+def last_start(record) -> dict:
+    """Where config.json (record) holds the code and torch a run last trained under: its last
+    resume's entry ("resumed"), or the record itself."""
+    resumed = record.get("resumed")
+    if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict):
+        return resumed[-1]
+    return record
+
+
+def say_other_code(run_dir) -> None:
+    """One line on stderr where run_dir's model is rebuilt under other code than it last trained
+    under: what reads it back runs this checkout's model.py and tasks.py, so an edit undone since
+    (git checkout model.py) is no longer in it. Nothing for a run that recorded no code."""
+    trained = last_start(read_json(os.path.join(run_dir, "config.json"))).get("code")
+    if not isinstance(trained, dict):
+        return
+    now, _ = code_state()
+    if same_code(trained, now):
+        return
+    print(
+        f"{run_dir} trained under other code ({code_text(trained)}) than this checkout's "
+        f"({code_text(now)}): its weights run under this checkout's code",
+        file=sys.stderr,
+    )
 
 
 def check_resumable(cfg, lead=True):
@@ -881,6 +905,7 @@ def load_run(run_dir):
             f"{path} does not load into the {cfg.task} model its config describes "
             f"({type(e).__name__})"
         ) from None
+    say_other_code(run_dir)
     return cfg, task, model.eval(), counts
 
 

@@ -6,6 +6,7 @@ import json
 from test_core import train_killed_after
 from test_edits import uniform_pattern
 
+import analyze
 import model
 import train
 from machinery import code, lifecycle
@@ -35,3 +36,25 @@ def test_a_run_resumed_under_an_edit_the_fast_paths_lack_records_the_code_that_t
     record = json.loads((tmp_path / "run" / "config.json").read_text())
     assert record["forward"] == "fast paths"
     assert record["resumed"][-1]["forward"] == "edited"
+
+
+def test_a_run_read_back_under_other_code_than_it_trained_says_so(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # The tour undoes each edit (git checkout model.py) after its run; analyze.py and sample.py
+    # then rebuilt the run's model under the unedited code, saying nothing of it
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    train_killed_after(tiny(tmp_path, out=str(tmp_path / "stopped")), 6)
+    train.train(tiny(tmp_path, out=str(tmp_path / "finished")))
+    for run in ("stopped", "finished"):
+        monkeypatch.setattr("machinery.rundir.code_state", edited)
+        capsys.readouterr()
+        analyze.SavedRun(str(tmp_path / run))
+        assert "other code" not in capsys.readouterr().err
+        monkeypatch.setattr("machinery.rundir.code_state", clean)
+        analyze.SavedRun(str(tmp_path / run))
+        assert capsys.readouterr().err == (
+            f"{tmp_path / run} trained under other code (8341827 + model.py edited "
+            f"({edited()[0]['edits']})) than this checkout's (8341827): its weights run under "
+            "this checkout's code\n"
+        )
