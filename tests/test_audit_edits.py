@@ -58,3 +58,22 @@ def test_a_run_read_back_under_other_code_than_it_trained_says_so(
             f"({edited()[0]['edits']})) than this checkout's (8341827): its weights run under "
             "this checkout's code\n"
         )
+
+
+def test_a_run_of_edited_code_says_so_where_the_fast_paths_share_the_edit(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # an edited MLP, init, task or loop trains on the fast paths, whose line was the only one
+    # about the code: the run's first lines never said it ran edited code
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    capsys.readouterr()
+    train.train(tiny(tmp_path, out=str(tmp_path / "edited")))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("model.py: its fast paths train")
+    assert lines[2] == (
+        f"code: 8341827 + model.py edited ({edited()[0]['edits']}), as config.json records it, "
+        "with the edits beside it"
+    )
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean)
+    train.train(tiny(tmp_path, out=str(tmp_path / "clean")))
+    assert "code: " not in capsys.readouterr().out
