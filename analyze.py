@@ -70,6 +70,8 @@ class SavedRun:
         checkpoint = os.path.join(path, "checkpoint.pt")
         stopped_at = None
         if os.path.isfile(checkpoint) and not os.path.isfile(os.path.join(path, "model.pt")):
+            # before the model is built: a mode or a shape the edit made may be gone from the code
+            say_other_code(path)
             saved = load_checkpoint(checkpoint, ("model", "step", "metrics"))
             self.cfg, self.task, self.model, self.counts = build_seeded(saved_config(path))
             # the checkpoint holds the weights that train; they load over the frozen blocks its
@@ -82,7 +84,6 @@ class SavedRun:
                     f"{checkpoint} does not fit this run ({type(e).__name__}: "
                     f"{str(e).splitlines()[0][:120]})"
                 ) from None
-            say_other_code(path)
             self.final = saved["metrics"]
             stopped_at = saved["step"]
         else:

@@ -222,8 +222,12 @@ def last_start(record) -> dict:
 def say_other_code(run_dir) -> None:
     """One line on stderr where run_dir's model is rebuilt under other code than it last trained
     under: what reads it back runs this checkout's model.py and tasks.py, so an edit undone since
-    (git checkout model.py) is no longer in it. Nothing for a run that recorded no code."""
-    trained = last_start(read_json(os.path.join(run_dir, "config.json"))).get("code")
+    (git checkout model.py) is no longer in it. Nothing for a run that recorded no code (or has no
+    config.json)."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return
+    trained = last_start(read_json(path)).get("code")
     if not isinstance(trained, dict):
         return
     now, _ = code_state()
@@ -892,6 +896,8 @@ def load_run(run_dir):
         )
     if not os.path.isfile(path):
         raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
+    # before the model is built: a mode or a shape the edit made may be gone from today's code
+    say_other_code(run_dir)
     saved = load_checkpoint(path)
     try:
         cfg = config_from_dict(saved["config"])
@@ -905,7 +911,6 @@ def load_run(run_dir):
             f"{path} does not load into the {cfg.task} model its config describes "
             f"({type(e).__name__})"
         ) from None
-    say_other_code(run_dir)
     return cfg, task, model.eval(), counts
 
 

@@ -1,8 +1,10 @@
-"""A student's edit, as the audit made them: an edited model resumed, or read back by analyze.py
-after the edit was undone, is recorded and said as the code that ran."""
+"""A student's edits, as the audit made them: a run of edited code says so on its first lines, a
+run resumed under an edit records which code trained on, and a run read back by analyze.py after
+its edit was undone says that its weights now run other code."""
 
 import json
 
+import pytest
 from test_core import train_killed_after
 from test_edits import uniform_pattern
 
@@ -77,3 +79,21 @@ def test_a_run_of_edited_code_says_so_where_the_fast_paths_share_the_edit(
     monkeypatch.setattr("machinery.lifecycle.code_state", clean)
     train.train(tiny(tmp_path, out=str(tmp_path / "clean")))
     assert "code: " not in capsys.readouterr().out
+
+
+def test_a_run_of_a_mode_an_edit_added_says_why_it_no_longer_loads(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # a mode added to TRAINING_MODES, then the edit undone: reading the run back fails in one line
+    # about --train, a flag analyze.py has not; the line before it now says the code is other
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    monkeypatch.setitem(model.TRAINING_MODES, "pos+unembed", {"wpe", "lm_head"})
+    train.train(tiny(tmp_path, mode="pos+unembed"))
+    monkeypatch.delitem(model.TRAINING_MODES, "pos+unembed")
+    monkeypatch.setattr("machinery.rundir.code_state", clean)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        analyze.main([str(tmp_path / "run")])
+    said = capsys.readouterr().err.splitlines()
+    assert said[0].startswith(f"{tmp_path / 'run'} trained under other code (8341827 + model.py")
+    assert said[1].startswith("analyze.py: error: --train 'pos+unembed' names no parameter")
