@@ -44,6 +44,7 @@ from machinery.rundir import (
     load_run,
     load_trained_weights,
     lock_held,
+    say_other_code,
 )
 from machinery.tables import markdown_table, measured, run_label
 from model import GPT, model_name, rows_at
@@ -69,6 +70,8 @@ class SavedRun:
         checkpoint = os.path.join(path, "checkpoint.pt")
         stopped_at = None
         if os.path.isfile(checkpoint) and not os.path.isfile(os.path.join(path, "model.pt")):
+            # before the model is built: a mode or a shape the edit made may be gone from the code
+            say_other_code(path)
             saved = load_checkpoint(checkpoint, ("model", "step", "metrics"))
             self.cfg, self.task, self.model, self.counts = build_seeded(saved_config(path))
             # the checkpoint holds the weights that train; they load over the frozen blocks its

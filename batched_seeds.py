@@ -24,7 +24,7 @@ from tqdm import tqdm
 from machinery.cli import parse_args, seed_configs
 from machinery.code import code_state
 from machinery.config import build_seeded
-from machinery.console import first_line, forward_note
+from machinery.console import edited_code_line, first_line, forward_note
 from machinery.devices import (
     Ranks,
     check_step_fits,
@@ -257,6 +257,7 @@ class SeedRuns(Run):
         # every seed runs the first seed's forward, vmapped
         self.forward = forward_path(self.models[0])
         code, diff = code_state()
+        self.code = code
         try:
             for run, model, counts in zip(self.seeds, self.models, self.seed_counts):
                 record = run_record(run, counts, self.device, self.threads, self.forward, code)
@@ -281,7 +282,10 @@ class SeedRuns(Run):
             f"{self.cfg.task}: {n} seeds batched, {counts['trainable']:,} trainable parameters "
             f"each on {self.device}"
         )
-        return line + "\n" + forward_note(self.forward, slowdown) + "\n" + sizes
+        line += "\n" + forward_note(self.forward, slowdown)
+        if self.code.get("edited"):
+            line += "\n" + edited_code_line(self.code)
+        return line + "\n" + sizes
 
     def take_place(self):
         if self.start.staged and not self.stop_requested:

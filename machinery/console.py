@@ -4,6 +4,7 @@ the pace of each evaluation's line, and the last (the result beside the paper's)
 from dataclasses import replace
 
 from machinery.cli import command_line
+from machinery.code import code_text
 from machinery.config import (
     CPU_VARIANTS,
     TrainConfig,
@@ -96,6 +97,13 @@ def forward_note(forward, slowdown=None) -> str:
     if slowdown:
         line += f"; about {slowdown:.1f}x slower than they were"
     return line
+
+
+def edited_code_line(code) -> str:
+    """The line that names a run's code edited since its commit (machinery/code.py's record), which
+    the other first lines leave unsaid where the fast paths share the edit (an MLP, an init, a
+    task, the loop)."""
+    return f"code: {code_text(code)}, as config.json records it, with the edits beside it"
 
 
 def pace_words(steps, seconds) -> str:

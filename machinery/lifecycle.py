@@ -14,7 +14,14 @@ from tqdm import tqdm
 from machinery.cli import shell_command
 from machinery.code import code_state
 from machinery.config import saved_config
-from machinery.console import first_line, forward_note, metric_value, pace_words, result_line
+from machinery.console import (
+    edited_code_line,
+    first_line,
+    forward_note,
+    metric_value,
+    pace_words,
+    result_line,
+)
 from machinery.devices import choose_threads, compiles, deterministic_kernels, step_seconds
 from machinery.errors import Diverged, FinishedBeforeStop
 from machinery.plateau import plateau_note
@@ -87,6 +94,7 @@ class Run:
         its checkpoint (start_or_resume); hold its lock. Returns where the loop starts."""
         self.forward = forward_path(model)
         code, diff = code_state()
+        self.code = code
         self.code_edited = bool(code.get("edited"))
         record = run_record(self.cfg, self.counts, self.device, self.threads, self.forward, code)
         self.start = start_or_resume(
@@ -94,7 +102,7 @@ class Run:
         )
         self.code_note = None
         if resume and self.ranks.lead:
-            self.code_note = record_resumed(self.cfg.out, self.start.step, code, diff)
+            self.code_note = record_resumed(self.cfg.out, self.start.step, code, diff, self.forward)
         self.metrics = self.start.metrics
         self.losses = self.start.losses
         self.step = self.start.step
@@ -137,6 +145,9 @@ class Run:
         if self.code_note:
             line += "\n" + self.code_note
         line += "\n" + forward_note(self.forward, slowdown)
+        # a resume under other code said it in code_note
+        if self.code_edited and not self.code_note:
+            line += "\n" + edited_code_line(self.code)
         return (
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
             f"{self.counts['frozen']:,} frozen parameters on {self.device} -> {self.cfg.out}"

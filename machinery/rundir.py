@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from machinery.cli import shell_command
-from machinery.code import code_text, same_code
+from machinery.code import code_state, code_text, same_code
 from machinery.config import (
     NOT_COMPUTED,
     RENAMED_KEYS,
@@ -174,19 +174,18 @@ def start_or_resume(
     return start
 
 
-def record_resumed(run_dir, step, code, diff):
+def record_resumed(run_dir, step, code, diff, forward):
     """A run resumed at step under other Python or another torch than it last ran (config.json's
     "code" and "torch", or its last resume's): config.json's "resumed" gains {"step", "code",
-    "torch"}, and code-resumed.diff the edits; returns the line that says so. None where both are
-    the same, or the run recorded no code (it began before runs recorded theirs)."""
+    "torch", "forward"} (forward: which of model.py's code trains from step on, as run_record's),
+    and code-resumed.diff the edits; returns the line that says so. None where both are the same,
+    or the run recorded no code (it began before runs recorded theirs)."""
     path = os.path.join(run_dir, "config.json")
     record = read_json(path)
-    last = record
     resumed = record.get("resumed")
     if not isinstance(resumed, list):
         resumed = []
-    if resumed and isinstance(resumed[-1], dict):
-        last = resumed[-1]
+    last = last_start(record)
     last_code, last_torch = last.get("code"), last.get("torch")
     if not isinstance(last_code, dict):
         return None
@@ -197,7 +196,9 @@ def record_resumed(run_dir, step, code, diff):
         changed.append(f"torch {last_torch}, now {torch.__version__}")
     if not changed:
         return None
-    record["resumed"] = resumed + [{"step": step, "code": code, "torch": torch.__version__}]
+    # other code may train another path: an edit can stop the fast paths, or undoing it restart them
+    entry = {"step": step, "code": code, "torch": torch.__version__, "forward": forward}
+    record["resumed"] = resumed + [entry]
     write_json(path, record)
     if diff:
         diff_path = os.path.join(run_dir, "code-resumed.diff")
@@ -207,6 +208,36 @@ def record_resumed(run_dir, step, code, diff):
                 earlier = f.read()
         write_text(diff_path, f"{earlier}# the edits from step {step} on\n{diff}")
     return f"resumed at step {step} under other {' and '.join(changed)}: config.json records both"
+
+
+def last_start(record) -> dict:
+    """Where config.json (record) holds the code and torch a run last trained under: its last
+    resume's entry ("resumed"), or the record itself."""
+    resumed = record.get("resumed")
+    if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict):
+        return resumed[-1]
+    return record
+
+
+def say_other_code(run_dir) -> None:
+    """One line on stderr where run_dir's model is rebuilt under other code than it last trained
+    under: what reads it back runs this checkout's model.py and tasks.py, so an edit undone since
+    (git checkout model.py) is no longer in it. Nothing for a run that recorded no code (or has no
+    config.json)."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return
+    trained = last_start(read_json(path)).get("code")
+    if not isinstance(trained, dict):
+        return
+    now, _ = code_state()
+    if same_code(trained, now):
+        return
+    print(
+        f"{run_dir} trained under other code ({code_text(trained)}) than this checkout's "
+        f"({code_text(now)}): its weights run under this checkout's code",
+        file=sys.stderr,
+    )
 
 
 def check_resumable(cfg, lead=True):
@@ -865,6 +896,8 @@ def load_run(run_dir):
         )
     if not os.path.isfile(path):
         raise UsageError(f"{run_dir} has no model.pt (the run has not finished)")
+    # before the model is built: a mode or a shape the edit made may be gone from today's code
+    say_other_code(run_dir)
     saved = load_checkpoint(path)
     try:
         cfg = config_from_dict(saved["config"])

@@ -230,20 +230,27 @@ def test_a_resume_under_other_code_or_torch_records_it_from_the_step_it_resumed_
     )
     record = json.loads((run / "config.json").read_text())
     assert record["code"] == clean()[0]
-    assert record["resumed"] == [{"step": 4, "code": edited()[0], "torch": torch.__version__}]
+    assert record["resumed"] == [
+        {"step": 4, "code": edited()[0], "torch": torch.__version__, "forward": "fast paths"}
+    ]
     assert (run / "code-resumed.diff").read_text() == "# the edits from step 4 on\n" + edited()[1]
     assert compare.load(str(run)).settings["code"] == (
         f"8341827; from step 4: 8341827 + model.py edited ({hashed})"
     )
     # the same code again: nothing more to record; another torch, though, is recorded
-    assert rundir.record_resumed(str(run), 8, *edited()) is None
+    assert rundir.record_resumed(str(run), 8, *edited(), "fast paths") is None
     monkeypatch.setattr(torch, "__version__", "9.9.9")
-    assert rundir.record_resumed(str(run), 8, *edited()) == (
+    assert rundir.record_resumed(str(run), 8, *edited(), "fast paths") == (
         f"resumed at step 8 under other torch {record['torch']}, now 9.9.9: config.json records "
         "both"
     )
     record = json.loads((run / "config.json").read_text())
-    assert record["resumed"][-1] == {"step": 8, "code": edited()[0], "torch": "9.9.9"}
+    assert record["resumed"][-1] == {
+        "step": 8,
+        "code": edited()[0],
+        "torch": "9.9.9",
+        "forward": "fast paths",
+    }
     assert compare.load(str(run)).settings["code"] == (
         f"8341827; from step 4: 8341827 + model.py edited ({hashed})"
     )
