@@ -91,8 +91,8 @@ class TrainConfig:
     warmup: int = field(
         default=None,
         metadata={
-            "help": "linear warmup steps before the cosine decay (default: the paper's "
-            f"{PAPER_WARMUP}, but at most a tenth of --steps)"
+            "help": "linear warmup steps before the cosine decay (default: the cpu variant's, "
+            f"or the paper's {PAPER_WARMUP} but at most a tenth of --steps)"
         },
     )
     clip: float = field(default=1.0, metadata={"help": "gradient-norm clipping threshold"})

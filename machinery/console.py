@@ -73,9 +73,25 @@ def first_line(
             f"{resuming}{steps}, about {took} on this {device.type.upper()} ({timed}, "
             f"{seconds:.2g} s{threads_said}{compiling})"
         )
+    line = what + when
     if hint:
-        return what + when + f"; {hint}"
-    return what + when
+        line += f"; {hint}"
+    note = warmup_note(cfg)
+    if note:
+        line += "\n" + note
+    return line
+
+
+def warmup_note(cfg):
+    """Where the warmup outlasts the run (a shortened --steps keeps the cpu variant's warmup): the
+    line that says its lr never reaches --lr; else None."""
+    if not 0 < cfg.steps <= cfg.warmup:
+        return None
+    peak = cfg.lr * (cfg.steps - 1) / cfg.warmup
+    return (
+        f"warmup: {cfg.warmup:,} steps of {cfg.steps:,}, so the lr climbs all run, to {peak:.2g} "
+        f"of {cfg.lr:g}; --warmup sets it"
+    )
 
 
 # Fewer steps than this make a rough pace: a process's first steps allocate, and a resumed run's
@@ -90,9 +106,10 @@ def forward_note(forward, slowdown=None) -> str:
         return "model.py: its fast paths train, equal to its written-out code on a probe batch"
     if forward == "written-out":
         return "model.py: its written-out code trains (the model has no fast paths)"
+    # which of the two an edit changed is not known here: either makes them disagree
     line = (
-        "model.py: your written-out code trains, as you edited it: the fast paths disagree with "
-        "it on a probe batch"
+        "model.py: its written-out code trains: the fast paths disagree with it on a probe batch, "
+        "as an edit to either makes them"
     )
     if slowdown:
         line += f"; about {slowdown:.1f}x slower than they were"

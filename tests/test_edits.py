@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from test_core import train_killed_after
 
+import analyze
 import compare
 import model
 import tasks
@@ -50,7 +51,9 @@ def test_an_edited_attention_pattern_is_what_trains_and_is_evaluated(tiny_run, m
     capsys.readouterr()
     edited_record, edited = tiny_run("edited")
     assert edited_record["forward"] == "edited"
-    assert "your written-out code trains, as you edited it" in capsys.readouterr().out
+    assert (
+        "model.py: its written-out code trains: the fast paths disagree" in capsys.readouterr().out
+    )
     # step 0 is evaluated before any step: the edit reached the evaluation
     assert edited[0]["test_loss"] != metrics[0]["test_loss"]
     # and the training losses after it
@@ -176,25 +179,29 @@ def test_a_run_records_its_commit_and_its_uncommitted_edits(tmp_path, monkeypatc
     assert code.code_text(record) == f"no git checkout (files {record['files']})"
 
 
+def clean_code():
+    """code_state of a checkout with nothing edited."""
+    return {"commit": "8341827", "edited": [], "edits": None}, ""
+
+
+def edited_code():
+    """code_state of the same checkout with model.py edited."""
+    diff = "--- a/model.py\n+++ b/model.py\n-old\n+new\n"
+    return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
+
+
 @pytest.mark.slow
 def test_a_run_keeps_its_edits_beside_its_config_and_compare_shows_them(
     tiny_run, tmp_path, monkeypatch
 ):
-    def clean():
-        return {"commit": "8341827", "edited": [], "edits": None}, ""
-
-    def edited():
-        diff = "--- a/model.py\n+++ b/model.py\n-old\n+new\n"
-        return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
-
-    monkeypatch.setattr("machinery.lifecycle.code_state", clean)
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean_code)
     record, _ = tiny_run("baseline")
     assert record["code"]["commit"] == "8341827"
     assert not os.path.exists(tmp_path / "baseline" / "code.diff")
-    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited_code)
     record, _ = tiny_run("ablation")
     diff = (tmp_path / "ablation" / "code.diff").read_text()
-    assert diff == edited()[1]
+    assert diff == edited_code()[1]
     text = compare.table(
         compare.seed_groups([compare.load(str(tmp_path / n)) for n in ("baseline", "ablation")])
     )
@@ -210,50 +217,119 @@ def test_a_resume_under_other_code_or_torch_records_it_from_the_step_it_resumed_
 ):
     # a run stopped, its code edited (or torch upgraded), and resumed recorded only the code it
     # began with: half of it trained by code no record named
-    def clean():
-        return {"commit": "8341827", "edited": [], "edits": None}, ""
-
-    def edited():
-        diff = "--- a/model.py\n+++ b/model.py\n-old\n+new\n"
-        return {"commit": "8341827", "edited": ["model.py"], "edits": code.short_hash(diff)}, diff
-
     run = tmp_path / "run"
-    monkeypatch.setattr("machinery.lifecycle.code_state", clean)
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean_code)
     train_killed_after(tiny(tmp_path), 6)  # its checkpoint: step 4's
-    monkeypatch.setattr("machinery.lifecycle.code_state", edited)
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited_code)
     capsys.readouterr()
     train.train(lifecycle.resumed_config(str(run)), resume=True)
-    hashed = edited()[0]["edits"]
+    hashed = edited_code()[0]["edits"]
     assert (
         f"resumed at step 4 under other code 8341827, now 8341827 + model.py edited ({hashed}): "
         "config.json records both" in capsys.readouterr().out
     )
     record = json.loads((run / "config.json").read_text())
-    assert record["code"] == clean()[0]
+    assert record["code"] == clean_code()[0]
     assert record["resumed"] == [
-        {"step": 4, "code": edited()[0], "torch": torch.__version__, "forward": "fast paths"}
+        {"step": 4, "code": edited_code()[0], "torch": torch.__version__, "forward": "fast paths"}
     ]
-    assert (run / "code-resumed.diff").read_text() == "# the edits from step 4 on\n" + edited()[1]
+    assert (
+        run / "code-resumed.diff"
+    ).read_text() == "# the edits from step 4 on\n" + edited_code()[1]
     assert compare.load(str(run)).settings["code"] == (
         f"8341827; from step 4: 8341827 + model.py edited ({hashed})"
     )
     # the same code again: nothing more to record; another torch, though, is recorded
-    assert rundir.record_resumed(str(run), 8, *edited(), "fast paths") is None
+    assert rundir.record_resumed(str(run), 8, *edited_code(), "fast paths") is None
     monkeypatch.setattr(torch, "__version__", "9.9.9")
-    assert rundir.record_resumed(str(run), 8, *edited(), "fast paths") == (
+    assert rundir.record_resumed(str(run), 8, *edited_code(), "fast paths") == (
         f"resumed at step 8 under other torch {record['torch']}, now 9.9.9: config.json records "
         "both"
     )
     record = json.loads((run / "config.json").read_text())
     assert record["resumed"][-1] == {
         "step": 8,
-        "code": edited()[0],
+        "code": edited_code()[0],
         "torch": "9.9.9",
         "forward": "fast paths",
     }
     assert compare.load(str(run)).settings["code"] == (
         f"8341827; from step 4: 8341827 + model.py edited ({hashed})"
     )
+
+
+def test_a_run_resumed_under_an_edit_the_fast_paths_lack_records_the_code_that_trains_on(
+    tiny, tmp_path, monkeypatch
+):
+    # config.json's "forward" names the code the run began with; after a resume under an edited
+    # attention, the written-out code trained, and the record said "fast paths" throughout
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean_code)
+    train_killed_after(tiny(tmp_path), 6)
+    monkeypatch.setattr(model.CausalSelfAttention, "pattern", uniform_pattern)
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited_code)
+    train.train(lifecycle.resumed_config(str(tmp_path / "run")), resume=True)
+    record = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert record["forward"] == "fast paths"
+    assert record["resumed"][-1]["forward"] == "edited"
+
+
+def test_a_run_read_back_under_other_code_than_it_trained_says_so(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # The tour undoes each edit (git checkout model.py) after its run; analyze.py and sample.py
+    # then rebuilt the run's model under the unedited code, saying nothing of it
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited_code)
+    train_killed_after(tiny(tmp_path, out=str(tmp_path / "stopped")), 6)
+    train.train(tiny(tmp_path, out=str(tmp_path / "finished")))
+    for run in ("stopped", "finished"):
+        monkeypatch.setattr("machinery.rundir.code_state", edited_code)
+        capsys.readouterr()
+        analyze.SavedRun(str(tmp_path / run))
+        assert "other code" not in capsys.readouterr().err
+        monkeypatch.setattr("machinery.rundir.code_state", clean_code)
+        analyze.SavedRun(str(tmp_path / run))
+        assert capsys.readouterr().err == (
+            f"{tmp_path / run} trained under other code (8341827 + model.py edited "
+            f"({edited_code()[0]['edits']})) than this checkout's (8341827): its weights run under "
+            "this checkout's code\n"
+        )
+
+
+def test_a_run_of_edited_code_says_so_where_the_fast_paths_share_the_edit(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # an edited MLP, init, task or loop trains on the fast paths, whose line was the only one
+    # about the code: the run's first lines never said it ran edited code
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited_code)
+    capsys.readouterr()
+    train.train(tiny(tmp_path, out=str(tmp_path / "edited")))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("model.py: its fast paths train")
+    assert lines[2] == (
+        f"code: 8341827 + model.py edited ({edited_code()[0]['edits']}), as config.json records "
+        "it, with the edits beside it"
+    )
+    monkeypatch.setattr("machinery.lifecycle.code_state", clean_code)
+    train.train(tiny(tmp_path, out=str(tmp_path / "clean_code")))
+    assert "code: " not in capsys.readouterr().out
+
+
+def test_a_run_of_a_mode_an_edit_added_says_why_it_no_longer_loads(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # a mode added to TRAINING_MODES, then the edit undone: reading the run back fails in one line
+    # about --train, a flag analyze.py has not; the line before it now says the code is other
+    monkeypatch.setattr("machinery.lifecycle.code_state", edited_code)
+    monkeypatch.setitem(model.TRAINING_MODES, "pos+unembed", {"wpe", "lm_head"})
+    train.train(tiny(tmp_path, mode="pos+unembed"))
+    monkeypatch.delitem(model.TRAINING_MODES, "pos+unembed")
+    monkeypatch.setattr("machinery.rundir.code_state", clean_code)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        analyze.main([str(tmp_path / "run")])
+    said = capsys.readouterr().err.splitlines()
+    assert said[0].startswith(f"{tmp_path / 'run'} trained under other code (8341827 + model.py")
+    assert said[1].startswith("analyze.py: error: --train 'pos+unembed' names no parameter")
 
 
 # ---------------------------------------------------------------------------

@@ -105,6 +105,21 @@ def test_a_resumed_run_says_where_it_resumes():
     assert "resuming" not in fresh and "6,000 steps of 64, about 25 min" in fresh
 
 
+def test_a_shortened_run_that_keeps_the_variants_warmup_says_its_lr_never_peaks(capsys):
+    # --scale cpu --steps 30 kept needle's variant warmup of 300: the lr reached a tenth of --lr,
+    # and nothing said so (the help promised at most a tenth of --steps, the paper's rule)
+    line = console.first_line(
+        canonical("--steps", "30"), {"trainable": 1, "frozen": 1}, torch.device("cpu"), 0.01, 30
+    )
+    assert "\nwarmup: 300 steps of 30, so the lr climbs all run, to 0.00029 of 0.003;" in line
+    assert "warmup" not in console.first_line(
+        canonical(), {"trainable": 1, "frozen": 1}, torch.device("cpu"), 0.25, 6000
+    )
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    assert "the cpu variant's, or the paper's 500" in " ".join(capsys.readouterr().out.split())
+
+
 @pytest.mark.slow
 def test_a_run_resumed_after_it_left_the_plateau_is_not_warned_of_it_again(
     tmp_path, monkeypatch, capsys, tiny
