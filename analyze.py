@@ -40,6 +40,7 @@ from machinery.files import (
 from machinery.plots import pyplot, save_figure
 from machinery.rundir import (
     check_checkpoint_settings,
+    check_frozen_blocks,
     hidden_sibling,
     load_run,
     load_trained_weights,
@@ -77,6 +78,7 @@ class SavedRun:
             # the checkpoint holds the weights that train; they load over the frozen blocks its
             # seed drew, so its settings (seed, sizes) must be config.json's
             check_checkpoint_settings(self.cfg, saved, checkpoint)
+            check_frozen_blocks(self.model, saved, checkpoint)
             try:
                 load_trained_weights(self.model.eval(), saved["model"])
             except (RuntimeError, KeyError) as e:

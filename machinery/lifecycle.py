@@ -29,6 +29,7 @@ from machinery.rundir import (
     StartPoint,
     computed_on,
     finish_swap,
+    frozen_fingerprint,
     log_eval,
     record_resumed,
     recorded_threads,
@@ -93,6 +94,7 @@ class Run:
         """Stage a new run's directory, or restore a stopped one's model, optimizer and RNGs from
         its checkpoint (start_or_resume); hold its lock. Returns where the loop starts."""
         self.forward = forward_path(model)
+        self.frozen = frozen_fingerprint(model)  # the blocks never change: hashed once a run
         code, diff = code_state()
         self.code = code
         self.code_edited = bool(code.get("edited"))
@@ -211,6 +213,7 @@ class Run:
             self.logged_elapsed,
             self.metrics,
             computed_on(self.device, self.cfg.compile, self.threads),
+            self.frozen,
         )
 
     def elapsed(self) -> float:
@@ -292,6 +295,7 @@ class Run:
             self.elapsed(),
             self.metrics,
             computed_on(self.device, self.cfg.compile, self.threads),
+            self.frozen,
             self.losses,
         )
         print(

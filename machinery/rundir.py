@@ -2,8 +2,9 @@
 
     runs/<name>/config.json     the settings, parameter counts, device and torch version
     runs/<name>/metrics.jsonl   one line per evaluation: step, training loss, lr, test metrics, time
-    runs/<name>/checkpoint.pt   model, optimizer and RNG states, and what they were computed on: a
-                                resumed run goes on bit for bit, or is refused in one line
+    runs/<name>/checkpoint.pt   the weights that train, optimizer and RNG states, what they were
+                                computed on and a hash of the frozen blocks: a resumed run goes on
+                                bit for bit, or is refused in one line
     runs/<name>/model.pt        the trained weights, then final.json, written last: the run finished
     runs/<name>/.lock           while a process writes the run: its pid, and a lock only it holds
 
@@ -22,6 +23,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -279,6 +281,7 @@ def restore(cfg, start: StartPoint, model, optimizer, generator, lead):
         return
     checkpoint = load_checkpoint(checkpoint_path, CHECKPOINT_KEYS)
     check_checkpoint(cfg, checkpoint, checkpoint_path)
+    check_frozen_blocks(model, checkpoint, checkpoint_path)
     try:
         load_trained_weights(model, checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -417,6 +420,36 @@ def check_checkpoint_settings(cfg, checkpoint: dict, checkpoint_path):
                 f"config.json says {value!r}; a run resumes and is analysed with its "
                 "checkpoint's settings: put them back in config.json"
             )
+
+
+def frozen_fingerprint(model) -> str:
+    """A hash of model's tensors that do not train (its frozen blocks): a checkpoint keeps only the
+    weights that train, and the frozen ones are drawn again from the seed by today's code, so the
+    checkpoint keeps this too (check_frozen_blocks)."""
+    trains = {name for name, p in model.named_parameters() if p.requires_grad}
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        if name in trains:
+            continue
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()[:16]
+
+
+def check_frozen_blocks(model, checkpoint: dict, checkpoint_path):
+    """UsageError unless model's frozen tensors, drawn from the seed, are those checkpoint's run
+    trained beside: an edit to init_weights (or a torch that draws otherwise) since it stopped draws
+    other blocks, and its trained weights would go on beside blocks they never saw. A checkpoint
+    saved before checkpoints kept the hash is not checked."""
+    saved = checkpoint.get("frozen")
+    if saved is None or saved == frozen_fingerprint(model):
+        return
+    raise UsageError(
+        f"{checkpoint_path}'s frozen blocks are not the ones this code draws from its seed "
+        "(an edit to model.py's init or shapes since it stopped, or another torch?): its trained "
+        "weights would go on beside other blocks; put back the code config.json names, or train "
+        "it again with --overwrite"
+    )
 
 
 def load_trained_weights(model, weights: dict):
@@ -748,11 +781,14 @@ def run_state(run_dir) -> str:
     return "fresh"
 
 
-def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, on, losses=()):
+def save_checkpoint(
+    cfg, step, model, optimizer, generator, elapsed, metrics, on, frozen, losses=()
+):
     """checkpoint.pt: everything a resumed run needs to go on exactly as if never stopped: the
     last test metrics (for a run killed after its last checkpoint), the training losses since the
     last evaluation (for a checkpoint between evaluations, at Ctrl-C), and what the run computed on
-    (on: computed_on's), which a resume must match."""
+    (on: computed_on's) and its frozen blocks' hash (frozen: frozen_fingerprint's, taken once a
+    run), which a resume must match."""
     rng = {"torch": torch.get_rng_state(), "data": generator.get_state()}
     if generator.device.type == "cuda":  # never touch CUDA on a CPU run, even where a GPU exists
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -772,6 +808,7 @@ def save_checkpoint(cfg, step, model, optimizer, generator, elapsed, metrics, on
             "losses": list(losses),
             "config": asdict(cfg),
             "computed_on": on,
+            "frozen": frozen,
         },
     )
 

@@ -11,8 +11,10 @@ import torch
 from test_core import train_killed_after
 
 import analyze
+import model
 import train
 from machinery import lifecycle, rundir
+from machinery.errors import UsageError
 
 # the failure matrix: kills, signals, damaged and edited records, bad input; CI runs it, the quick
 # subset (-m "not slow") does not
@@ -205,6 +207,36 @@ def test_a_checkpoint_from_before_it_recorded_what_it_computed_on_still_resumes_
     torch.save(checkpoint, run / "checkpoint.pt")
     assert train.train(lifecycle.resumed_config(str(run)), resume=True) == whole
     assert_same_weights(weights(run), weights(tmp_path / "whole"))
+
+
+def test_a_checkpoint_whose_frozen_blocks_the_code_now_draws_otherwise_is_refused(
+    tmp_path, capsys, monkeypatch, tiny
+):
+    # a checkpoint keeps only the weights that train; resumed after an edit to init_weights, the
+    # run redrew other frozen blocks from its seed and trained on beside them, saying only that
+    # its code had changed
+    train_killed_after(tiny(tmp_path), 4)
+    run = tmp_path / "run"
+    drawn = model.GPT.init_weights
+
+    @torch.no_grad()
+    def wider_init(self):
+        drawn(self)
+        for block in self.h:
+            block.mlp.c_fc.weight.mul_(2.0)
+
+    monkeypatch.setattr(model.GPT, "init_weights", wider_init)
+    line = resume_refused(run, capsys)
+    assert line.endswith(
+        "checkpoint.pt's frozen blocks are not the ones this code draws from its seed (an edit to "
+        "model.py's init or shapes since it stopped, or another torch?): its trained weights "
+        "would go on beside other blocks; put back the code config.json names, or train it again "
+        "with --overwrite"
+    )
+    with pytest.raises(UsageError, match="frozen blocks are not the ones"):
+        analyze.SavedRun(str(run))
+    monkeypatch.setattr(model.GPT, "init_weights", drawn)
+    analyze.SavedRun(str(run))  # the code put back: read back as it trained
 
 
 # ---------------------------------------------------------------------------
