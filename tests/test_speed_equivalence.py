@@ -12,10 +12,12 @@ from functools import partial
 import pytest
 import torch
 from test_core import train_killed_after
+from test_edits import uniform_pattern
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import batched_seeds
 import bench
+import model
 import tasks
 import train
 from machinery import config, console, devices, lifecycle
@@ -349,6 +351,17 @@ def test_bench_scale_cpu_times_the_step_reproduce_trains(capsys):
     )
     row = capsys.readouterr().out.splitlines()[2]
     assert "| needle frozen w16 L2 b64 |" in row  # the variant's batch of 64, not bench's 256
+    assert row.startswith("| ours |")
+
+
+def test_bench_names_the_written_out_code_where_an_edit_made_it_the_step_timed(monkeypatch):
+    # an edited attention trains the written-out code, slower; bench.py's table said only "ours"
+    monkeypatch.setattr(model.CausalSelfAttention, "pattern", uniform_pattern)
+    cfg = config.TrainConfig(
+        task="needle", mode="frozen", width=16, heads=2, device="cpu", out="unused"
+    )
+    cfg, task, built, _ = config.build_seeded(cfg)
+    assert bench.ours(cfg, task, built, torch.device("cpu"))[0] == "ours, written-out code"
 
 
 @pytest.mark.slow
