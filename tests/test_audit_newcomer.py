@@ -1,0 +1,36 @@
+"""A newcomer's slips, each answered in one line that points the right way, and none of them
+damaging a run: a folder of their own given as --out, compare.py's --plot aimed at a run's file or
+at a folder, bench.py's authors pipeline asked for another model, reproduce.py's --seeds
+mistyped."""
+
+import os
+
+import pytest
+
+import train
+
+
+def one_line_error(capsys) -> str:
+    """The one line a refused command printed on stderr."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_out_at_a_folder_of_the_users_own_is_refused_without_offering_overwrite_or_resume(
+    tmp_path, capsys
+):
+    # neither --overwrite nor --resume takes a folder that holds no run, so the line must not
+    # send the user to them
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine\n")
+    with pytest.raises(SystemExit) as exit:
+        train.main(
+            ["--task", "parens", "--width", "16", "--heads", "2", "--steps", "0"]
+            + ["--device", "cpu", "--out", str(notes)]
+        )
+    err = one_line_error(capsys)
+    assert exit.value.code == 2
+    assert "is not a run directory (holds notes.txt" in err and "--resume" not in err, err
+    assert os.listdir(notes) == ["notes.txt"]
