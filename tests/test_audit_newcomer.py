@@ -4,9 +4,11 @@ at a folder, bench.py's authors pipeline asked for another model, reproduce.py's
 mistyped."""
 
 import os
+import shutil
 
 import pytest
 
+import compare
 import train
 
 
@@ -34,3 +36,35 @@ def test_out_at_a_folder_of_the_users_own_is_refused_without_offering_overwrite_
     assert exit.value.code == 2
     assert "is not a run directory (holds notes.txt" in err and "--resume" not in err, err
     assert os.listdir(notes) == ["notes.txt"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny):
+    """A finished TINY run (conftest), for compare.py to read."""
+    cfg = tiny(tmp_path_factory.mktemp("finished"))
+    train.train(cfg)
+    return cfg.out
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.pt", "final.json"])
+def test_compare_plot_aimed_at_a_runs_file_is_refused_and_the_file_kept(
+    finished, name, tmp_path, capsys
+):
+    run = shutil.copytree(finished, tmp_path / "run")
+    target = os.path.join(run, name)
+    with open(target, "rb") as f:
+        before = f.read()
+    with pytest.raises(SystemExit) as exit:
+        compare.main([str(run), "--plot", target])
+    err = one_line_error(capsys)
+    assert exit.value.code == 2 and "ends in .png" in err, err
+    with open(target, "rb") as f:
+        assert f.read() == before
+
+
+def test_compare_plot_at_a_folder_names_the_folder_not_a_temporary_file(finished, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        compare.main([finished, "--plot", str(tmp_path)])
+    err = one_line_error(capsys)
+    assert exit.value.code == 2 and f"--plot {tmp_path} is a directory" in err, err
+    assert os.listdir(tmp_path) == []
