@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+import bench
 import compare
 import train
 
@@ -68,3 +69,18 @@ def test_compare_plot_at_a_folder_names_the_folder_not_a_temporary_file(finished
     err = one_line_error(capsys)
     assert exit.value.code == 2 and f"--plot {tmp_path} is a directory" in err, err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("model", [["--arch", "lstm"], ["--positional", "sinusoidal"]])
+def test_bench_authors_pipeline_refuses_a_model_it_does_not_time(model, capsys):
+    # the stand-in is GPT-2 with learned positions: a row labelled with the LSTM's settings would
+    # time something else
+    with pytest.raises(SystemExit) as exit:
+        bench.main(
+            ["--task", "needle", "--width", "16", "--heads", "2", "--batch-size", "4"]
+            + ["--device", "cpu", "--pipeline", "authors", "--steps-timed", "1", "--repeats", "1"]
+            + ["--warmup-steps", "0", "--peak-tflops", "1"]
+            + model
+        )
+    err = one_line_error(capsys)
+    assert exit.value.code == 2 and "--pipeline authors times the authors' GPT-2" in err, err
