@@ -10,6 +10,7 @@ import pytest
 
 import bench
 import compare
+import reproduce
 import train
 
 
@@ -84,3 +85,20 @@ def test_bench_authors_pipeline_refuses_a_model_it_does_not_time(model, capsys):
         )
     err = one_line_error(capsys)
     assert exit.value.code == 2 and "--pipeline authors times the authors' GPT-2" in err, err
+
+
+def test_reproduce_refuses_a_mistyped_seed_count_before_listing_its_runs(
+    tmp_path, monkeypatch, capsys
+):
+    # without the bound, listing 100,000 seeds of a table's runs takes minutes before any line
+    def listed(*args, **kwargs):
+        raise AssertionError("reproduce.py went on to list the runs")
+
+    monkeypatch.setattr(reproduce, "table_runs", listed)
+    with pytest.raises(SystemExit) as exit:
+        reproduce.main(
+            ["table9", "--seeds", "100000", "--print-commands"]
+            + ["--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+        )
+    err = one_line_error(capsys)
+    assert exit.value.code == 2 and "--seeds must be between 1 and 10,000" in err, err
