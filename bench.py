@@ -122,6 +122,11 @@ def authors(cfg, task, model, device):
         raise UsageError("--pipeline authors is implemented for needle only")
     if cfg.mode not in ("frozen", "full"):
         raise UsageError("--pipeline authors times the frozen and full modes")
+    # the stand-in is GPT-2 with learned positions; timing it under another model's name misleads
+    if cfg.arch != "gpt" or cfg.positional != "learned":
+        raise UsageError(
+            "--pipeline authors times the authors' GPT-2: --arch gpt with learned positions"
+        )
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:

@@ -335,8 +335,8 @@ def main(argv=None):
     )
     parser.add_argument(
         "--plot",
-        help="where to write the figure (default: runs/compare-<run>-vs-<run>.png, named after the "
-        "runs compared, or that name here without runs/)",
+        help="where to write the figure, a .png (default: runs/compare-<run>-vs-<run>.png, named "
+        "after the runs compared, or that name here without runs/)",
     )
     parser.add_argument("--title", help="the figure's title (default: none)")
     parser.add_argument(
@@ -348,6 +348,15 @@ def main(argv=None):
     with usage_errors("compare.py"):
         if args.plot and not os.path.isdir(os.path.dirname(args.plot) or "."):
             raise UsageError(f"--plot {args.plot}: no directory {os.path.dirname(args.plot)}")
+        if args.plot and os.path.isdir(args.plot):
+            raise UsageError(
+                f"--plot {args.plot} is a directory; name the picture, e.g. "
+                f"{os.path.join(args.plot, 'compare.png')}"
+            )
+        # the figure is a PNG: another name (a run's config.json, model.pt) is a slip, and the
+        # picture would replace that file
+        if args.plot and not args.plot.lower().endswith(".png"):
+            raise UsageError(f"--plot {args.plot}: the figure is a PNG, so its name ends in .png")
         # a run once, however its path is spelled: the first spelling of each
         paths = []
         seen = set()

@@ -28,7 +28,7 @@ import torch
 import analyze
 import train
 from machinery import paper
-from machinery.cli import shell_command
+from machinery.cli import MAX_SEEDS, shell_command
 from machinery.config import CPU_WIDTH, SCALES, TrainConfig, cpu_variant, saved_config
 from machinery.corpus import validation_path
 from machinery.errors import OneLineParser, UsageError, usage_errors
@@ -1028,6 +1028,9 @@ def check_args(args):
     """UsageError for flags that would fail only after hours of training."""
     if args.seeds < 1 or args.jobs < 1:
         raise UsageError("--seeds and --jobs must be >= 1")
+    # train.py's bound: more is a typo, whose runs would take minutes merely to list
+    if args.seeds > MAX_SEEDS:
+        raise UsageError(f"--seeds must be between 1 and {MAX_SEEDS:,}")
     if args.table == "claims":
         if args.plan or args.print_commands or args.redraw:
             raise UsageError(

@@ -747,6 +747,16 @@ def check_run_dir(out, overwrite, lead):
         finish_swap(out)
     if not os.path.exists(out) or not os.listdir(out):
         return
+    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
+    # no run at all: neither --overwrite nor --resume would take it
+    if not os.path.exists(os.path.join(out, "config.json")):
+        what = "has no config.json"
+        if foreign:
+            what = f"holds {foreign[0]}, which no run writes"
+        raise UsageError(
+            f"{out} is not a run directory ({what}); --out another directory (--overwrite "
+            "replaces only runs)"
+        )
     finished = os.path.exists(os.path.join(out, "final.json"))
     if not overwrite and finished:  # a finished run cannot be resumed
         raise UsageError(
@@ -758,15 +768,10 @@ def check_run_dir(out, overwrite, lead):
             f"run directory {out} exists; pass --overwrite to replace it or "
             f"{shell_command('--resume', out)} to continue it"
         )
-    foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
     if foreign:
         raise UsageError(
             f"{out} is not a run directory (holds {foreign[0]}, which no run writes); "
             "--overwrite replaces only runs"
-        )
-    if not os.path.exists(os.path.join(out, "config.json")):
-        raise UsageError(
-            f"{out} is not a run directory (has no config.json); --overwrite replaces only runs"
         )
 
 
