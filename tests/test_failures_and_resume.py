@@ -307,6 +307,35 @@ BAD_INPUTS = [
         "--lr must be a number > 0",
     ),
     ("compare.py", ["NEW"], "not a run directory"),
+    # A newcomer's slips: a folder of their own as --out (neither --overwrite nor --resume takes
+    # it), compare.py's picture aimed at a run's file (the PNG replaced it) or at a folder,
+    # bench.py's stand-in asked to time another model, a seed count a few digits too long.
+    (
+        "train.py",
+        ["--out", "NOTES"],
+        "NOTES is not a run directory (holds notes.txt, which no run writes); --out another "
+        "directory (--overwrite replaces only runs)",
+    ),
+    ("compare.py", ["RUN", "--plot", "RUN/config.json"], "the figure is a PNG, so its name ends"),
+    ("compare.py", ["RUN", "--plot", "RUN/model.pt"], "the figure is a PNG, so its name ends"),
+    ("compare.py", ["RUN", "--plot", "NOTES"], "NOTES is a directory; name the picture, e.g."),
+    (
+        "bench.py",
+        ["--task", "needle", "--width", "16", "--heads", "2", "--pipeline", "authors"]
+        + ["--arch", "lstm"],
+        "--pipeline authors times the authors' GPT-2: --arch gpt with learned positions",
+    ),
+    (
+        "bench.py",
+        ["--task", "needle", "--width", "16", "--heads", "2", "--pipeline", "authors"]
+        + ["--positional", "sinusoidal"],
+        "--pipeline authors times the authors' GPT-2",
+    ),
+    (
+        "reproduce.py",
+        ["table9", "--seeds", "100000", "--print-commands"],
+        "--seeds must be between 1 and 10,000",
+    ),
     # Data loss: a folder of the user's own named like a swap's hidden siblings is neither deleted
     # nor moved.
     ("train.py", ["--out", "OLDBESIDE", "--overwrite"], ".OLDBESIDE.old is in the way"),
