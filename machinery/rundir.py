@@ -765,8 +765,8 @@ def check_run_dir(out, overwrite, lead):
         )
     if not overwrite:
         raise UsageError(
-            f"run directory {out} exists; pass --overwrite to replace it or "
-            f"{shell_command('--resume', out)} to continue it"
+            f"run directory {out} exists; pass --overwrite to replace it, or continue it with "
+            f"{shell_command('python', 'train.py', '--resume', out)}"
         )
     if foreign:
         raise UsageError(

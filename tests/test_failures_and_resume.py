@@ -111,7 +111,14 @@ BAD_INPUTS = [
     ("train.py", ["--seeds", "0"], "--seeds must be between 1"),
     ("train.py", ["--out", "FILE"], "is a file"),
     ("train.py", ["--out", "RUN"], "holds a finished run; pass --overwrite to replace it"),
-    ("train.py", ["--out", "STOPPED"], "pass --overwrite to replace it or --resume"),
+    ("train.py", ["--out", "STOPPED"], "pass --overwrite to replace it, or continue it with"),
+    # a stopped seed goes on under train.py, whose --resume takes one run; batched_seeds.py's
+    # has none
+    (
+        "batched_seeds.py",
+        ["--seeds", "2", "--out", "STOPPEDSEED"],
+        "continue it with python train.py --resume",
+    ),
     ("train.py", ["--out", "RUN", "--overwrite", "--lr", "nan"], "--lr must be a number > 0"),
     ("train.py", ["--out", "RUN", "--overwrite", "--width", "30", "--heads", "4"], "not divisible"),
     ("train.py", ["--out", "NOTES", "--overwrite"], "not a run directory"),
@@ -602,6 +609,7 @@ def world(tmp_path_factory, tiny):
             shutil.copytree(root / f"SEEDS-s{s}", root / f"{name}-s{s}")
         final = root / f"{name}-s{seed}" / "final.json"
         final.write_text(text or json.dumps({**json.loads(final.read_text()), "accuracy": "high"}))
+    shutil.copytree(root / "STOPPED", root / "STOPPEDSEED-s0")
     shutil.copytree(root / "SEEDS-s0", root / "LOCKLINKSEEDS-s0")
     (root / "LOCKLINKSEEDS-s0" / ".lock").symlink_to(root / "FILE")
     hidden_folders(root)
