@@ -244,21 +244,24 @@ def json_type_name(kind) -> str:
 
 def read_metrics(run_dir, name="metrics.jsonl"):
     """The records of run_dir/metrics.jsonl (or another log of per-step records, e.g. analyze.py
-    --watch's unseen.jsonl; [] if it has none yet). A last line cut short by a kill is dropped
-    (resuming rewrites it); any other line that is not JSON is a UsageError."""
+    --watch's unseen.jsonl; [] if it has none yet). A last line cut short by a kill, before its
+    newline, is dropped (resuming rewrites it); any other line that is not JSON is a UsageError."""
     path = os.path.join(run_dir, name)
     if not os.path.exists(path):
         return []
     with open(path, "rb") as f:
-        lines = f.read().splitlines()
+        text = f.read()
+    lines = text.splitlines()
     records = []
     for i, line in enumerate(lines):
         where = f"{path} line {i + 1}"
         try:
             record = parse_json(line, where, expect=None)
         except UsageError as e:
-            # the last append, cut short
-            if i == len(lines) - 1 and str(e).startswith(f"{where} is not JSON"):
+            # the last append, cut short: a whole line ends in its newline, so one that does is
+            # damaged, not cut
+            cut = i == len(lines) - 1 and not text.endswith(b"\n")
+            if cut and str(e).startswith(f"{where} is not JSON"):
                 break
             raise
         if not (isinstance(record, dict) and type(record.get("step")) is int):

@@ -166,6 +166,8 @@ BAD_INPUTS = [
     ("analyze.py", ["NEW"], "not a run directory"),
     ("analyze.py", ["RUN", "NEW"], "not a run directory"),
     ("analyze.py", ["CUTLOG"], "metrics.jsonl line 3 is not JSON"),
+    ("analyze.py", ["DAMAGEDLOG"], "metrics.jsonl line 3 is not JSON"),
+    ("compare.py", ["DAMAGEDLOG"], "metrics.jsonl line 3 is not JSON"),
     ("analyze.py", ["BADANALYSIS", "--only", "curves"], "analysis.json is not JSON"),
     ("analyze.py", ["RUN", "--only", "embedding"], "does not apply to this model's parens run"),
     ("analyze.py", ["NOFINAL"], "has model.pt but no final.json"),
@@ -527,6 +529,10 @@ def world(tmp_path_factory, tiny):
     with open(root / "CUTLOG" / "metrics.jsonl", "a") as f:
         # a line that is not JSON, not the last (a cut last line is dropped)
         f.write('{"step": 12, "lo\n{"step": 13}\n')
+    shutil.copytree(root / "RUN", root / "DAMAGEDLOG")
+    with open(root / "DAMAGEDLOG" / "metrics.jsonl", "a") as f:
+        # a whole last line, newline and all, that is not JSON: damage, which no kill leaves
+        f.write('{"step": 12, "lo\n')
     shutil.copytree(root / "RUN", root / "BADANALYSIS")
     (root / "BADANALYSIS" / "analysis.json").write_text("{")
     for name, text in (("EMPTY", b""), ("BINARY", b"\xff\xfe\x00 not text")):
