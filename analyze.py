@@ -1191,8 +1191,8 @@ WATCH_POLL_S, WATCH_IDLE_S = 15, 300
 
 
 def watch(run_dir):
-    """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl until the
-    run has final.json. A run still staged beside it (before its first step) is waited for;
+    """--watch: append each checkpoint's parens_lengths accuracies to run_dir/unseen.jsonl, and a
+    line of them to the console, until the run has final.json. A run still staged beside it (before its first step) is waited for;
     anything else without a config.json is refused at once. A run whose lock no process holds ends
     the watch with one line, once its checkpoints are scored: at the first look, or, for a run that
     stopped while watched, once nothing has changed for WATCH_IDLE_S."""
@@ -1225,7 +1225,9 @@ def watch(run_dir):
                 step = saved.get("step", cfg.steps)
                 if step not in scored:
                     scored.add(step)
-                    # checkpoint.pt: the seed drew the frozen blocks
+                    # checkpoint.pt: the seed drew the frozen blocks, as the run's code drew them
+                    if name == "checkpoint.pt":
+                        check_frozen_blocks(model, saved, path)
                     model.load_state_dict(saved["model"], strict=False)
                     result = parens_lengths(SimpleNamespace(task=task, model=model.eval()))
                     record = {
@@ -1237,7 +1239,14 @@ def watch(run_dir):
                     }
                     with open(os.path.join(run_dir, "unseen.jsonl"), "a") as f:
                         f.write(json.dumps(record) + "\n")
+                    print(
+                        f"step {step:,}: {100 * record['unseen']:.1f}% of the "
+                        f"{record['n_unseen']:,} test strings training never shows, "
+                        f"{100 * record['seen']:.1f}% of the others",
+                        flush=True,
+                    )
             if finished:
+                print(f"{run_dir} has finished; unseen.jsonl holds every step scored")
                 return
         # when each log (the run's, the staged one's) last changed
         now = []

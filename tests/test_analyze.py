@@ -496,11 +496,18 @@ def test_nan_in_the_metrics_is_reported_as_nan(runs, tmp_path):
 
 @pytest.mark.slow
 def test_watch_scores_a_parens_run_on_the_strings_training_never_shows_and_compare_draws_it(
-    runs, tmp_path
+    runs, tmp_path, capsys
 ):
     run = copied(runs, "parens", tmp_path)
+    capsys.readouterr()
     analyze.main(["--watch", str(run)])  # finished already: scores model.pt once and ends
     (record,) = [json.loads(line) for line in (run / "unseen.jsonl").read_text().splitlines()]
+    # it scored in silence, and ended so too
+    assert capsys.readouterr().out == (
+        f"step 3: {100 * record['unseen']:.1f}% of the {record['n_unseen']:,} test strings "
+        f"training never shows, {100 * record['seen']:.1f}% of the others\n"
+        f"{run} has finished; unseen.jsonl holds every step scored\n"
+    )
     lengths = analyze.parens_lengths(analyze.SavedRun(str(run)))
     assert (
         record["step"] == 3
