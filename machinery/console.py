@@ -150,6 +150,9 @@ def result_line(cfg, metrics) -> str:
     scale = {"cpu": "cpu variant", "paper": "the paper's protocol"}.get(
         cfg.scale, "its own settings"
     )
+    if cfg.data:
+        # a corpus of one's own sets the steps (epochs over it) as the shipped corpus does
+        scale += f", on {cfg.data}"
     apart = settings_apart(cfg)
     if apart:
         # a --layers 1 run says so, beside the paper's 2-layer number or not
@@ -177,7 +180,7 @@ def settings_apart(cfg) -> str:
     protocol, at its width (the result line names the scale and the width): "layers 1 not 2, test
     size 50 not 1,000", or "" (also for a run of its own settings). Settings that change no number,
     the seed and how often it evaluates, are left out."""
-    model = TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch)
+    model = TrainConfig(task=cfg.task, mode=cfg.mode, arch=cfg.arch, data=cfg.data)
     if cfg.scale == "cpu":
         reference = replace(cpu_variant(model), width=cfg.width)
     elif cfg.scale == "paper":

@@ -15,7 +15,7 @@ import torch
 import analyze
 import sample
 import train
-from machinery import config
+from machinery import cli, config, console
 from machinery.config import TrainConfig
 from machinery.corpus import write_story_corpus
 from model import GPT, LSTM, GPTConfig, apply_training_mode
@@ -285,3 +285,11 @@ def test_lstm_defaults_to_the_papers_learning_rate():
     cfg = TrainConfig(task="modadd", arch="lstm", width=16)
     cfg, _ = config.resolve(cfg)
     assert cfg.lr == 5e-3 and cfg.out.endswith("modadd-lstm-full-w16-s0")
+
+
+def test_an_lm_result_line_on_a_corpus_of_ones_own_names_it_not_the_steps_it_implies(corpus):
+    # it said "data /path not None, steps 13 not 231": the variant's steps are the shipped
+    # corpus's epochs, and a corpus of one's own is not a setting left unset
+    cfg, _ = cli.parse_args(["--task", "lm", "--frozen", "--scale", "cpu", "--data", corpus])
+    line = console.result_line(config.resolve(cfg)[0], {"loss": 2.5})
+    assert line.startswith(f"lm, random 128 (cpu variant, on {corpus}): test loss 2.5000")
