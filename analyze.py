@@ -1195,8 +1195,8 @@ def watch(run_dir):
     line of them to the console, until the run has final.json. A run still staged beside it
     (before its first step) is waited for; anything else without a config.json is refused at once.
     A run whose lock no process holds ends the watch with one line, once its checkpoints are
-    scored: at the first look, or, for a run that
-    stopped while watched, once nothing has changed for WATCH_IDLE_S."""
+    scored: at the first look, or, for a run that stopped while watched, once nothing has changed
+    for WATCH_IDLE_S."""
     staged, model, files, changed = hidden_sibling(run_dir, "new"), None, None, time.time()
     first_look = True
     while True:
