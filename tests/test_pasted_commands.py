@@ -70,15 +70,15 @@ def test_the_interrupted_runs_resume_line_resumes_it(tmp_path, odd):
         assert json.load(f)["step"] == 8
 
 
-def test_the_existing_run_refusal_names_a_resume_flag_that_pastes(tmp_path, odd, tiny):
+def test_the_existing_run_refusal_names_a_resume_command_that_pastes(tmp_path, odd, tiny):
     cfg = tiny(odd)
     os.makedirs(cfg.out)
-    with open(os.path.join(cfg.out, "metrics.jsonl"), "w"):
+    with open(os.path.join(cfg.out, "config.json"), "w"):
         pass  # a run's file: the directory is taken
     with pytest.raises(UsageError) as refused:
         train.train(cfg)
-    flags = str(refused.value).split(" or ")[1].split(" to continue")[0]
-    assert words_of(f"python train.py {flags}", tmp_path) == [["train.py", "--resume", cfg.out]]
+    command = str(refused.value).split("continue it with ")[1]
+    assert words_of(command, tmp_path) == [["train.py", "--resume", cfg.out]]
 
 
 def test_analyzes_finish_it_line_pastes(tmp_path, odd, tiny, capsys):
