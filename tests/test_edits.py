@@ -258,6 +258,7 @@ def test_a_resume_under_other_code_or_torch_records_it_from_the_step_it_resumed_
     )
 
 
+@pytest.mark.slow
 def test_a_run_resumed_under_an_edit_the_fast_paths_lack_records_the_code_that_trains_on(
     tiny, tmp_path, monkeypatch
 ):
@@ -273,6 +274,7 @@ def test_a_run_resumed_under_an_edit_the_fast_paths_lack_records_the_code_that_t
     assert record["resumed"][-1]["forward"] == "edited"
 
 
+@pytest.mark.slow
 def test_a_run_read_back_under_other_code_than_it_trained_says_so(
     tiny, tmp_path, monkeypatch, capsys
 ):
@@ -295,6 +297,7 @@ def test_a_run_read_back_under_other_code_than_it_trained_says_so(
         )
 
 
+@pytest.mark.slow
 def test_a_run_of_edited_code_says_so_where_the_fast_paths_share_the_edit(
     tiny, tmp_path, monkeypatch, capsys
 ):
@@ -314,6 +317,7 @@ def test_a_run_of_edited_code_says_so_where_the_fast_paths_share_the_edit(
     assert "code: " not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_run_of_a_mode_an_edit_added_says_why_it_no_longer_loads(
     tiny, tmp_path, monkeypatch, capsys
 ):

@@ -621,6 +621,7 @@ def test_the_committed_tables_and_documents_are_what_the_committed_records_draw(
             )
 
 
+@pytest.mark.slow
 def test_a_first_drawing_from_records_names_the_machines_they_trained_on(tmp_path, monkeypatch):
     # it named the machine that drew it: "CPU (x86_64, 2 cores)" over a table of GPU runs
     monkeypatch.chdir(tmp_path)
