@@ -85,11 +85,12 @@ def first_line(
 def warmup_note(cfg):
     """Where the warmup outlasts the run (a shortened --steps keeps the cpu variant's warmup): the
     line that says its lr never reaches --lr; else None."""
-    if not 0 < cfg.steps <= cfg.warmup:
+    if not 0 < cfg.steps < cfg.warmup:
         return None
-    peak = cfg.lr * (cfg.steps - 1) / cfg.warmup
+    # the last step taken is steps - 1
+    peak = (cfg.steps - 1) / cfg.warmup
     return (
-        f"warmup: {cfg.warmup:,} steps of {cfg.steps:,}, so the lr climbs all run, to {peak:.2g} "
+        f"warmup: {cfg.warmup:,} steps of {cfg.steps:,}, so the lr climbs all run, to {peak:.1%} "
         f"of {cfg.lr:g}; --warmup sets it"
     )
 
