@@ -5,6 +5,7 @@ with usage_errors("train.py"): ...   # a UsageError inside: `train.py: error: ..
 """
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -51,6 +52,10 @@ def usage_errors(prog: str, interrupted: str = ""):
         sys.exit(3)
     except UsageError as e:
         message = e
+    except BrokenPipeError:
+        # the command reading stdout ended (`| head`): a line more would raise again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        message = "the command reading its output ended (a closed pipe, e.g. | head), so it stopped"
     # the file system refused: read-only, no permission, no space, a path through a file
     except OSError as e:
         if e.filename:

@@ -1514,6 +1514,28 @@ def test_the_step_timer_takes_the_largest_seed_and_output_the_locale_cannot_enco
     )
 
 
+@pytest.mark.slow
+def test_a_run_piped_into_head_ends_in_one_line_when_head_does(tmp_path):
+    # it ended "train.py: error: [Errno 32] Broken pipe"
+    train_py = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "train.py")]
+        + TRAIN_BASE
+        + ["--steps", "400", "--eval-every", "1", "--out", str(tmp_path / "run")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    train_py.stdout.readline()
+    train_py.stdout.close()  # as `| head -1` does once it has its line
+    err = train_py.stderr.read()
+    assert train_py.wait(timeout=120) == 2
+    assert err == (
+        "train.py: error: the command reading its output ended (a closed pipe, e.g. | head), so it "
+        "stopped\n"
+    ), err
+
+
 # ---------------------------------------------------------------------------
 # One writer per run; an old run survives a failed --overwrite; divergence; paths
 # ---------------------------------------------------------------------------
