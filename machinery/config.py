@@ -314,13 +314,13 @@ def run_name(given: TrainConfig, width: int) -> str:
     -lr0.001-digits3), then -s<seed>. Two runs that differ in any setting get different names; the
     scale is the one of the two that leaves fewer settings to list."""
     paper = TrainConfig(task=given.task, mode=given.mode, arch=given.arch)
-    changed_from_paper = settings_differing(given, paper)
-    changed_from_cpu = settings_differing(given, cpu_variant(paper))
-    # the paper's scale where both leave as many settings to list
-    if len(changed_from_cpu) < len(changed_from_paper):
-        scale, changed = "-cpu", changed_from_cpu
-    else:
-        scale, changed = "", changed_from_paper
+    scale, changed = "", settings_differing(given, paper)
+    # a task added to tasks.py has no cpu variant until CPU_VARIANTS gives it one
+    if given.task in CPU_VARIANTS:
+        changed_from_cpu = settings_differing(given, cpu_variant(paper))
+        # the paper's scale where both leave as many settings to list
+        if len(changed_from_cpu) < len(changed):
+            scale, changed = "-cpu", changed_from_cpu
     settings = ""
     for name, value in changed.items():
         if type(value) is float:
@@ -552,8 +552,13 @@ CPU_BLOCKS_LR_MIN_WIDTH = 128
 def cpu_variant(cfg: TrainConfig) -> TrainConfig:
     """cfg on its task's laptop variant: CPU_VARIANTS' settings, a narrower width kept. Its lr is
     default_lr's, once the settings are filled in (resolve)."""
+    if cfg.task not in TASKS:
+        raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(TASKS)}")
     if cfg.task not in CPU_VARIANTS:
-        raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
+        raise UsageError(
+            f"{cfg.task} has no cpu variant: give it one in CPU_VARIANTS (machinery/config.py), "
+            "or train it with --scale paper"
+        )
     settings = dict(CPU_VARIANTS[cfg.task])
     settings.pop("lr", None)
     if cfg.width is not None:

@@ -212,8 +212,9 @@ def setting_text(value) -> str:
 
 def slow_run_hint(cfg, seconds):
     """For a CPU run of over an hour that is not its task's laptop variant: the command that runs
-    the variant; else None."""
-    if seconds <= 3600:
+    the variant, where the task has one; else None."""
+    # a task added to tasks.py has no variant until CPU_VARIANTS gives it one
+    if seconds <= 3600 or cfg.task not in CPU_VARIANTS:
         return None
     is_variant = True
     for name, value in CPU_VARIANTS[cfg.task].items():

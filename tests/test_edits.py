@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import textwrap
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ import compare
 import model
 import tasks
 import train
-from machinery import code, lifecycle, rundir
+from machinery import code, console, lifecycle, rundir
+from machinery.config import TrainConfig
 
 
 @pytest.fixture
@@ -418,3 +420,59 @@ def test_edit_3_blocks_that_add_nothing_compute_nothing(
     monkeypatch.setattr(model.GPT, "init_weights", edited(model.GPT.init_weights, *NO_BLOCKS))
     no_blocks = accuracy(tiny, tmp_path, "no-blocks")
     assert no_blocks < 0.1 < unedited_needle - 0.5
+
+
+# ---------------------------------------------------------------------------
+# Additions: a task, a training mode, a positional embedding added to the code
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Copy(tasks.StreamTask):
+    """Copy four digits after a separator: 4 7 1 5 | 4 7 1 5 -> x = [4, 7, 1, 5, 10, 4, 7, 1],
+    answers [4, 7, 1, 5] at positions 4..7. A task of a student's own: no cpu variant, no paper
+    number."""
+
+    name = "copy"
+    vocab_size = 11
+    n_positions = 8
+    seq_len = 8
+    distinct_inputs = 10_000
+
+    def generate(self, n, generator):
+        device = generator.device
+        digits = torch.randint(10, (n, 4), generator=generator, device=device)
+        separator = torch.full((n, 1), 10, device=device)
+        x = torch.cat([digits, separator, digits[:, :3]], 1)
+        return tasks.Batch(x, torch.arange(4, 8, device=device).expand(n, -1), digits)
+
+
+COPY_RUN = ["--task", "copy", "--frozen", "--width", "16", "--heads", "2", "--steps", "2"]
+COPY_RUN += ["--batch-size", "8", "--test-size", "50", "--device", "cpu"]
+
+
+@pytest.mark.slow
+def test_a_task_added_to_tasks_py_trains_into_a_run_of_its_own_name(tmp_path, monkeypatch, capsys):
+    # A run's name and its result line were each measured against the task's cpu variant, which a
+    # new task has not: both ended in "unknown task 'copy'", the second after the run had finished.
+    monkeypatch.setitem(tasks.TASKS, "copy", Copy)
+    monkeypatch.chdir(tmp_path)
+    train.main(COPY_RUN + ["--scale", "paper"])
+    name = "copy-frozen-w16-heads2-steps2-batch-size8-test-size50-s0"
+    assert os.path.exists(tmp_path / "runs" / name / "final.json")
+    result = capsys.readouterr().out.splitlines()[-1]
+    assert result.startswith("copy, random 16 (the paper's protocol with heads 2 not 4")
+    assert result.endswith("; the paper has no comparable number")
+
+
+def test_a_task_without_a_cpu_variant_is_refused_at_the_cpu_scale_in_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(tasks.TASKS, "copy", Copy)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(COPY_RUN + ["--scale", "cpu"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: copy has no cpu variant: give it one in CPU_VARIANTS "
+        "(machinery/config.py), or train it with --scale paper\n"
+    )
+    # nor does an hour-long run at the paper's scale point at one
+    assert console.slow_run_hint(TrainConfig(task="copy", mode="frozen"), 2 * 3600) is None
