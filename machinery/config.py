@@ -263,6 +263,14 @@ def is_setting_value(value, kind, nullable: bool) -> bool:
 
 def build_task(cfg: TrainConfig):
     """The task cfg names, at cfg's sizes (an lm task reads, or first writes, its corpus)."""
+    if cfg.task in TASKS:
+        for size in fields(TASKS[cfg.task]):
+            # a size no setting names would keep its default: no flag sets it, no record shows it
+            if not hasattr(cfg, size.name):
+                raise UsageError(
+                    f"{cfg.task}'s size {size.name} (tasks.py) is no setting: add it to "
+                    "TrainConfig (machinery/config.py) beside the other tasks' sizes"
+                )
     try:
         return make_task(cfg.task, **asdict(cfg))
     except (ValueError, OSError) as e:

@@ -476,3 +476,21 @@ def test_a_task_without_a_cpu_variant_is_refused_at_the_cpu_scale_in_one_line(mo
     )
     # nor does an hour-long run at the paper's scale point at one
     assert console.slow_run_hint(TrainConfig(task="copy", mode="frozen"), 2 * 3600) is None
+
+
+@dataclass
+class SizedCopy(Copy):
+    length: int = 4  # digits to copy, a size a student gave the task
+
+
+def test_a_task_size_that_is_no_setting_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    # It kept its default whatever the command line said, and no config.json recorded it.
+    monkeypatch.setitem(tasks.TASKS, "copy", SizedCopy)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(COPY_RUN + ["--scale", "paper", "--out", str(tmp_path / "run")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: copy's size length (tasks.py) is no setting: add it to TrainConfig "
+        "(machinery/config.py) beside the other tasks' sizes\n"
+    )
+    assert not os.path.exists(tmp_path / "run")
