@@ -494,3 +494,28 @@ def test_a_task_size_that_is_no_setting_is_refused_in_one_line(tmp_path, monkeyp
         "(machinery/config.py) beside the other tasks' sizes\n"
     )
     assert not os.path.exists(tmp_path / "run")
+
+
+TINY_NEEDLE = ["--task", "needle", "--width", "16", "--heads", "2", "--steps", "2"]
+
+
+@pytest.mark.parametrize(
+    "groups, settings, said",
+    [
+        # a group mistyped: wpe trained alone, lm_head left frozen, and nothing said
+        ({"wpe", "lm_hed"}, [], "training mode 'new' (TRAINING_MODES) trains 'lm_hed', which is "),
+        # the positions a buffer: nothing to train, and the first backward failed inside torch
+        ({"wpe"}, ["--positional", "sinusoidal"], "--train 'new' trains wpe, of which this model "),
+        ({"wpe"}, ["--arch", "lstm"], "--train 'new' trains wpe, of which this model has no "),
+    ],
+)
+def test_a_training_mode_added_that_trains_other_than_it_says_is_refused_in_one_line(
+    groups, settings, said, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(model.TRAINING_MODES, "new", groups)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(TINY_NEEDLE + ["--train", "new", "--out", str(tmp_path / "run")] + settings)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"train.py: error: {said}")
+    assert os.listdir(tmp_path) == []
