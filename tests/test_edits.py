@@ -423,7 +423,7 @@ def test_edit_3_blocks_that_add_nothing_compute_nothing(
 
 
 # ---------------------------------------------------------------------------
-# Additions: a task, a training mode, a positional embedding added to the code
+# Additions, as the tour's "Add a task, a metric, a training mode or a setting" says
 # ---------------------------------------------------------------------------
 
 
