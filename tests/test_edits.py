@@ -451,7 +451,6 @@ COPY_RUN = ["--task", "copy", "--frozen", "--width", "16", "--heads", "2", "--st
 COPY_RUN += ["--batch-size", "8", "--test-size", "50", "--device", "cpu"]
 
 
-@pytest.mark.slow
 def test_a_task_added_to_tasks_py_trains_into_a_run_of_its_own_name(tmp_path, monkeypatch, capsys):
     # A run's name and its result line were each measured against the task's cpu variant, which a
     # new task has not: both ended in "unknown task 'copy'", the second after the run had finished.
