@@ -8,9 +8,10 @@ from machinery.code import code_text
 from machinery.config import (
     CPU_VARIANTS,
     TrainConfig,
+    build_task,
     cpu_variant,
-    resolve,
     settings_differing,
+    with_paper_defaults,
 )
 from machinery.devices import THREADS, threads_chosen
 from machinery.paper import test_number
@@ -187,7 +188,9 @@ def settings_apart(cfg) -> str:
         reference = replace(model, width=cfg.width, scale="paper")
     else:
         return ""
-    reference = resolve(reference)[0]
+    # filled in, not checked: a task's own defaults may be no run's (a test set of every input),
+    # and this run has finished
+    reference = with_paper_defaults(reference, build_task(reference))
     differing = settings_differing(cfg, reference)
     differing.pop("eval_every", None)
     if cfg.positional != reference.positional:  # not among the settings a run's name lists

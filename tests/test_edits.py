@@ -464,6 +464,23 @@ def test_a_task_added_to_tasks_py_trains_into_a_run_of_its_own_name(tmp_path, mo
     assert result.endswith("; the paper has no comparable number")
 
 
+@dataclass
+class SmallCopy(Copy):
+    distinct_inputs = 1000  # fewer than the 4,000 test examples a stream task draws by default
+
+
+def test_a_task_whose_own_defaults_are_no_run_still_ends_its_runs_with_their_result(
+    tmp_path, monkeypatch, capsys
+):
+    # The result line checks the settings it names the run's departures from as a run's own: this
+    # run finished, saved its model, then exited 2 saying --test-size 4,000 leaves no training data.
+    monkeypatch.setitem(tasks.TASKS, "copy", SmallCopy)
+    train.main(COPY_RUN + ["--scale", "paper", "--out", str(tmp_path / "run")])
+    result = capsys.readouterr().out.splitlines()[-1]
+    assert "test size 50 not 4,000" in result
+    assert result.endswith("; the paper has no comparable number")
+
+
 def test_a_task_without_a_cpu_variant_is_refused_at_the_cpu_scale_in_one_line(monkeypatch, capsys):
     monkeypatch.setitem(tasks.TASKS, "copy", Copy)
     with pytest.raises(SystemExit) as stopped:
