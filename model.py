@@ -402,12 +402,26 @@ def mask_patterns(mode: str) -> list:
 
 def trained_parameters(names, mode: str) -> set:
     """Which of a model's parameter names the mode (a named mode or a mask) trains; ValueError
-    for a mask with a pattern that names none of them."""
-    if mode in TRAINING_MODES:
-        return {name for name in names if parameter_group(name) in TRAINING_MODES[mode]}
-    patterns = mask_patterns(mode)
-    # What a mistyped mask could have said: each parameter's module, e.g. "h.1.mlp.c_fc".
+    for a mask with a pattern that names none of them, or a mode that trains none of them."""
+    # What a mistyped mask or mode could have named: each parameter's module, e.g. "h.1.mlp.c_fc".
     modules = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
+    if mode in TRAINING_MODES:
+        for group in sorted(TRAINING_MODES[mode]):
+            # a mistyped group would leave its parameters frozen, and say nothing
+            if group not in GROUPS.values():
+                raise ValueError(
+                    f"training mode {mode!r} (TRAINING_MODES) trains {group!r}, which is no group "
+                    f"of parameters; choose from {', '.join(dict.fromkeys(GROUPS.values()))}"
+                )
+        trained = {name for name in names if parameter_group(name) in TRAINING_MODES[mode]}
+        # nothing to train: the first step's backward would fail deep inside torch
+        if not trained:
+            raise ValueError(
+                f"--train {mode!r} trains {', '.join(sorted(TRAINING_MODES[mode]))}, of which this "
+                f"model has no parameter; it has {modules}"
+            )
+        return trained
+    patterns = mask_patterns(mode)
     if not patterns:
         raise ValueError(
             f"--train {mode!r} names no parameter; choose a mode ({', '.join(TRAINING_MODES)}) "

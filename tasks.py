@@ -6,7 +6,8 @@
     test = task.test_set()
 
 Serves sections 4-6 and appendix D.1 of the paper: the four algorithmic tasks, memorization, circuit
-imitation and language modeling; token ids follow docs/protocol.md §4 exactly.
+imitation and language modeling; token ids follow docs/protocol.md §4 exactly. To add a task of your
+own, see docs/tour.md, "Add a task, a metric, a training mode or a setting".
 """
 
 import math

@@ -263,6 +263,14 @@ def is_setting_value(value, kind, nullable: bool) -> bool:
 
 def build_task(cfg: TrainConfig):
     """The task cfg names, at cfg's sizes (an lm task reads, or first writes, its corpus)."""
+    if cfg.task in TASKS:
+        for size in fields(TASKS[cfg.task]):
+            # a size no setting names would keep its default: no flag sets it, no record shows it
+            if not hasattr(cfg, size.name):
+                raise UsageError(
+                    f"{cfg.task}'s size {size.name} (tasks.py) is no setting: add it to "
+                    "TrainConfig (machinery/config.py) beside the other tasks' sizes"
+                )
     try:
         return make_task(cfg.task, **asdict(cfg))
     except (ValueError, OSError) as e:
@@ -314,13 +322,13 @@ def run_name(given: TrainConfig, width: int) -> str:
     -lr0.001-digits3), then -s<seed>. Two runs that differ in any setting get different names; the
     scale is the one of the two that leaves fewer settings to list."""
     paper = TrainConfig(task=given.task, mode=given.mode, arch=given.arch)
-    changed_from_paper = settings_differing(given, paper)
-    changed_from_cpu = settings_differing(given, cpu_variant(paper))
-    # the paper's scale where both leave as many settings to list
-    if len(changed_from_cpu) < len(changed_from_paper):
-        scale, changed = "-cpu", changed_from_cpu
-    else:
-        scale, changed = "", changed_from_paper
+    scale, changed = "", settings_differing(given, paper)
+    # a task added to tasks.py has no cpu variant until CPU_VARIANTS gives it one
+    if given.task in CPU_VARIANTS:
+        changed_from_cpu = settings_differing(given, cpu_variant(paper))
+        # the paper's scale where both leave as many settings to list
+        if len(changed_from_cpu) < len(changed):
+            scale, changed = "-cpu", changed_from_cpu
     settings = ""
     for name, value in changed.items():
         if type(value) is float:
@@ -552,8 +560,13 @@ CPU_BLOCKS_LR_MIN_WIDTH = 128
 def cpu_variant(cfg: TrainConfig) -> TrainConfig:
     """cfg on its task's laptop variant: CPU_VARIANTS' settings, a narrower width kept. Its lr is
     default_lr's, once the settings are filled in (resolve)."""
+    if cfg.task not in TASKS:
+        raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(TASKS)}")
     if cfg.task not in CPU_VARIANTS:
-        raise UsageError(f"unknown task {cfg.task!r}; choose from {', '.join(CPU_VARIANTS)}")
+        raise UsageError(
+            f"{cfg.task} has no cpu variant: give it one in CPU_VARIANTS (machinery/config.py), "
+            "or train it with --scale paper"
+        )
     settings = dict(CPU_VARIANTS[cfg.task])
     settings.pop("lr", None)
     if cfg.width is not None:

@@ -8,9 +8,10 @@ from machinery.code import code_text
 from machinery.config import (
     CPU_VARIANTS,
     TrainConfig,
+    build_task,
     cpu_variant,
-    resolve,
     settings_differing,
+    with_paper_defaults,
 )
 from machinery.devices import THREADS, threads_chosen
 from machinery.paper import test_number
@@ -188,7 +189,9 @@ def settings_apart(cfg) -> str:
         reference = replace(model, width=cfg.width, scale="paper")
     else:
         return ""
-    reference = resolve(reference)[0]
+    # filled in, not checked: a task's own defaults may be no run's (a test set of every input),
+    # and this run has finished
+    reference = with_paper_defaults(reference, build_task(reference))
     differing = settings_differing(cfg, reference)
     differing.pop("eval_every", None)
     if cfg.positional != reference.positional:  # not among the settings a run's name lists
@@ -213,8 +216,9 @@ def setting_text(value) -> str:
 
 def slow_run_hint(cfg, seconds):
     """For a CPU run of over an hour that is not its task's laptop variant: the command that runs
-    the variant; else None."""
-    if seconds <= 3600:
+    the variant, where the task has one; else None."""
+    # a task added to tasks.py has no variant until CPU_VARIANTS gives it one
+    if seconds <= 3600 or cfg.task not in CPU_VARIANTS:
         return None
     is_variant = True
     for name, value in CPU_VARIANTS[cfg.task].items():

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import textwrap
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ import compare
 import model
 import tasks
 import train
-from machinery import code, lifecycle, rundir
+from machinery import code, console, lifecycle, rundir
+from machinery.config import TrainConfig
 
 
 @pytest.fixture
@@ -418,3 +420,140 @@ def test_edit_3_blocks_that_add_nothing_compute_nothing(
     monkeypatch.setattr(model.GPT, "init_weights", edited(model.GPT.init_weights, *NO_BLOCKS))
     no_blocks = accuracy(tiny, tmp_path, "no-blocks")
     assert no_blocks < 0.1 < unedited_needle - 0.5
+
+
+# ---------------------------------------------------------------------------
+# Additions, as the tour's "Add a task, a metric, a training mode or a setting" says
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Copy(tasks.StreamTask):
+    """Copy four digits after a separator: 4 7 1 5 | 4 7 1 5 -> x = [4, 7, 1, 5, 10, 4, 7, 1],
+    answers [4, 7, 1, 5] at positions 4..7. A task of a student's own: no cpu variant, no paper
+    number."""
+
+    name = "copy"
+    vocab_size = 11
+    n_positions = 8
+    seq_len = 8
+    distinct_inputs = 10_000
+
+    def generate(self, n, generator):
+        device = generator.device
+        digits = torch.randint(10, (n, 4), generator=generator, device=device)
+        separator = torch.full((n, 1), 10, device=device)
+        x = torch.cat([digits, separator, digits[:, :3]], 1)
+        return tasks.Batch(x, torch.arange(4, 8, device=device).expand(n, -1), digits)
+
+
+COPY_RUN = ["--task", "copy", "--frozen", "--width", "16", "--heads", "2", "--steps", "2"]
+COPY_RUN += ["--batch-size", "8", "--test-size", "50", "--device", "cpu"]
+
+
+def test_a_task_added_to_tasks_py_trains_into_a_run_of_its_own_name(tmp_path, monkeypatch, capsys):
+    # A run's name and its result line were each measured against the task's cpu variant, which a
+    # new task has not: both ended in "unknown task 'copy'", the second after the run had finished.
+    monkeypatch.setitem(tasks.TASKS, "copy", Copy)
+    monkeypatch.chdir(tmp_path)
+    train.main(COPY_RUN + ["--scale", "paper"])
+    name = "copy-frozen-w16-heads2-steps2-batch-size8-test-size50-s0"
+    assert os.path.exists(tmp_path / "runs" / name / "final.json")
+    result = capsys.readouterr().out.splitlines()[-1]
+    assert result.startswith("copy, random 16 (the paper's protocol with heads 2 not 4")
+    assert result.endswith("; the paper has no comparable number")
+
+
+@dataclass
+class SmallCopy(Copy):
+    distinct_inputs = 1000  # fewer than the 4,000 test examples a stream task draws by default
+
+
+def test_a_task_whose_own_defaults_are_no_run_still_ends_its_runs_with_their_result(
+    tmp_path, monkeypatch, capsys
+):
+    # The result line checks the settings it names the run's departures from as a run's own: this
+    # run finished, saved its model, then exited 2 saying --test-size 4,000 leaves no training data.
+    monkeypatch.setitem(tasks.TASKS, "copy", SmallCopy)
+    train.main(COPY_RUN + ["--scale", "paper", "--out", str(tmp_path / "run")])
+    result = capsys.readouterr().out.splitlines()[-1]
+    assert "test size 50 not 4,000" in result
+    assert result.endswith("; the paper has no comparable number")
+
+
+def test_a_task_without_a_cpu_variant_is_refused_at_the_cpu_scale_in_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(tasks.TASKS, "copy", Copy)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(COPY_RUN + ["--scale", "cpu"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: copy has no cpu variant: give it one in CPU_VARIANTS "
+        "(machinery/config.py), or train it with --scale paper\n"
+    )
+    # nor does an hour-long run at the paper's scale point at one
+    assert console.slow_run_hint(TrainConfig(task="copy", mode="frozen"), 2 * 3600) is None
+
+
+@dataclass
+class SizedCopy(Copy):
+    length: int = 4  # digits to copy, a size a student gave the task
+
+
+def test_a_task_size_that_is_no_setting_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    # It kept its default whatever the command line said, and no config.json recorded it.
+    monkeypatch.setitem(tasks.TASKS, "copy", SizedCopy)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(COPY_RUN + ["--scale", "paper", "--out", str(tmp_path / "run")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: copy's size length (tasks.py) is no setting: add it to TrainConfig "
+        "(machinery/config.py) beside the other tasks' sizes\n"
+    )
+    assert not os.path.exists(tmp_path / "run")
+
+
+TINY_NEEDLE = ["--task", "needle", "--width", "16", "--heads", "2", "--steps", "2"]
+
+
+@pytest.mark.parametrize(
+    "groups, settings, said",
+    [
+        # a group mistyped: wpe trained alone, lm_head left frozen, and nothing said
+        ({"wpe", "lm_hed"}, [], "training mode 'new' (TRAINING_MODES) trains 'lm_hed', which is "),
+        # the positions a buffer: nothing to train, and the first backward failed inside torch
+        ({"wpe"}, ["--positional", "sinusoidal"], "--train 'new' trains wpe, of which this model "),
+        ({"wpe"}, ["--arch", "lstm"], "--train 'new' trains wpe, of which this model has no "),
+    ],
+)
+def test_a_training_mode_added_that_trains_other_than_it_says_is_refused_in_one_line(
+    groups, settings, said, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(model.TRAINING_MODES, "new", groups)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(TINY_NEEDLE + ["--train", "new", "--out", str(tmp_path / "run")] + settings)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"train.py: error: {said}")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_metric_added_that_scores_no_test_example_is_refused_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    # accuracy per number of pairs, k up to the paper's 30 on a test set of at most 4: the mean of
+    # no values is NaN, and the run said it had diverged and that a lower --lr may help
+    def accuracy_per_pairs(self, logits, batch):
+        scores = tasks.Task.metrics(self, logits, batch)
+        correct = (logits.argmax(-1) == batch.y)[:, 0].float()
+        for k in range(1, tasks.Needle.MARKERS + 1):
+            scores[f"accuracy_k{k}"] = correct[batch.pos[:, 0] == 2 * k]
+        return scores
+
+    monkeypatch.setattr(tasks.Needle, "metrics", accuracy_per_pairs)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(TINY_NEEDLE + ["--frozen", "--max-pairs", "4", "--out", str(tmp_path / "run")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: needle's metric accuracy_k5 scores no test example (the task's metrics "
+        "in tasks.py): it has no mean\n"
+    )
