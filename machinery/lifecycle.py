@@ -23,7 +23,7 @@ from machinery.console import (
     result_line,
 )
 from machinery.devices import choose_threads, compiles, deterministic_kernels, step_seconds
-from machinery.errors import Diverged, FinishedBeforeStop
+from machinery.errors import Diverged, FinishedBeforeStop, UsageError
 from machinery.plateau import plateau_note
 from machinery.rundir import (
     StartPoint,
@@ -221,12 +221,19 @@ class Run:
 
     @staticmethod
     def check_finite(step, loss, metrics, stops="the run stops at its last checkpoint"):
-        """Diverged if a loss or metric is NaN or infinite: nothing more to learn, and JSON cannot
-        hold it. stops: what becomes of the run."""
+        """Diverged if a loss is NaN or infinite: nothing more to learn, and JSON cannot hold it;
+        a UsageError if only a metric is. stops: what becomes of the run."""
         bad = {}
         for name, value in [("training loss", loss), *metrics.items()]:
             if value is not None and not math.isfinite(value):
                 bad[name] = value
+        if bad and "training loss" not in bad and "loss" not in bad:
+            # the model's outputs are finite: the metric is what failed, a mean over no values
+            name = next(iter(bad))
+            raise UsageError(
+                f"test {name} is {bad[name]} while the losses are finite at step {step}: a metric "
+                "that scores no test example (a task's metrics in tasks.py) has no mean"
+            )
         if bad:
             raise Diverged(
                 f"training diverged by step {step} "

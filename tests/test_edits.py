@@ -535,3 +535,25 @@ def test_a_training_mode_added_that_trains_other_than_it_says_is_refused_in_one_
     assert stopped.value.code == 2 and err.count("\n") == 1
     assert err.startswith(f"train.py: error: {said}")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_metric_added_that_scores_no_test_example_is_refused_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    # accuracy per number of pairs, k up to the paper's 30 on a test set of at most 4: the mean of
+    # no values is NaN, and the run said it had diverged and that a lower --lr may help
+    def accuracy_per_pairs(self, logits, batch):
+        scores = tasks.Task.metrics(self, logits, batch)
+        correct = (logits.argmax(-1) == batch.y)[:, 0].float()
+        for k in range(1, tasks.Needle.MARKERS + 1):
+            scores[f"accuracy_k{k}"] = correct[batch.pos[:, 0] == 2 * k]
+        return scores
+
+    monkeypatch.setattr(tasks.Needle, "metrics", accuracy_per_pairs)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(TINY_NEEDLE + ["--frozen", "--max-pairs", "4", "--out", str(tmp_path / "run")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: test accuracy_k5 is nan while the losses are finite at step 2: a metric "
+        "that scores no test example (a task's metrics in tasks.py) has no mean\n"
+    )
