@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from machinery.cli import parse_args, seed_configs
 from machinery.code import code_state
-from machinery.config import build_seeded
+from machinery.config import build_seeded, check_task_rows
 from machinery.console import edited_code_line, first_line, forward_note
 from machinery.devices import (
     Ranks,
@@ -84,6 +84,7 @@ def train_batched(cfg) -> list:
     # {name: (N, ...)}; frozen tensors stay without grad; Module.to moves each model in place
     params, _ = torch.func.stack_module_state([model.to(device) for model in models])
     base = models[0]  # the architecture; functional_call runs it with one seed's tensors
+    check_task_rows(task)  # as train.py checks
     # every seed's batch at once, refused before the first is drawn if it cannot fit
     row = task.test_set()[:1]
     check_step_fits(row, cfg.batch_size, cfg.width, task.vocab_size, device, len(seeds))

@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 
 from machinery.cli import parse_args, seed_configs
-from machinery.config import resolve
+from machinery.config import check_task_rows, resolve
 from machinery.devices import (
     Ranks,
     check_step_fits,
@@ -69,6 +69,7 @@ def train(cfg, resume: bool = False) -> dict:
     except ValueError as e:  # a shape or a --train mask that the model refuses, in one line
         raise UsageError(str(e)) from None
     model.to(device)
+    check_task_rows(task)  # an added task's slips in one line, not deep inside the embedding
     # a batch too big for this machine is refused before the first is drawn (choose_forward's)
     row = task.test_set()[:1]
     check_step_fits(row, cfg.batch_size, cfg.width, task.vocab_size, device, 1 / ranks.world)

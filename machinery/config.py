@@ -261,6 +261,25 @@ def is_setting_value(value, kind, nullable: bool) -> bool:
 # ---------------------------------------------------------------------------
 
 
+def check_task_rows(task):
+    """UsageError where a task's test rows do not fit the model tasks.py sizes for it: a token past
+    its vocab_size, an answer position outside its row (check_config holds the rows to
+    n_positions). Said here in one line, where an added task's first slips would fail deep inside
+    the embedding."""
+    test = task.test_set()
+    tokens = torch.cat([test.x.flatten(), test.y[test.y >= 0]])
+    length = test.x.size(1)
+    problem = None
+    if int(tokens.min()) < 0 or int(tokens.max()) >= task.vocab_size:
+        problem = f"tokens {int(tokens.min())}..{int(tokens.max())}, vocab_size {task.vocab_size}"
+    elif int(test.pos.min()) < 0 or int(test.pos.max()) >= length:
+        problem = f"answers at {int(test.pos.min())}..{int(test.pos.max())} of rows {length} long"
+    if problem is not None:
+        raise UsageError(
+            f"{task.name}'s test rows do not fit the model tasks.py sizes for it: {problem}"
+        )
+
+
 def build_task(cfg: TrainConfig):
     """The task cfg names, at cfg's sizes (an lm task reads, or first writes, its corpus)."""
     if cfg.task in TASKS:

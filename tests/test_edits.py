@@ -557,3 +557,16 @@ def test_a_metric_added_that_scores_no_test_example_is_refused_in_one_line(
         "train.py: error: test accuracy_k5 is nan while the losses are finite at step 2: a metric "
         "that scores no test example (a task's metrics in tasks.py) has no mean\n"
     )
+
+
+def test_a_task_whose_tokens_do_not_fit_its_vocabulary_is_refused_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    # an added task's first slip, a token id past its vocabulary, failed deep inside the embedding
+    monkeypatch.setattr(tasks.Needle, "vocab_size", 150)  # its queries run to 187
+    with pytest.raises(SystemExit) as stopped:
+        train.main(TINY_NEEDLE + ["--max-pairs", "4", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("train.py: error: needle's test rows do not fit the model tasks.py sizes")
+    assert err.endswith(", vocab_size 150\n")
