@@ -276,7 +276,8 @@ def plot(groups, path, figure_title=None, labels=None):
         if key == "test_accuracy" and "test_exact_match" in logged:
             title += " (addition: per token; dashed: whole sums exact)"
         if key == "test_accuracy" and "test_kl" in logged:
-            y_label += " (imitate: the student's top token is the target's)"
+            # a title line of its own: at the end of the y label it ran off the top of the figure
+            title += "\n(imitate: the student's top token is the target's)"
         ax.set(title=title, xlabel="step", ylabel=y_label, yscale=scale)
 
         ax.title.set_fontsize(9)

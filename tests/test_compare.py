@@ -255,6 +255,21 @@ def test_a_row_keeps_its_legend_colour_in_a_panel_where_an_earlier_row_has_no_cu
     assert to_rgba(needle_loss.get_color()) == legend["needle-s0"] != legend["imitate-s0"]
 
 
+def test_every_title_and_axis_label_of_the_figure_lies_inside_it(
+    imitate_then_needle, monkeypatch, tmp_path
+):
+    # imitate's note at the end of the accuracy panel's y label ran off the top of the figure
+    fig = drawn_figure(monkeypatch, imitate_then_needle, tmp_path / "c.png")
+    fig.canvas.draw()
+    texts = []
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+    for text in texts:
+        extent = text.get_window_extent()
+        assert fig.bbox.x0 <= extent.x0 and extent.x1 <= fig.bbox.x1, text.get_text()
+        assert fig.bbox.y0 <= extent.y0 and extent.y1 <= fig.bbox.y1, text.get_text()
+
+
 def test_a_run_given_in_several_spellings_is_one_row(
     root, tmp_path, capsys, table_only, monkeypatch
 ):
