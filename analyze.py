@@ -912,9 +912,13 @@ def parens_lengths_markdown(result):
 # ---------------------------------------------------------------------------
 
 
-# Both are the task's loss (cross-entropy; imitate: KL to the target) at answer positions only; the
-# training loss is its mean over the steps since the previous evaluation.
-CURVE_LABELS = {"loss": "training loss (answer tokens)", "test_loss": "test loss (answer tokens)"}
+# Each is the task's loss (cross-entropy; imitate: KL to the target, which its log names test_kl) at
+# answer positions only; the training loss is its mean over the steps since the previous evaluation.
+CURVE_LABELS = {
+    "loss": "training loss (answer tokens)",
+    "test_loss": "test loss (answer tokens)",
+    "test_kl": "test loss: KL to the target (answer tokens)",
+}
 
 
 def training_curves(run: SavedRun) -> dict:
@@ -924,10 +928,12 @@ def training_curves(run: SavedRun) -> dict:
         return {"skipped": "metrics.jsonl is missing or empty"}
     plt = pyplot()
     fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    # both losses on the left, every other test metric the log has on the right
-    curves = [("loss", loss_ax), ("test_loss", loss_ax)]
+    # the losses on the left, every other test metric the log has on the right
+    curves = []
+    for key in CURVE_LABELS:
+        curves.append((key, loss_ax))
     for key in log[-1]:
-        if key.startswith("test_") and key != "test_loss":
+        if key.startswith("test_") and key not in CURVE_LABELS:
             curves.append((key, metric_ax))
     for key, ax in curves:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]

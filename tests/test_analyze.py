@@ -322,6 +322,32 @@ def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
     assert "nats per answer token" in loss_ax.get_ylabel()
 
 
+def test_imitations_test_kl_is_drawn_as_its_test_loss_beside_its_training_loss(
+    tmp_path, monkeypatch
+):
+    # imitate logs its test loss, the KL to the target its training loss is, as test_kl: it was
+    # drawn on the right, on the axis of the accuracy, and the loss panel had no test curve
+    records = []
+    for step, kl in ((1, 0.9), (2, 0.7)):
+        records.append(
+            {"step": step, "loss": kl + 0.1, "lr": 1e-3, "test_kl": kl, "test_accuracy": 0.4}
+        )
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn = {}
+
+    def keep(plt, fig, path):
+        drawn["curves"] = fig
+
+    monkeypatch.setattr(analyze, "save_figure", keep)
+    analyze.training_curves(SimpleNamespace(path=str(tmp_path), label="imitate Random w16"))
+    loss_ax, metric_ax = drawn["curves"].axes
+    assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == [
+        "training loss (answer tokens)",
+        "test loss: KL to the target (answer tokens)",
+    ]
+    assert [t.get_text() for t in metric_ax.get_legend().get_texts()] == ["test accuracy"]
+
+
 @pytest.mark.slow
 def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
     analyzed(runs / "parens")
