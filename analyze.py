@@ -48,7 +48,7 @@ from machinery.rundir import (
     say_other_code,
 )
 from machinery.tables import markdown_table, measured, run_label
-from model import GPT, model_name, rows_at
+from model import GPT, rows_at
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -104,9 +104,10 @@ class SavedRun:
         else:
             self.step = self.final.get("step", self.cfg.steps)
         # the paper's model (Random, Normal) this run stands for: none for a 0-step or a stopped
-        # run, whose numbers are never set beside the paper's trained ones
-        if self.cfg.steps and stopped_at is None:
-            self.paper_model = model_name(self.cfg.mode)
+        # run, whose numbers are never set beside the paper's trained ones, nor for another model
+        # (the LSTM, linearized attention, another training mode), as train.py's last line has it
+        if self.cfg.steps and stopped_at is None and self.cfg.arch == "gpt":
+            self.paper_model = paper.PAPER_MODELS.get(self.cfg.mode)
         else:
             self.paper_model = None
         for weights in self.model.state_dict().values():
@@ -772,7 +773,7 @@ def memorization(run: SavedRun) -> dict:
             run.task.VALUES,
             run.counts["trainable"],
         ),
-        "trained": run.paper_model is not None,
+        "paper_model": run.paper_model,
     }
 
 
@@ -785,7 +786,7 @@ def memorization_markdown(result):
         + (
             f" Paper Table 3: Random {paper.TABLE3['Random', 'bits_per_parameter']}, "
             f"Normal {paper.TABLE3['Normal', 'bits_per_parameter']}."
-            if result.get("trained", True)
+            if result.get("paper_model")
             else ""
         )
     )
@@ -1001,7 +1002,7 @@ def clock_pizza(run) -> dict:
     return {
         "gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
         "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
-        "trained": run.paper_model is not None,
+        "paper_model": run.paper_model,
     }
 
 
@@ -1011,8 +1012,8 @@ def clock_pizza_markdown(result):
         f"~0.33); distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, "
         "Pizza ~0.17)."
     )
-    # the paper's numbers are a trained model's: an untrained or stopped run is not set beside them
-    if result.get("trained", True):
+    # the paper's numbers are its trained random model's: no other run is set beside them
+    if result.get("paper_model") == "Random":
         symmetricity = paper.CLOCK_PIZZA["gradient symmetricity"]
         irrelevance = paper.CLOCK_PIZZA["distance irrelevance"]
         text += f" The paper: {symmetricity} and {irrelevance} for a random 1024-wide model."

@@ -574,7 +574,7 @@ def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
 def test_the_clock_pizza_note_reads_the_papers_numbers_from_paper_py(monkeypatch):
     monkeypatch.setitem(analyze.paper.CLOCK_PIZZA, "gradient symmetricity", 0.5)
     said = analyze.clock_pizza_markdown(
-        {"gradient_symmetricity": 0.2, "distance_irrelevance": 0.9, "trained": True}
+        {"gradient_symmetricity": 0.2, "distance_irrelevance": 0.9, "paper_model": "Random"}
     )
     assert "The paper: 0.5 and 0.88" in said
 
@@ -724,6 +724,32 @@ def test_an_untrained_run_is_labelled_so_and_never_set_beside_the_papers_numbers
         report = (run / "analysis.md").read_text()
         assert "untrained (0 steps)" in report
         assert "the paper," not in report and "The paper:" not in report
+
+
+@pytest.mark.slow
+def test_a_run_of_another_model_than_the_papers_is_never_set_beside_its_numbers(tmp_path):
+    # each was: Table 3's bits beside an LSTM, Table 4's random transformer as "the same task,
+    # model and width" as a linearized one, and the random model's Clock/Pizza measures beside a
+    # fully trained one; train.py's last line says "the paper has no comparable number" of the
+    # first two
+    runs = {
+        "lstm": dict(task="memorize", arch="lstm", mode="full", keys=4, width=16),
+        "linear": dict(task="memorize", arch="linear", mode="frozen", keys=4, width=128),
+        "normal": dict(task="modadd", mode="full", p=7, width=16),
+    }
+    for name, settings in runs.items():
+        train.train(
+            TrainConfig(
+                **settings, steps=2, batch_size=16, warmup=1, device="cpu", out=str(tmp_path / name)
+            )
+        )
+    analyzed(tmp_path / "lstm", "--only", "memorization")
+    assert analyzed(tmp_path / "linear", "--only", "variance")["variance"]["paper"] is None
+    analyzed(tmp_path / "normal", "--only", "clock_pizza")
+    for name in runs:
+        report = (tmp_path / name / "analysis.md").read_text()
+        assert "Paper Table" not in report and "the paper," not in report
+        assert "The paper:" not in report
 
 
 @pytest.mark.slow
