@@ -1106,10 +1106,13 @@ ANALYSES = {
 
 def section_title(name: str, run: SavedRun) -> str:
     """ANALYSES[name]'s title for this run: the attention section, which any task's run has, names
-    the task, and the paper's Figure 2 only for needle, the task that figure shows."""
+    the task, each head's scores only for the tasks that have them (ATTENTION_SCORES), and the
+    paper's Figure 2 only for needle, the task that figure shows."""
     if name != "attention":
         return ANALYSES[name].title
-    title = f"Attention patterns on {run.cfg.task}, and each head's scores"
+    title = f"Attention patterns on {run.cfg.task}"
+    if run.cfg.task in ATTENTION_SCORES:
+        title += ", and each head's scores"
     if run.cfg.task == "needle":
         title += " (Figure 2)"
     return title

@@ -813,7 +813,7 @@ def test_chance_is_the_share_of_the_commonest_answer():
     assert analyze.commonest_answer_share(test) == 0.75
 
 
-def test_the_attention_heading_names_the_task_and_figure_2_only_for_needle():
+def test_the_attention_heading_names_the_task_its_head_scores_and_figure_2_only_where_it_has_them():
     attention = {
         "tokens": [1, 2],
         "labels": ["1", "2"],
@@ -837,5 +837,6 @@ def test_the_attention_heading_names_the_task_and_figure_2_only_for_needle():
     assert headings == {
         "addition": ["## Attention patterns on addition, and each head's scores"],
         "needle": ["## Attention patterns on needle, and each head's scores (Figure 2)"],
-        "parens": ["## Attention patterns on parens, and each head's scores"],
+        # parens has no score per head: its section has none
+        "parens": ["## Attention patterns on parens"],
     }
