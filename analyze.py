@@ -1137,8 +1137,13 @@ def checked_results(run: SavedRun, args) -> dict:
     from another version of analyze.py or another program, so analysis.md must render from it before
     any figure is written."""
     if args.only and not ANALYSES[args.only].applies(run):
+        analysis = ANALYSES[args.only]
+        if analysis.transformer and not isinstance(run.model, GPT):
+            why = f"it reads a transformer's attention or hidden states; this is an {run.cfg.arch}"
+        else:
+            why = f"it is for {', '.join(analysis.tasks)} runs"
         raise UsageError(
-            f"analysis {args.only!r} does not apply to this model's {run.cfg.task} run"
+            f"analysis {args.only!r} does not apply to this model's {run.cfg.task} run: {why}"
         )
     cfg = run.model.cfg
     if args.tokens:

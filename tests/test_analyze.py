@@ -380,6 +380,34 @@ def test_analysis_that_does_not_apply_is_a_one_line_error(runs, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+def test_an_analysis_that_does_not_apply_says_why(runs, tmp_path, capsys):
+    # both said only "does not apply to this model's ... run": the task, or the model, is why
+    lstm = tmp_path / "lstm"
+    train.train(
+        TrainConfig(
+            task="needle",
+            arch="lstm",
+            mode="full",
+            width=16,
+            max_pairs=2,
+            test_size=8,
+            steps=1,
+            batch_size=8,
+            warmup=1,
+            device="cpu",
+            out=str(lstm),
+        )
+    )
+    for run, name, why in (
+        (runs / "parens", "clock_pizza", "it is for modadd runs"),
+        (lstm, "attention", "it reads a transformer's attention or hidden states; this is an lstm"),
+    ):
+        with pytest.raises(SystemExit):
+            analyze.main([str(run), "--only", name])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.rstrip().endswith(why)
+
+
 def test_directory_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         analyze.main([str(tmp_path)])
