@@ -949,7 +949,16 @@ def training_curves(run: SavedRun) -> dict:
     fig.suptitle(run.label)
     fig.tight_layout()
     save_figure(plt, fig, os.path.join(run.path, "curves.png"))
-    return {"final": log[-1], "flat_from": flat_from(log), "figure": "curves.png"}
+    evaluations = 0
+    for record in log:
+        if record.get("test_accuracy") is not None:
+            evaluations += 1
+    return {
+        "final": log[-1],
+        "flat_from": flat_from(log),
+        "evaluations": evaluations,
+        "figure": "curves.png",
+    }
 
 
 def flat_from(log: list):
@@ -982,6 +991,9 @@ def training_curves_markdown(result):
             f" Test accuracy is flat from step {step:,}, where the lr is {lr_percent:.0f}% of "
             "its peak."
         )
+    elif result.get("evaluations", 2) < 2:
+        # a 0-step run, or one stopped after its first evaluation: nothing moved, nothing stayed
+        flat = " One evaluation of the test accuracy: no curve to find a plateau on."
     else:
         flat = " Test accuracy still moved at the last evaluation: no plateau yet."
 

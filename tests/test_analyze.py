@@ -599,6 +599,20 @@ def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
     )
 
 
+def test_a_log_of_one_evaluation_is_not_said_to_have_moved(tmp_path, monkeypatch):
+    # a 0-step run's one evaluation read "Test accuracy still moved at the last evaluation"
+    record = {"step": 0, "lr": 0.0, "test_loss": 5.5, "test_accuracy": 0.002}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+
+    def close(plt, fig, path):
+        plt.close(fig)
+
+    monkeypatch.setattr(analyze, "save_figure", close)
+    result = analyze.training_curves(SimpleNamespace(path=str(tmp_path), label="needle w16"))
+    text = analyze.training_curves_markdown(result)
+    assert "moved" not in text and "One evaluation of the test accuracy" in text
+
+
 def test_the_clock_pizza_note_reads_the_papers_numbers_from_paper_py(monkeypatch):
     monkeypatch.setitem(analyze.paper.CLOCK_PIZZA, "gradient symmetricity", 0.5)
     said = analyze.clock_pizza_markdown(
