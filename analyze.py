@@ -350,8 +350,9 @@ def projection(run: SavedRun, examples: int) -> dict:
             ylim=(-5, 105),
         )
     axes[0, 0].legend(fontsize=8)
+    # on two lines: on one it is wider than a 1-layer model's two panels
     fig.suptitle(
-        f"{run.label}: test accuracy with one layer's hidden states projected onto k directions"
+        f"{run.label}\ntest accuracy with one layer's hidden states projected onto k directions"
     )
     save_figure(plt, fig, os.path.join(run.path, "projection.png"))
     return {**result, "figure": "projection.png"}
@@ -626,7 +627,8 @@ def attention_patterns(run: SavedRun, input_tokens=None) -> dict:
     fig, axes = plt.subplots(
         n_layer,
         n_head,
-        figsize=(n_head * size + 1, n_layer * size),
+        # at least as tall as the colour bar's label: a 1-layer model's short input was shorter
+        figsize=(n_head * size + 1, max(n_layer * size, 3.5)),
         squeeze=False,
         layout="constrained",
     )

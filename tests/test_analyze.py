@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import shutil
 from types import SimpleNamespace
 
@@ -346,6 +347,44 @@ def test_imitations_test_kl_is_drawn_as_its_test_loss_beside_its_training_loss(
         "test loss: KL to the target (answer tokens)",
     ]
     assert [t.get_text() for t in metric_ax.get_legend().get_texts()] == ["test accuracy"]
+
+
+@pytest.mark.slow
+def test_every_title_and_label_of_a_one_layer_runs_figures_lies_inside_them(tmp_path, monkeypatch):
+    # at one layer the projection's title was wider than its two panels, and the attention's
+    # colour bar label, on a 2-token input, taller than its one row of panels
+    run = tmp_path / "modadd"
+    train.train(
+        TrainConfig(
+            task="modadd",
+            mode="frozen",
+            p=7,
+            width=16,
+            layers=1,
+            steps=2,
+            batch_size=16,
+            warmup=1,
+            device="cpu",
+            out=str(run),
+        )
+    )
+    outside = []
+
+    def check(plt, fig, path):
+        fig.canvas.draw()
+        texts = list(fig.texts)  # the title above the panels
+        for ax in fig.axes:
+            texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+        for text in texts:
+            extent, box = text.get_window_extent(), fig.bbox
+            if extent.x0 < box.x0 or extent.x1 > box.x1 or extent.y0 < box.y0 or extent.y1 > box.y1:
+                outside.append((os.path.basename(path), text.get_text()))
+        plt.close(fig)
+
+    monkeypatch.setattr(analyze, "save_figure", check)
+    analyze.main([str(run), "--only", "projection"])
+    analyze.main([str(run), "--only", "attention"])
+    assert outside == []
 
 
 @pytest.mark.slow
