@@ -457,7 +457,9 @@ def embedding_geometry(run: SavedRun) -> dict:
     points, tokens = projections.numpy(), torch.arange(len(E)).numpy()
     for ax, other in zip(axes, (2, 1)):
         dots = ax.scatter(points[:, 0], points[:, other], c=tokens, cmap="hsv", s=18)
-        ax.set(xlabel="PC 1", ylabel=f"PC {other + 1}", aspect="equal", adjustable="datalim")
+        # equal aspect by shrinking the panel: widening a range ("datalim") comes after the layout,
+        # and its wider tick labels pushed the axis label off the figure
+        ax.set(xlabel="PC 1", ylabel=f"PC {other + 1}", aspect="equal", adjustable="box")
         ax.locator_params(nbins=5)
     fig.colorbar(dots, ax=axes, label="token value")
     fig.suptitle(f"{run.label}: token embedding")

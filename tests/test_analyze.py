@@ -231,6 +231,20 @@ def analyzed(run_dir, *flags):
         return json.load(f)
 
 
+def texts_outside(fig) -> list:
+    """The titles and axis labels of a drawn figure that reach past its edges."""
+    fig.canvas.draw()
+    texts = list(fig.texts)  # the title above the panels
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+    outside = []
+    for text in texts:
+        extent, box = text.get_window_extent(), fig.bbox
+        if extent.x0 < box.x0 or extent.x1 > box.x1 or extent.y0 < box.y0 or extent.y1 > box.y1:
+            outside.append(text.get_text())
+    return outside
+
+
 def assert_figure(path):
     assert path.is_file() and path.stat().st_size > 1000
 
@@ -371,19 +385,33 @@ def test_every_title_and_label_of_a_one_layer_runs_figures_lies_inside_them(tmp_
     outside = []
 
     def check(plt, fig, path):
-        fig.canvas.draw()
-        texts = list(fig.texts)  # the title above the panels
-        for ax in fig.axes:
-            texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
-        for text in texts:
-            extent, box = text.get_window_extent(), fig.bbox
-            if extent.x0 < box.x0 or extent.x1 > box.x1 or extent.y0 < box.y0 or extent.y1 > box.y1:
-                outside.append((os.path.basename(path), text.get_text()))
+        for text in texts_outside(fig):
+            outside.append((os.path.basename(path), text))
         plt.close(fig)
 
     monkeypatch.setattr(analyze, "save_figure", check)
     analyze.main([str(run), "--only", "projection"])
     analyze.main([str(run), "--only", "attention"])
+    assert outside == []
+
+
+def test_the_embedding_figures_labels_lie_inside_it_beside_a_token_far_out(tmp_path, monkeypatch):
+    # a token far out on PC 1 widened PC 3's range after the layout was made, and the wider tick
+    # labels pushed its axis label off the figure's left edge
+    generator = torch.Generator().manual_seed(0)
+    E = torch.randn(97, 32, generator=generator) * 0.02
+    for i, spread in enumerate((0.14, 0.13, 0.125)):
+        E[:, i] += torch.randn(97, generator=generator) * spread
+    E[0, 0] = 0.6
+    outside = []
+
+    def check(plt, fig, path):
+        outside.extend(texts_outside(fig))
+        plt.close(fig)
+
+    monkeypatch.setattr(analyze, "save_figure", check)
+    model = SimpleNamespace(wte=torch.nn.Embedding.from_pretrained(E))
+    analyze.embedding_geometry(SimpleNamespace(model=model, label="modadd", path=str(tmp_path)))
     assert outside == []
 
 
