@@ -48,7 +48,7 @@ from machinery.rundir import (
     say_other_code,
 )
 from machinery.tables import markdown_table, measured, run_label
-from model import GPT, model_name, rows_at
+from model import GPT, rows_at
 
 TOP_K = 10  # directions per layer in the explained-variance tables (the paper's "top 10")
 # hidden states per layer: many times the widest model, so the spectrum is well estimated
@@ -104,9 +104,10 @@ class SavedRun:
         else:
             self.step = self.final.get("step", self.cfg.steps)
         # the paper's model (Random, Normal) this run stands for: none for a 0-step or a stopped
-        # run, whose numbers are never set beside the paper's trained ones
-        if self.cfg.steps and stopped_at is None:
-            self.paper_model = model_name(self.cfg.mode)
+        # run, whose numbers are never set beside the paper's trained ones, nor for another model
+        # (the LSTM, linearized attention, another training mode), as train.py's last line has it
+        if self.cfg.steps and stopped_at is None and self.cfg.arch == "gpt":
+            self.paper_model = paper.PAPER_MODELS.get(self.cfg.mode)
         else:
             self.paper_model = None
         for weights in self.model.state_dict().values():
@@ -349,8 +350,9 @@ def projection(run: SavedRun, examples: int) -> dict:
             ylim=(-5, 105),
         )
     axes[0, 0].legend(fontsize=8)
+    # on two lines: on one it is wider than a 1-layer model's two panels
     fig.suptitle(
-        f"{run.label}: test accuracy with one layer's hidden states projected onto k directions"
+        f"{run.label}\ntest accuracy with one layer's hidden states projected onto k directions"
     )
     save_figure(plt, fig, os.path.join(run.path, "projection.png"))
     return {**result, "figure": "projection.png"}
@@ -455,7 +457,9 @@ def embedding_geometry(run: SavedRun) -> dict:
     points, tokens = projections.numpy(), torch.arange(len(E)).numpy()
     for ax, other in zip(axes, (2, 1)):
         dots = ax.scatter(points[:, 0], points[:, other], c=tokens, cmap="hsv", s=18)
-        ax.set(xlabel="PC 1", ylabel=f"PC {other + 1}", aspect="equal", adjustable="datalim")
+        # equal aspect by shrinking the panel: widening a range ("datalim") comes after the layout,
+        # and its wider tick labels pushed the axis label off the figure
+        ax.set(xlabel="PC 1", ylabel=f"PC {other + 1}", aspect="equal", adjustable="box")
         ax.locator_params(nbins=5)
     fig.colorbar(dots, ax=axes, label="token value")
     fig.suptitle(f"{run.label}: token embedding")
@@ -625,7 +629,8 @@ def attention_patterns(run: SavedRun, input_tokens=None) -> dict:
     fig, axes = plt.subplots(
         n_layer,
         n_head,
-        figsize=(n_head * size + 1, n_layer * size),
+        # at least as tall as the colour bar's label: a 1-layer model's short input was shorter
+        figsize=(n_head * size + 1, max(n_layer * size, 3.5)),
         squeeze=False,
         layout="constrained",
     )
@@ -772,7 +777,7 @@ def memorization(run: SavedRun) -> dict:
             run.task.VALUES,
             run.counts["trainable"],
         ),
-        "trained": run.paper_model is not None,
+        "paper_model": run.paper_model,
     }
 
 
@@ -785,7 +790,7 @@ def memorization_markdown(result):
         + (
             f" Paper Table 3: Random {paper.TABLE3['Random', 'bits_per_parameter']}, "
             f"Normal {paper.TABLE3['Normal', 'bits_per_parameter']}."
-            if result.get("trained", True)
+            if result.get("paper_model")
             else ""
         )
     )
@@ -912,9 +917,13 @@ def parens_lengths_markdown(result):
 # ---------------------------------------------------------------------------
 
 
-# Both are the task's loss (cross-entropy; imitate: KL to the target) at answer positions only; the
-# training loss is its mean over the steps since the previous evaluation.
-CURVE_LABELS = {"loss": "training loss (answer tokens)", "test_loss": "test loss (answer tokens)"}
+# Each is the task's loss (cross-entropy; imitate: KL to the target, which its log names test_kl) at
+# answer positions only; the training loss is its mean over the steps since the previous evaluation.
+CURVE_LABELS = {
+    "loss": "training loss (answer tokens)",
+    "test_loss": "test loss (answer tokens)",
+    "test_kl": "test loss: KL to the target (answer tokens)",
+}
 
 
 def training_curves(run: SavedRun) -> dict:
@@ -924,10 +933,12 @@ def training_curves(run: SavedRun) -> dict:
         return {"skipped": "metrics.jsonl is missing or empty"}
     plt = pyplot()
     fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    # both losses on the left, every other test metric the log has on the right
-    curves = [("loss", loss_ax), ("test_loss", loss_ax)]
+    # the losses on the left, every other test metric the log has on the right
+    curves = []
+    for key in CURVE_LABELS:
+        curves.append((key, loss_ax))
     for key in log[-1]:
-        if key.startswith("test_") and key != "test_loss":
+        if key.startswith("test_") and key not in CURVE_LABELS:
             curves.append((key, metric_ax))
     for key, ax in curves:
         points = [(r["step"], r[key]) for r in log if r.get(key) is not None]
@@ -942,7 +953,16 @@ def training_curves(run: SavedRun) -> dict:
     fig.suptitle(run.label)
     fig.tight_layout()
     save_figure(plt, fig, os.path.join(run.path, "curves.png"))
-    return {"final": log[-1], "flat_from": flat_from(log), "figure": "curves.png"}
+    evaluations = 0
+    for record in log:
+        if record.get("test_accuracy") is not None:
+            evaluations += 1
+    return {
+        "final": log[-1],
+        "flat_from": flat_from(log),
+        "evaluations": evaluations,
+        "figure": "curves.png",
+    }
 
 
 def flat_from(log: list):
@@ -975,6 +995,9 @@ def training_curves_markdown(result):
             f" Test accuracy is flat from step {step:,}, where the lr is {lr_percent:.0f}% of "
             "its peak."
         )
+    elif result.get("evaluations", 2) < 2:
+        # a 0-step run, or one stopped after its first evaluation: nothing moved, nothing stayed
+        flat = " One evaluation of the test accuracy: no curve to find a plateau on."
     else:
         flat = " Test accuracy still moved at the last evaluation: no plateau yet."
 
@@ -995,7 +1018,7 @@ def clock_pizza(run) -> dict:
     return {
         "gradient_symmetricity": gradient_symmetricity(run.model, run.task.p),
         "distance_irrelevance": distance_irrelevance(run.model, run.task.p),
-        "trained": run.paper_model is not None,
+        "paper_model": run.paper_model,
     }
 
 
@@ -1005,8 +1028,8 @@ def clock_pizza_markdown(result):
         f"~0.33); distance irrelevance {result['distance_irrelevance']:.3f} (Clock ~0.85, "
         "Pizza ~0.17)."
     )
-    # the paper's numbers are a trained model's: an untrained or stopped run is not set beside them
-    if result.get("trained", True):
+    # the paper's numbers are its trained random model's: no other run is set beside them
+    if result.get("paper_model") == "Random":
         symmetricity = paper.CLOCK_PIZZA["gradient symmetricity"]
         irrelevance = paper.CLOCK_PIZZA["distance irrelevance"]
         text += f" The paper: {symmetricity} and {irrelevance} for a random 1024-wide model."
@@ -1099,10 +1122,13 @@ ANALYSES = {
 
 def section_title(name: str, run: SavedRun) -> str:
     """ANALYSES[name]'s title for this run: the attention section, which any task's run has, names
-    the task, and the paper's Figure 2 only for needle, the task that figure shows."""
+    the task, each head's scores only for the tasks that have them (ATTENTION_SCORES), and the
+    paper's Figure 2 only for needle, the task that figure shows."""
     if name != "attention":
         return ANALYSES[name].title
-    title = f"Attention patterns on {run.cfg.task}, and each head's scores"
+    title = f"Attention patterns on {run.cfg.task}"
+    if run.cfg.task in ATTENTION_SCORES:
+        title += ", and each head's scores"
     if run.cfg.task == "needle":
         title += " (Figure 2)"
     return title
@@ -1127,8 +1153,13 @@ def checked_results(run: SavedRun, args) -> dict:
     from another version of analyze.py or another program, so analysis.md must render from it before
     any figure is written."""
     if args.only and not ANALYSES[args.only].applies(run):
+        analysis = ANALYSES[args.only]
+        if analysis.transformer and not isinstance(run.model, GPT):
+            why = f"it reads a transformer's attention or hidden states; this is an {run.cfg.arch}"
+        else:
+            why = f"it is for {', '.join(analysis.tasks)} runs"
         raise UsageError(
-            f"analysis {args.only!r} does not apply to this model's {run.cfg.task} run"
+            f"analysis {args.only!r} does not apply to this model's {run.cfg.task} run: {why}"
         )
     cfg = run.model.cfg
     if args.tokens:

@@ -245,7 +245,9 @@ def plot(groups, path, figure_title=None, labels=None):
     )
     for ax, (key, title, y_label, scale) in zip(axes[0], panels):
         for i, group in enumerate(groups):
-            color = None  # matplotlib's next colour for the row's line, the same for its dashed one
+            # the row's colour in every panel, as in the legend (drawn from the first panel): a
+            # panel's next colour would shift where an earlier row has no curve (imitate's loss)
+            color = f"C{i % 10}"
             curves = [(key, "-")]
             if key == "test_accuracy":
                 # addition's whole sums dashed beside its per-token accuracy
@@ -253,7 +255,7 @@ def plot(groups, path, figure_title=None, labels=None):
             for curve_key, style in curves:
                 steps, ranges = median_curve(group, curve_key)
                 if steps:
-                    (line,) = ax.plot(
+                    ax.plot(
                         steps,
                         [r[0] for r in ranges],
                         style,
@@ -263,7 +265,6 @@ def plot(groups, path, figure_title=None, labels=None):
                         fillstyle="none",
                         label=labels[i] if style == "-" else None,
                     )
-                    color = line.get_color()
                     if len(group) > 1:
                         ax.fill_between(
                             steps,
@@ -275,7 +276,8 @@ def plot(groups, path, figure_title=None, labels=None):
         if key == "test_accuracy" and "test_exact_match" in logged:
             title += " (addition: per token; dashed: whole sums exact)"
         if key == "test_accuracy" and "test_kl" in logged:
-            y_label += " (imitate: the student's top token is the target's)"
+            # a title line of its own: at the end of the y label it ran off the top of the figure
+            title += "\n(imitate: the student's top token is the target's)"
         ax.set(title=title, xlabel="step", ylabel=y_label, yscale=scale)
 
         ax.title.set_fontsize(9)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import shutil
 from types import SimpleNamespace
 
@@ -230,6 +231,20 @@ def analyzed(run_dir, *flags):
         return json.load(f)
 
 
+def texts_outside(fig) -> list:
+    """The titles and axis labels of a drawn figure that reach past its edges."""
+    fig.canvas.draw()
+    texts = list(fig.texts)  # the title above the panels
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+    outside = []
+    for text in texts:
+        extent, box = text.get_window_extent(), fig.bbox
+        if extent.x0 < box.x0 or extent.x1 > box.x1 or extent.y0 < box.y0 or extent.y1 > box.y1:
+            outside.append(text.get_text())
+    return outside
+
+
 def assert_figure(path):
     assert path.is_file() and path.stat().st_size > 1000
 
@@ -322,6 +337,84 @@ def test_figures_name_their_axes_tokens_and_losses(runs, monkeypatch):
     assert "nats per answer token" in loss_ax.get_ylabel()
 
 
+def test_imitations_test_kl_is_drawn_as_its_test_loss_beside_its_training_loss(
+    tmp_path, monkeypatch
+):
+    # imitate logs its test loss, the KL to the target its training loss is, as test_kl: it was
+    # drawn on the right, on the axis of the accuracy, and the loss panel had no test curve
+    records = []
+    for step, kl in ((1, 0.9), (2, 0.7)):
+        records.append(
+            {"step": step, "loss": kl + 0.1, "lr": 1e-3, "test_kl": kl, "test_accuracy": 0.4}
+        )
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn = {}
+
+    def keep(plt, fig, path):
+        drawn["curves"] = fig
+
+    monkeypatch.setattr(analyze, "save_figure", keep)
+    analyze.training_curves(SimpleNamespace(path=str(tmp_path), label="imitate Random w16"))
+    loss_ax, metric_ax = drawn["curves"].axes
+    assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == [
+        "training loss (answer tokens)",
+        "test loss: KL to the target (answer tokens)",
+    ]
+    assert [t.get_text() for t in metric_ax.get_legend().get_texts()] == ["test accuracy"]
+
+
+@pytest.mark.slow
+def test_every_title_and_label_of_a_one_layer_runs_figures_lies_inside_them(tmp_path, monkeypatch):
+    # at one layer the projection's title was wider than its two panels, and the attention's
+    # colour bar label, on a 2-token input, taller than its one row of panels
+    run = tmp_path / "modadd"
+    train.train(
+        TrainConfig(
+            task="modadd",
+            mode="frozen",
+            p=7,
+            width=16,
+            layers=1,
+            steps=2,
+            batch_size=16,
+            warmup=1,
+            device="cpu",
+            out=str(run),
+        )
+    )
+    outside = []
+
+    def check(plt, fig, path):
+        for text in texts_outside(fig):
+            outside.append((os.path.basename(path), text))
+        plt.close(fig)
+
+    monkeypatch.setattr(analyze, "save_figure", check)
+    analyze.main([str(run), "--only", "projection"])
+    analyze.main([str(run), "--only", "attention"])
+    assert outside == []
+
+
+def test_the_embedding_figures_labels_lie_inside_it_beside_a_token_far_out(tmp_path, monkeypatch):
+    # a token far out on PC 1 widened PC 3's range after the layout was made, and the wider tick
+    # labels pushed its axis label off the figure's left edge
+    generator = torch.Generator().manual_seed(0)
+    E = torch.randn(97, 32, generator=generator) * 0.02
+    for i, spread in enumerate((0.14, 0.13, 0.125)):
+        E[:, i] += torch.randn(97, generator=generator) * spread
+    E[0, 0] = 0.6
+    outside = []
+
+    def check(plt, fig, path):
+        outside.extend(texts_outside(fig))
+        plt.close(fig)
+
+    monkeypatch.setattr(analyze, "save_figure", check)
+    model = SimpleNamespace(wte=torch.nn.Embedding.from_pretrained(E))
+    analyze.embedding_geometry(SimpleNamespace(model=model, label="modadd", path=str(tmp_path)))
+    assert outside == []
+
+
 @pytest.mark.slow
 def test_only_runs_one_analysis_and_keeps_earlier_results(runs):
     analyzed(runs / "parens")
@@ -352,6 +445,34 @@ def test_analysis_that_does_not_apply_is_a_one_line_error(runs, capsys):
         analyze.main([str(runs / "parens"), "--only", "clock_pizza"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_an_analysis_that_does_not_apply_says_why(runs, tmp_path, capsys):
+    # both said only "does not apply to this model's ... run": the task, or the model, is why
+    lstm = tmp_path / "lstm"
+    train.train(
+        TrainConfig(
+            task="needle",
+            arch="lstm",
+            mode="full",
+            width=16,
+            max_pairs=2,
+            test_size=8,
+            steps=1,
+            batch_size=8,
+            warmup=1,
+            device="cpu",
+            out=str(lstm),
+        )
+    )
+    for run, name, why in (
+        (runs / "parens", "clock_pizza", "it is for modadd runs"),
+        (lstm, "attention", "it reads a transformer's attention or hidden states; this is an lstm"),
+    ):
+        with pytest.raises(SystemExit):
+            analyze.main([str(run), "--only", name])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.rstrip().endswith(why)
 
 
 def test_directory_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
@@ -545,10 +666,24 @@ def test_flat_from_tells_a_converged_curve_from_one_the_lr_schedule_stopped():
     )
 
 
+def test_a_log_of_one_evaluation_is_not_said_to_have_moved(tmp_path, monkeypatch):
+    # a 0-step run's one evaluation read "Test accuracy still moved at the last evaluation"
+    record = {"step": 0, "lr": 0.0, "test_loss": 5.5, "test_accuracy": 0.002}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+
+    def close(plt, fig, path):
+        plt.close(fig)
+
+    monkeypatch.setattr(analyze, "save_figure", close)
+    result = analyze.training_curves(SimpleNamespace(path=str(tmp_path), label="needle w16"))
+    text = analyze.training_curves_markdown(result)
+    assert "moved" not in text and "One evaluation of the test accuracy" in text
+
+
 def test_the_clock_pizza_note_reads_the_papers_numbers_from_paper_py(monkeypatch):
     monkeypatch.setitem(analyze.paper.CLOCK_PIZZA, "gradient symmetricity", 0.5)
     said = analyze.clock_pizza_markdown(
-        {"gradient_symmetricity": 0.2, "distance_irrelevance": 0.9, "trained": True}
+        {"gradient_symmetricity": 0.2, "distance_irrelevance": 0.9, "paper_model": "Random"}
     )
     assert "The paper: 0.5 and 0.88" in said
 
@@ -701,6 +836,32 @@ def test_an_untrained_run_is_labelled_so_and_never_set_beside_the_papers_numbers
 
 
 @pytest.mark.slow
+def test_a_run_of_another_model_than_the_papers_is_never_set_beside_its_numbers(tmp_path):
+    # each was: Table 3's bits beside an LSTM, Table 4's random transformer as "the same task,
+    # model and width" as a linearized one, and the random model's Clock/Pizza measures beside a
+    # fully trained one; train.py's last line says "the paper has no comparable number" of the
+    # first two
+    runs = {
+        "lstm": dict(task="memorize", arch="lstm", mode="full", keys=4, width=16),
+        "linear": dict(task="memorize", arch="linear", mode="frozen", keys=4, width=128),
+        "normal": dict(task="modadd", mode="full", p=7, width=16),
+    }
+    for name, settings in runs.items():
+        train.train(
+            TrainConfig(
+                **settings, steps=2, batch_size=16, warmup=1, device="cpu", out=str(tmp_path / name)
+            )
+        )
+    analyzed(tmp_path / "lstm", "--only", "memorization")
+    assert analyzed(tmp_path / "linear", "--only", "variance")["variance"]["paper"] is None
+    analyzed(tmp_path / "normal", "--only", "clock_pizza")
+    for name in runs:
+        report = (tmp_path / name / "analysis.md").read_text()
+        assert "Paper Table" not in report and "the paper," not in report
+        assert "The paper:" not in report
+
+
+@pytest.mark.slow
 def test_a_stopped_run_is_analysed_at_its_checkpoint(tmp_path):
     run = tmp_path / "needle"
     cfg = TrainConfig(
@@ -761,7 +922,7 @@ def test_chance_is_the_share_of_the_commonest_answer():
     assert analyze.commonest_answer_share(test) == 0.75
 
 
-def test_the_attention_heading_names_the_task_and_figure_2_only_for_needle():
+def test_the_attention_heading_names_the_task_its_head_scores_and_figure_2_only_where_it_has_them():
     attention = {
         "tokens": [1, 2],
         "labels": ["1", "2"],
@@ -785,5 +946,6 @@ def test_the_attention_heading_names_the_task_and_figure_2_only_for_needle():
     assert headings == {
         "addition": ["## Attention patterns on addition, and each head's scores"],
         "needle": ["## Attention patterns on needle, and each head's scores (Figure 2)"],
-        "parens": ["## Attention patterns on parens, and each head's scores"],
+        # parens has no score per head: its section has none
+        "parens": ["## Attention patterns on parens"],
     }

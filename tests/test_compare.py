@@ -7,6 +7,7 @@ import shutil
 import statistics
 
 import pytest
+from matplotlib.colors import to_rgba
 from test_core import train_killed_after
 
 import compare
@@ -205,6 +206,68 @@ def test_addition_panels_say_per_token_and_draw_exact_sums_dashed(tmp_path, monk
     label, styles, limits = drawn["test accuracy (addition: per token; dashed: whole sums exact)"]
     assert label == "% right" and styles == ["-", "--"] and limits == (0, 102)
     assert drawn["test loss"][0] == "cross-entropy at the answers (nats)"
+
+
+@pytest.fixture(scope="module")
+def imitate_then_needle(tmp_path_factory, tiny):
+    """The table's rows of a tiny imitate run, which logs no test loss, then a tiny needle run."""
+    root = tmp_path_factory.mktemp("mixed")
+    train.train(
+        tiny(
+            root / "imitate-s0",
+            task="imitate",
+            target_width=4,
+            layers=1,
+            steps=2,
+            eval_every=1,
+            test_size=8,
+        )
+    )
+    train.train(tiny(root / "needle-s0"))
+    return compare.seed_groups(
+        [compare.load(str(root / "imitate-s0")), compare.load(str(root / "needle-s0"))]
+    )
+
+
+def drawn_figure(monkeypatch, groups, path):
+    """compare.plot's figure of groups, kept instead of written."""
+    drawn = []
+
+    def keep(plt, fig, path):
+        drawn.append(fig)
+
+    monkeypatch.setattr(compare, "save_figure", keep)
+    compare.plot(groups, str(path))
+    return drawn[0]
+
+
+def test_a_row_keeps_its_legend_colour_in_a_panel_where_an_earlier_row_has_no_curve(
+    imitate_then_needle, monkeypatch, tmp_path
+):
+    # the needle row was drawn in the first row's colour in the test loss panel, which the imitate
+    # row has no curve in, and the legend's second colour elsewhere
+    fig = drawn_figure(monkeypatch, imitate_then_needle, tmp_path / "c.png")
+    legend = {}
+    for handle, text in zip(fig.legends[0].legend_handles, fig.legends[0].get_texts()):
+        legend[text.get_text()] = to_rgba(handle.get_color())
+    panels = {ax.get_title(): ax for ax in fig.axes}
+    (needle_loss,) = panels["test loss"].get_lines()
+    assert to_rgba(needle_loss.get_color()) == legend["needle-s0"] != legend["imitate-s0"]
+
+
+def test_every_title_and_axis_label_of_the_figure_lies_inside_it(
+    imitate_then_needle, monkeypatch, tmp_path
+):
+    # imitate's note at the end of the accuracy panel's y label ran off the top of the figure
+    fig = drawn_figure(monkeypatch, imitate_then_needle, tmp_path / "c.png")
+    fig.canvas.draw()
+    texts = []
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+    for text in texts:
+        extent = text.get_window_extent()
+        assert fig.bbox.x0 <= extent.x0 and extent.x1 <= fig.bbox.x1, text.get_text()
+        assert fig.bbox.y0 <= extent.y0 and extent.y1 <= fig.bbox.y1, text.get_text()
 
 
 def test_a_run_given_in_several_spellings_is_one_row(
