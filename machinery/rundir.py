@@ -747,12 +747,14 @@ def check_run_dir(out, overwrite, lead):
         finish_swap(out)
     if not os.path.exists(out) or not os.listdir(out):
         return
+    # files of the user's own, or no run at all: --overwrite would refuse it, so it is not offered
     foreign = sorted(name for name in os.listdir(out) if not is_run_file(name))
-    # no run at all: neither --overwrite nor --resume would take it
-    if not os.path.exists(os.path.join(out, "config.json")):
+    what = None
+    if foreign:
+        what = f"holds {foreign[0]}, which no run writes"
+    elif not os.path.exists(os.path.join(out, "config.json")):
         what = "has no config.json"
-        if foreign:
-            what = f"holds {foreign[0]}, which no run writes"
+    if what:
         raise UsageError(
             f"{out} is not a run directory ({what}); --out another directory (--overwrite "
             "replaces only runs)"
@@ -767,11 +769,6 @@ def check_run_dir(out, overwrite, lead):
         raise UsageError(
             f"run directory {out} exists; pass --overwrite to replace it, or continue it with "
             f"{shell_command('python', 'train.py', '--resume', out)}"
-        )
-    if foreign:
-        raise UsageError(
-            f"{out} is not a run directory (holds {foreign[0]}, which no run writes); "
-            "--overwrite replaces only runs"
         )
 
 

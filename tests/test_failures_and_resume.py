@@ -153,6 +153,12 @@ BAD_INPUTS = [
         "3,810 distinct inputs",
     ),
     ("train.py", ["--out", "PROJECT", "--overwrite"], "holds src, which no run writes"),
+    # without --overwrite it was offered, and then refused it
+    (
+        "train.py",
+        ["--out", "PROJECT"],
+        "PROJECT is not a run directory (holds src, which no run writes); --out another",
+    ),
     ("train.py", ["--out", ""], "--out is empty"),
     ("train.py", ["--out", "."], "holds the current directory"),
     ("train.py", ["--out", "LINK"], "is a symbolic link"),
