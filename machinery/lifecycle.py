@@ -97,7 +97,6 @@ class Run:
         self.frozen = frozen_fingerprint(model)  # the blocks never change: hashed once a run
         code, diff = code_state()
         self.code = code
-        self.code_edited = bool(code.get("edited"))
         record = run_record(self.cfg, self.counts, self.device, self.threads, self.forward, code)
         self.start = start_or_resume(
             self.cfg, resume, model, optimizer, generator, record, self.ranks.lead, diff
@@ -139,8 +138,9 @@ class Run:
             warm_up=warm_up,
         )
         # a committed record's plateau says nothing of a run of edited code
+        edited = bool(self.code.get("edited"))
         note = None
-        if not self.code_edited:
+        if not edited:
             note = plateau_note(self.cfg, reached=self.metrics.get("accuracy"))
         if note:
             line += "\n" + note
@@ -148,7 +148,7 @@ class Run:
             line += "\n" + self.code_note
         line += "\n" + forward_note(self.forward, slowdown)
         # a resume under other code said it in code_note
-        if self.code_edited and not self.code_note:
+        if edited and not self.code_note:
             line += "\n" + edited_code_line(self.code)
         return (
             line + f"\n{self.cfg.task}: {self.counts['trainable']:,} trainable, "
